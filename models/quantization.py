@@ -1,0 +1,173 @@
+"""Weight quantization formats: the numpy codec and the nn layers that consume it.
+
+Formats (see ANCHORS.md): ``q0f32``/``q0f16`` keep plain weights; ``q4f32_1``/``q4f16_1``
+store symmetric int4 in groups of 32 along the input axis, eight nibbles per uint32
+(element r in bits [4r, 4r+4)), with one scale per group: ``w = (q - 7) * scale``.
+
+The layers emit their matmuls as TE computes tagged with ``speccompile.kernel`` so the
+schedule rules in ``passes/`` can find them and give them fast, batch-invariant kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GROUP_SIZE = 32
+PACK = 8  # nibbles per uint32
+
+
+@dataclass(frozen=True)
+class Quantization:
+    name: str
+    kind: str  # "none" | "group4"
+    model_dtype: str  # activation dtype and scale dtype
+
+    @property
+    def is_q4(self) -> bool:
+        return self.kind == "group4"
+
+
+QUANTIZATIONS = {
+    "q0f32": Quantization("q0f32", "none", "float32"),
+    "q0f16": Quantization("q0f16", "none", "float16"),
+    "q4f32_1": Quantization("q4f32_1", "group4", "float32"),
+    "q4f16_1": Quantization("q4f16_1", "group4", "float16"),
+}
+
+
+def get_quantization(name: str) -> Quantization:
+    if name not in QUANTIZATIONS:
+        raise ValueError(f"unsupported quantization {name!r}; choose one of: {', '.join(QUANTIZATIONS)}")
+    return QUANTIZATIONS[name]
+
+
+# ---------------------------------------------------------------- numpy codec
+def quantize_q4(w: np.ndarray, scale_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """[out, in] float -> (q_weight [out, in/8] uint32, q_scale [out, in/32]).
+
+    An all-zero group gets scale 0 and codes 7 (exact zero) instead of a division by zero.
+    """
+    out_f, in_f = w.shape
+    if in_f % GROUP_SIZE:
+        raise ValueError(f"q4 needs the input dim to be a multiple of {GROUP_SIZE}, got {w.shape}")
+    groups = w.astype(np.float32).reshape(out_f, in_f // GROUP_SIZE, GROUP_SIZE)
+    scale = np.abs(groups).max(axis=2) / 7.0  # [out, in/32]
+    scale = scale.astype(scale_dtype).astype(np.float32)  # quantize against the stored scale
+    safe = np.where(scale == 0, 1.0, scale)[..., None]
+    q = np.clip(np.rint(groups / safe) + 7, 0, 14).astype(np.uint32)
+    q = np.where(scale[..., None] == 0, np.uint32(7), q)
+    q = q.reshape(out_f, in_f // PACK, PACK)
+    shifts = (np.arange(PACK, dtype=np.uint32) * 4)[None, None, :]
+    packed = np.bitwise_or.reduce(q << shifts, axis=2).astype(np.uint32)
+    return packed, scale.astype(scale_dtype)
+
+
+def dequantize_q4(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`quantize_q4`, returning float32 [out, in]."""
+    out_f, words = packed.shape
+    shifts = (np.arange(PACK, dtype=np.uint32) * 4)[None, None, :]
+    q = (packed[:, :, None] >> shifts) & np.uint32(0xF)
+    w = q.reshape(out_f, words * PACK).astype(np.float32) - 7.0
+    return (w.reshape(out_f, -1, GROUP_SIZE) * scale.astype(np.float32)[..., None]).reshape(out_f, -1)
+
+
+# ------------------------------------------------------------------ nn layers
+# Imported lazily-by-module: the runtime never imports models/, only the compiler does.
+from tvm import te, tirx  # noqa: E402
+from tvm.relax.frontend import nn  # noqa: E402
+from tvm.relax.frontend.nn import op  # noqa: E402
+
+KERNEL_ATTR = "speccompile.kernel"
+
+
+def _dequant_expr(qw: te.Tensor, qs: te.Tensor, n, k, dtype: str):
+    """TE expression of one dequantized weight element w[n, k] from q4 storage."""
+    word = qw[n, k // PACK]
+    nib = (word >> ((k % PACK) * 4).astype("uint32")) & tirx.const(0xF, "uint32")
+    return (nib.astype(dtype) - tirx.const(7, dtype)) * qs[n, k // GROUP_SIZE]
+
+
+def matmul_te(x: te.Tensor, w: te.Tensor) -> te.Tensor:
+    """y[m, n] = sum_k x[m, k] * w[n, k]  (weights in HF [out, in] order)."""
+    m_dim, k_dim = x.shape
+    k = te.reduce_axis((0, k_dim), name="k")
+    return te.compute((m_dim, w.shape[0]), lambda m, n: te.sum(x[m, k] * w[n, k], axis=k), name="matmul")
+
+
+def q4_matmul_te(x: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
+    """y[m, n] = sum_k x[m, k] * dequant(qw, qs)[n, k], fused so weights stay packed."""
+    m_dim, k_dim = x.shape
+    k = te.reduce_axis((0, k_dim), name="k")
+    return te.compute(
+        (m_dim, qw.shape[0]),
+        lambda m, n: te.sum(x[m, k] * _dequant_expr(qw, qs, n, k, x.dtype), axis=k),
+        name="q4_matmul",
+    )
+
+
+def q4_take_te(qw: te.Tensor, qs: te.Tensor, ids: te.Tensor) -> te.Tensor:
+    """Embedding rows gathered and dequantized: [n] ids -> [n, dim]."""
+    dim = qw.shape[1] * PACK
+    return te.compute(
+        (ids.shape[0], dim), lambda i, j: _dequant_expr(qw, qs, ids[i], j, qs.dtype), name="q4_take"
+    )
+
+
+class QLinear(nn.Module):
+    """A linear layer whose weight is stored in the chosen quantization format."""
+
+    def __init__(self, in_features: int, out_features: int, quant: Quantization, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features, self.quant = in_features, out_features, quant
+        dtype = quant.model_dtype
+        if quant.is_q4:
+            self.q_weight = nn.Parameter((out_features, in_features // PACK), "uint32")
+            self.q_scale = nn.Parameter((out_features, in_features // GROUP_SIZE), dtype)
+        else:
+            self.weight = nn.Parameter((out_features, in_features), dtype)
+        self.bias = nn.Parameter((out_features,), dtype) if bias else None
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        # x: [b, s, in] -> [b*s, in] so kernels see one dynamic row dim
+        lead = list(x.shape[:-1])
+        x2 = op.reshape(x, [-1, self.in_features])
+        if self.quant.is_q4:
+            y = op.tensor_expr_op(q4_matmul_te, "q4_matmul", [x2, self.q_weight, self.q_scale],
+                                  attrs={KERNEL_ATTR: "q4_matmul"})
+        else:
+            y = op.tensor_expr_op(matmul_te, "matmul", [x2, self.weight], attrs={KERNEL_ATTR: "matmul"})
+        if self.bias is not None:
+            y = y + self.bias
+        return op.reshape(y, [*lead, self.out_features])
+
+
+class QEmbedding(nn.Module):
+    """Token embedding in the chosen format; also serves as a tied lm_head."""
+
+    def __init__(self, vocab_size: int, dim: int, quant: Quantization):
+        super().__init__()
+        self.vocab_size, self.dim, self.quant = vocab_size, dim, quant
+        if quant.is_q4:
+            self.q_weight = nn.Parameter((vocab_size, dim // PACK), "uint32")
+            self.q_scale = nn.Parameter((vocab_size, dim // GROUP_SIZE), quant.model_dtype)
+        else:
+            self.weight = nn.Parameter((vocab_size, dim), quant.model_dtype)
+
+    def forward(self, ids: nn.Tensor) -> nn.Tensor:
+        # ids: [n] int32 (validated by the runtime: take does not bounds-check)
+        if self.quant.is_q4:
+            return op.tensor_expr_op(q4_take_te, "q4_take", [self.q_weight, self.q_scale, ids],
+                                      attrs={KERNEL_ATTR: "q4_take"})
+        return op.take(self.weight, ids, axis=0)
+
+    def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
+        """Logits with the embedding matrix as the output projection (tied)."""
+        lead = list(x.shape[:-1])
+        x2 = op.reshape(x, [-1, self.dim])
+        if self.quant.is_q4:
+            y = op.tensor_expr_op(q4_matmul_te, "q4_matmul", [x2, self.q_weight, self.q_scale],
+                                  attrs={KERNEL_ATTR: "q4_matmul"})
+        else:
+            y = op.tensor_expr_op(matmul_te, "matmul", [x2, self.weight], attrs={KERNEL_ATTR: "matmul"})
+        return op.reshape(y, [*lead, self.vocab_size])

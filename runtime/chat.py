@@ -1,0 +1,31 @@
+"""A multi-turn chat session over an Engine (history re-rendered with the chat template)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from .engine import Engine
+from .sampling import SamplingParams
+
+
+class ChatSession:
+    def __init__(self, engine: Engine, sampling: SamplingParams, max_tokens: int = 512):
+        self.engine, self.sampling, self.max_tokens = engine, sampling, max_tokens
+        self.messages: list[dict[str, str]] = []
+        self.last_stats: dict = {}
+
+    def reset(self) -> None:
+        self.messages.clear()
+        self.last_stats = {}
+
+    def send(self, text: str) -> Iterator[str]:
+        self.messages.append({"role": "user", "content": text})
+        ids = self.engine.tokenizer.encode(self.engine.render(self.messages), add_special_tokens=False).ids
+        result = None
+        try:
+            for delta, result in self.engine.generate_stream(ids, self.max_tokens, self.sampling):
+                yield delta
+        except Exception:
+            self.messages.pop()
+            raise
+        self.messages.append({"role": "assistant", "content": result.text})
+        self.last_stats = result.stats.to_dict()

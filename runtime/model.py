@@ -1,0 +1,152 @@
+"""A compiled model library plus its converted weights, loaded on a device.
+
+Imports only the TVM *runtime* (``tvm.runtime``, ``relax.VirtualMachine``), never the
+compiler, so applications can embed it. The library's ``_metadata`` is checked against
+``tensor-cache.json`` before any weight is read.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm.runtime import tensor as to_device
+from tvm.runtime.vm import VirtualMachine
+
+from .kv_cache import KVCache
+from .tensor_cache import TensorCacheError, load_params, read_index
+
+
+class ModelLoadError(ValueError):
+    pass
+
+
+def read_metadata(lib_path: Path) -> tuple[Any, dict]:
+    lib_path = Path(lib_path)
+    if not lib_path.exists():
+        raise ModelLoadError(f"model library {lib_path} not found: build it with `speccompile compile`")
+    try:
+        lib = tvm.runtime.load_module(str(lib_path))
+    except Exception as err:  # noqa: BLE001 - any dlopen failure
+        raise ModelLoadError(f"cannot load {lib_path}: {err}") from err
+    vm = VirtualMachine(lib, tvm.cpu())
+    try:
+        meta = json.loads(str(vm["_metadata"]()))
+    except Exception as err:  # noqa: BLE001
+        raise ModelLoadError(f"{lib_path} has no speccompile _metadata; it was not built by `speccompile compile`") from err
+    return lib, meta
+
+
+def tile_rows(arr: np.ndarray, tile: int) -> np.ndarray:
+    """[N, C] -> the same buffer holding [N/tile, C, tile] (see passes/cpu_kernels.py)."""
+    n, c = arr.shape
+    return np.ascontiguousarray(arr.reshape(n // tile, tile, c).transpose(0, 2, 1)).reshape(n, c)
+
+
+def check_compatible(meta: dict, index: dict, model_dir: Path, lib_path: Path) -> None:
+    """Refuse a library compiled for other weights, naming the first difference."""
+    tmeta = index.get("metadata", {})
+    if tmeta.get("layout_fingerprint") == meta["layout_fingerprint"]:
+        return
+    lib_params = {p["name"]: (p["shape"], p["dtype"]) for p in meta["params"]}
+    have = {r["name"]: (r["shape"], r["dtype"]) for s in index["records"] for r in s["records"]}
+    detail = ""
+    for name, spec in lib_params.items():
+        if name not in have:
+            detail = f"the library needs {name}, absent from the weights"
+            break
+        if list(have[name][0]) != list(spec[0]) or have[name][1] != spec[1]:
+            detail = f"{name}: library expects {spec[0]} {spec[1]}, weights have {have[name][0]} {have[name][1]}"
+            break
+    raise ModelLoadError(
+        f"{lib_path} was compiled for other weights ({meta['model_type']} {meta['quantization']}) than "
+        f"{model_dir} ({tmeta.get('model_type')} {tmeta.get('quantization')}): {detail or 'layout fingerprint differs'}. "
+        "Recompile with `speccompile compile <model_dir>/speccompile-config.json`."
+    )
+
+
+class Model:
+    """Entry points of one compiled model, bound to its parameters."""
+
+    def __init__(self, model_dir: Path, lib_path: Path, device: str = "cpu", verify_md5: bool = True):
+        self.model_dir, self.lib_path = Path(model_dir), Path(lib_path)
+        index = read_index(self.model_dir)
+        lib, self.meta = read_metadata(self.lib_path)
+        if self.meta["target"] != "llvm" and device == "cpu":
+            raise ModelLoadError(f"{lib_path} was built for {self.meta['target']}, not for this CPU; "
+                                 "compile with --device llvm")
+        check_compatible(self.meta, index, self.model_dir, self.lib_path)
+        self.device = tvm.cpu() if device == "cpu" else tvm.device(device)
+        self.vm = VirtualMachine(lib, self.device)
+        names = [p["name"] for p in self.meta["params"]]
+        try:
+            arrays = load_params(self.model_dir, names, verify_md5=verify_md5)
+        except TensorCacheError as err:
+            raise ModelLoadError(str(err)) from err
+        tiled = set(self.meta.get("q4_tiled_params", []))
+        tile = int(self.meta.get("q4_tile", 16))
+        self.params = [to_device(tile_rows(arrays[n], tile) if n in tiled else np.ascontiguousarray(arrays[n]),
+                                 self.device) for n in names]
+        del arrays
+        self.vocab_size = int(self.meta["vocab_size"])
+        self.hidden_size = int(self.meta["hidden_size"])
+        self.dtype = self.meta["model_dtype"]
+        self.context_window_size = int(self.meta["context_window_size"])
+        self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])
+        self._fn = {name: self.vm[name] for name in (
+            "embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
+            "decode_to_last_hidden_states", "verify_to_last_hidden_states", "create_paged_kv_cache")}
+
+    # ---------------------------------------------------------------- helpers
+    def create_kv_cache(self, max_batch_size: int, max_total_seq_len: int, prefill_chunk_size: int | None = None) -> KVCache:
+        chunk = prefill_chunk_size or self.prefill_chunk_size
+        handle = self._fn["create_paged_kv_cache"](
+            tvm_ffi.Shape([max_batch_size]), tvm_ffi.Shape([max_total_seq_len]), tvm_ffi.Shape([chunk]),
+            tvm_ffi.Shape([KVCache.PAGE_SIZE]), tvm_ffi.Shape([0]))
+        return KVCache(handle, max_batch_size, max_total_seq_len, chunk)
+
+    def check_token_ids(self, ids: np.ndarray) -> None:
+        """The embedding kernel does not bounds-check: refuse bad ids here."""
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
+            raise ValueError(f"token id {int(bad)} is out of range for vocab size {self.vocab_size}")
+
+    def embed(self, ids: np.ndarray):
+        ids = np.asarray(ids, dtype=np.int32)
+        self.check_token_ids(ids)
+        return self._fn["embed"](to_device(ids, self.device), self.params)
+
+    # ------------------------------------------------------------ forwards
+    def prefill(self, kv: KVCache, seq_ids: list[int], token_lists: list[list[int]]) -> np.ndarray:
+        """Append each sequence's tokens; returns logits at each sequence's last token [b, vocab]."""
+        flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
+        emb = to_device(self.embed(flat).numpy().reshape(1, flat.size, self.hidden_size), self.device)
+        lens = [len(t) for t in token_lists]
+        pos = np.cumsum(lens).astype(np.int32) - 1
+        kv.begin_forward(seq_ids, lens)
+        out = self._fn["prefill"](emb, to_device(pos, self.device), kv.handle, self.params)
+        kv.end_forward()
+        return out.numpy()[0]
+
+    def decode(self, kv: KVCache, seq_ids: list[int], tokens: list[int]) -> np.ndarray:
+        """One token per sequence; returns logits [b, vocab]."""
+        ids = np.asarray(tokens, np.int32)
+        emb = self.embed(ids).numpy().reshape(len(tokens), 1, self.hidden_size)
+        kv.begin_forward(seq_ids, [1] * len(tokens))
+        out = self._fn["decode"](to_device(emb, self.device), kv.handle, self.params)
+        kv.end_forward()
+        return out.numpy()[:, 0]
+
+    def verify(self, kv: KVCache, seq_ids: list[int], token_lists: list[list[int]],
+               tree_parents: list[list[int]] | None = None) -> np.ndarray:
+        """Several tokens per sequence in one forward; logits at every position [n, vocab]."""
+        flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
+        emb = self.embed(flat).numpy().reshape(1, flat.size, self.hidden_size)
+        parents = None if tree_parents is None else [p for ps in tree_parents for p in ps]
+        kv.begin_forward(seq_ids, [len(t) for t in token_lists], parents)
+        out = self._fn["verify"](to_device(emb, self.device), kv.handle, self.params)
+        kv.end_forward()
+        return out.numpy()[0]

@@ -1,0 +1,59 @@
+"""Token sampling from logits: greedy, temperature, top-k, top-p (numpy, per sequence).
+
+``probs_from_logits`` is the one place that turns logits into the distribution that is
+sampled from; speculative verification applies the same function to target and draft.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """logits [..., vocab] -> probabilities with temperature, top-k and top-p applied."""
+    z = logits.astype(np.float64) / params.temperature
+    if params.top_k and params.top_k < z.shape[-1]:
+        kth = np.partition(z, -params.top_k, axis=-1)[..., -params.top_k][..., None]
+        z = np.where(z < kth, -np.inf, z)
+    z = z - z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    if params.top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        cum = np.cumsum(sorted_p, axis=-1)
+        keep_sorted = (cum - sorted_p) < params.top_p  # keep the smallest prefix reaching top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token from one row of logits [vocab]."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    p = probs_from_logits(logits, params)
+    return int(rng.choice(p.shape[-1], p=p))

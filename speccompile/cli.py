@@ -1,0 +1,166 @@
+"""The ``speccompile`` command line: parses and validates arguments, then delegates."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+def _fail(err: Exception) -> None:
+    click.echo(f"error: {err}", err=True)
+    sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Ahead-of-time compiler and runtime for (speculative) LLM decoding on TVM."""
+
+
+@main.command("convert_weight")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("--quantization", required=True, help="q0f32, q0f16, q4f32_1 or q4f16_1")
+@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path))
+@click.option("--model-type", default="auto", show_default=True)
+def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: str) -> None:
+    """Convert an HF folder or GGUF file into quantized shards + tensor-cache.json."""
+    from speccompile.convert_weight import convert_weight
+
+    try:
+        path = convert_weight(src, quantization, output, model_type)
+    except USER_ERRORS as err:
+        _fail(err)
+    click.echo(f"wrote {path}")
+
+
+@main.command("gen_config")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("--quantization", required=True)
+@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path))
+@click.option("--conv-template", default="auto", show_default=True)
+@click.option("--context-window-size", type=int, default=None)
+@click.option("--prefill-chunk-size", type=int, default=None)
+@click.option("--max-batch-size", type=int, default=8, show_default=True)
+def gen_config_cmd(src, quantization, output, conv_template, context_window_size, prefill_chunk_size, max_batch_size):
+    """Write speccompile-config.json and the tokenizer files."""
+    from speccompile.gen_config import gen_config
+
+    try:
+        path = gen_config(src, quantization, output, conv_template, context_window_size, prefill_chunk_size,
+                          max_batch_size)
+    except USER_ERRORS as err:
+        _fail(err)
+    click.echo(f"wrote {path}")
+
+
+@main.command("compile")
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--device", default="llvm", show_default=True)
+@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path))
+def compile_cmd(config: Path, device: str, output: Path) -> None:
+    """Compile a model config into a shared library for a device."""
+    from speccompile.compile import compile_model
+
+    try:
+        compile_model(config, device, output)
+    except USER_ERRORS as err:
+        _fail(err)
+
+
+def _sampling(temperature, top_p, top_k, seed):
+    from speccompile.runtime.sampling import SamplingParams
+
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+
+
+def _engine(model_dir: Path, model_lib: Path):
+    from speccompile.runtime.engine import Engine
+
+    return Engine(model_dir, model_lib)
+
+
+sampling_options = [
+    click.option("--temperature", type=float, default=0.0, show_default=True),
+    click.option("--top-p", type=float, default=1.0, show_default=True),
+    click.option("--top-k", type=int, default=0, show_default=True),
+    click.option("--seed", type=int, default=None),
+]
+
+
+def with_sampling(f):
+    for opt in reversed(sampling_options):
+        f = opt(f)
+    return f
+
+
+@main.command("generate")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--model-lib", required=True, type=click.Path(path_type=Path))
+@click.option("--prompt", required=True)
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@with_sampling
+@click.option("--raw", is_flag=True, help="skip the chat template")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--stop", multiple=True, help="stop string (repeatable)")
+def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, raw, as_json, stop):
+    """Generate a completion for one prompt."""
+    try:
+        sampling = _sampling(temperature, top_p, top_k, seed)
+        engine = _engine(model_dir, model_lib)
+        ids = engine.encode_prompt(prompt, raw=raw)
+        if as_json:
+            res = engine.generate(ids, max_tokens, sampling, list(stop))
+            click.echo(json.dumps(res.to_dict()))
+            return
+        res = None
+        for delta, res in engine.generate_stream(ids, max_tokens, sampling, list(stop)):
+            click.echo(delta, nl=False)
+        click.echo()
+    except USER_ERRORS as err:
+        _fail(err)
+
+
+@main.command("chat")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--model-lib", required=True, type=click.Path(path_type=Path))
+@click.option("--max-tokens", type=int, default=512, show_default=True)
+@with_sampling
+def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed):
+    """Interactive chat. Commands: /stats, /reset, /exit."""
+    from speccompile.runtime.chat import ChatSession
+
+    try:
+        session = ChatSession(_engine(model_dir, model_lib), _sampling(temperature, top_p, top_k, seed), max_tokens)
+    except USER_ERRORS as err:
+        _fail(err)
+    click.echo("speccompile chat: /stats, /reset, /exit")
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            break
+        cmd = line.strip()
+        if cmd in ("/exit", "/quit"):
+            break
+        if cmd == "/reset":
+            session.reset()
+            click.echo("(conversation reset)")
+            continue
+        if cmd == "/stats":
+            click.echo(json.dumps(session.last_stats, indent=1))
+            continue
+        if not cmd:
+            continue
+        try:
+            for delta in session.send(line):
+                click.echo(delta, nl=False)
+            click.echo()
+        except USER_ERRORS as err:
+            click.echo(f"error: {err}", err=True)
+
+
+if __name__ == "__main__":
+    main()

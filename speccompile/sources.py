@@ -1,0 +1,215 @@
+"""Checkpoint sources: an HF folder (safetensors or pytorch .bin) or a GGUF file.
+
+Every source gives the model config and a lazy ``get(hf_name) -> float32 ndarray`` so the
+converter can stream one tensor at a time. GGUF tensors are renamed to HF names and
+dequantized with the ``gguf`` package; llama-arch Q/K rows are un-permuted back to HF's
+rotate-half RoPE order (llama.cpp permutes them on export).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from speccompile.models.config import ConfigError, LlamaConfig
+
+
+class SourceError(ValueError):
+    """A checkpoint that cannot be read; the message says what is wrong."""
+
+
+class Source(Protocol):
+    """What the converter needs from a checkpoint: its config and lazy tensors."""
+
+    config: LlamaConfig
+    path: Path
+
+    def names(self) -> list[str]: ...
+
+    def get(self, name: str) -> np.ndarray: ...
+
+
+# ------------------------------------------------------------------ HF folders
+def _check_safetensors_header(path: Path) -> None:
+    """Fail early on a truncated file: the header's offsets must fit in the file."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise SourceError(f"{path} is truncated (no safetensors header)")
+        (hlen,) = struct.unpack("<Q", raw)
+        if hlen > size - 8:
+            raise SourceError(f"{path} is truncated or corrupt (header length {hlen} > file size {size})")
+        try:
+            header = json.loads(f.read(hlen))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise SourceError(f"{path} has a corrupt safetensors header: {err}") from err
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + hlen + end > size:
+        raise SourceError(
+            f"{path} is truncated: tensors need {8 + hlen + end} bytes, the file has {size}. Re-download it."
+        )
+
+
+class HFSource:
+    def __init__(self, folder: Path):
+        self.path = Path(folder)
+        self.config = LlamaConfig.from_hf_folder(self.path)
+        self._raw_config = json.loads((self.path / "config.json").read_text())
+        st_files = sorted(self.path.glob("*.safetensors"))
+        bin_files = sorted(self.path.glob("pytorch_model*.bin"))
+        self._index: dict[str, Path] = {}
+        self._bin_cache: dict[Path, dict[str, Any]] = {}
+        if st_files:
+            from safetensors import safe_open
+
+            for f in st_files:
+                _check_safetensors_header(f)
+                with safe_open(str(f), framework="numpy") as h:
+                    for k in h.keys():
+                        self._index[k] = f
+            self._kind = "safetensors"
+        elif bin_files:
+            self._kind = "bin"
+            for f in bin_files:
+                for k in self._load_bin(f):
+                    self._index[k] = f
+        else:
+            raise SourceError(f"{self.path} has no *.safetensors or pytorch_model*.bin weights")
+        if "lm_head.weight" not in self._index and not self.config.tie_word_embeddings:
+            if "tie_word_embeddings" in self._raw_config:
+                raise SourceError("config says tie_word_embeddings=false but lm_head.weight is missing")
+            self.config.tie_word_embeddings = True
+
+    def _load_bin(self, f: Path) -> dict[str, Any]:
+        if f not in self._bin_cache:
+            try:
+                import torch
+            except ImportError as err:
+                raise SourceError(f"{f} is a PyTorch checkpoint: install torch to read it (pip install torch)") from err
+            try:
+                # weights_only: never unpickle arbitrary objects from a checkpoint
+                self._bin_cache = {f: torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)}
+            except Exception as err:  # noqa: BLE001 - report any torch failure as a source error
+                raise SourceError(f"cannot read {f} safely (weights only): {err}") from err
+        return self._bin_cache[f]
+
+    def names(self) -> list[str]:
+        return list(self._index)
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self._index:
+            raise SourceError(f"tensor {name!r} is missing from {self.path}")
+        f = self._index[name]
+        if self._kind == "safetensors":
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(f), framework="numpy") as h:
+                    return np.asarray(h.get_tensor(name), dtype=np.float32)
+            except TypeError:  # bf16 is not a numpy dtype: go through torch-free raw bytes
+                return _read_safetensors_bf16(f, name)
+        return self._load_bin(f)[name].float().numpy()
+
+
+def _read_safetensors_bf16(path: Path, name: str) -> np.ndarray:
+    with path.open("rb") as fh:
+        (hlen,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(hlen))
+        info = header[name]
+        start, end = info["data_offsets"]
+        fh.seek(8 + hlen + start)
+        raw = np.frombuffer(fh.read(end - start), dtype=np.uint16)
+    if info["dtype"] != "BF16":
+        raise SourceError(f"unsupported safetensors dtype {info['dtype']} for {name}")
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+
+
+# ------------------------------------------------------------------------ GGUF
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                   "output.weight": "lm_head.weight"}
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    if name in _GGUF_TOP_NAMES:
+        return _GGUF_TOP_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def gguf_field_value(field: Any) -> Any:
+    return field.contents()
+
+
+class GGUFSource:
+    def __init__(self, path: Path):
+        import gguf
+
+        self.path = Path(path)
+        try:
+            self.reader = gguf.GGUFReader(str(self.path))
+        except Exception as err:  # noqa: BLE001 - gguf raises assorted errors on bad files
+            raise SourceError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {err}") from err
+        self.fields = {k: f for k, f in self.reader.fields.items()}
+        scalar = {k: gguf_field_value(f) for k, f in self.fields.items()
+                  if not k.startswith("tokenizer.ggml.") or k.endswith("_id")}
+        scalar["tokenizer.ggml.tokens"] = self.fields["tokenizer.ggml.tokens"].contents() \
+            if "tokenizer.ggml.tokens" in self.fields else []
+        self.config = LlamaConfig.from_gguf_fields(scalar)
+        self._tensors = {}
+        for t in self.reader.tensors:
+            hf = gguf_to_hf_name(t.name)
+            if hf is not None:
+                self._tensors[hf] = t
+        self.config.tie_word_embeddings = "lm_head.weight" not in self._tensors
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def get(self, name: str) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        if name not in self._tensors:
+            raise SourceError(f"tensor {name!r} is missing from {self.path}")
+        t = self._tensors[name]
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        arr = arr.reshape([int(x) for x in reversed(t.shape)]) if arr.size == int(np.prod(t.shape)) else arr
+        cfg = self.config
+        if cfg.model_type == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            arr = arr.reshape(heads, arr.shape[0] // heads // 2, 2, *arr.shape[1:]).swapaxes(1, 2).reshape(arr.shape)
+        return arr
+
+
+def open_source(src: Path) -> Source:
+    """Open an HF folder or a .gguf file; the error names what was expected."""
+    src = Path(src)
+    if not src.exists():
+        raise SourceError(f"{src} does not exist")
+    if src.is_file() and src.suffix == ".gguf":
+        return GGUFSource(src)
+    if src.is_dir():
+        ggufs = sorted(src.glob("*.gguf"))
+        if not (src / "config.json").exists() and len(ggufs) == 1:
+            return GGUFSource(ggufs[0])
+        return HFSource(src)
+    raise SourceError(f"{src} is neither an HF model folder nor a .gguf file")
+
+
+def iter_progress(items: list, desc: str) -> Iterator:
+    from tqdm import tqdm
+
+    return iter(tqdm(items, desc=desc, unit="tensor"))
+
+
+__all__ = ["Source", "SourceError", "HFSource", "GGUFSource", "open_source", "ConfigError"]
