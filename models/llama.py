@@ -8,30 +8,53 @@ from __future__ import annotations
 
 from typing import Any
 
-from tvm import relax as rx
 from tvm import tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
-from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
-from tvm.target import Target
 
+from . import attention as A
 from .config import LlamaConfig
 from .quantization import QEmbedding, QLinear, Quantization
+
+# Per-forward token metadata built by the runtime (runtime/kv_cache.py), in this order.
+META_SPEC = {
+    "positions": (["n"], "int32"),  # RoPE position of each token
+    "write_slots": (["n"], "int32"),  # KV slot each token's k/v is written to
+    "page_table": (["b", "pages"], "int32"),  # page ids of each sequence in the batch
+    "token_seq": (["n"], "int32"),  # page-table row of each token
+    "token_prefix": (["n"], "int32"),  # rows 0..prefix-1 of its sequence each token attends
+    "extra_slots": (["n", "e"], "int32"),  # further slots it attends (tree ancestors, itself)
+    "extra_len": (["n"], "int32"),
+}
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig, quant: Quantization):
         super().__init__()
+        self.cfg = cfg
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = QLinear(cfg.hidden_size, qkv_out, quant, bias=cfg.attention_bias)
         self.o_proj = QLinear(self.num_heads * self.head_dim, cfg.hidden_size, quant)
 
-    def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
-        b, s, _ = x.shape
-        qkv = op.reshape(self.qkv_proj(x), (b, s, self.num_heads + 2 * self.num_kv_heads, self.head_dim))
-        out = kv.attention_with_fused_qkv(layer_id, qkv, self.num_heads, sm_scale=self.head_dim**-0.5)
-        return self.o_proj(op.reshape(out, (b, s, self.num_heads * self.head_dim)))
+    def forward(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], layer_id: int) -> tuple[Tensor, Tensor]:
+        # x: [n, hidden]; kv: [layers, 2, slots, kv_heads, head_dim]
+        cfg, dtype = self.cfg, x.dtype
+        n = x.shape[0]
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = op.reshape(self.qkv_proj(x), (n, h + 2 * hkv, d))
+        q = op.tensor_ir_op(A.rope_q(h, hkv, d, cfg.rope_theta, dtype), "rope_q", [qkv, meta["positions"]],
+                            Tensor.placeholder((n, h, d), dtype))
+        kv = op.tensor_ir_inplace_op(
+            A.append_kv(cfg.num_hidden_layers, h, hkv, d, cfg.rope_theta, dtype), "append_kv",
+            [kv, qkv, meta["positions"], meta["write_slots"], tirx.IntImm("int64", layer_id)], inplace_indices=[0],
+            out=Tensor.placeholder(kv.shape, dtype))
+        out = op.tensor_ir_op(
+            A.attention(cfg.num_hidden_layers, h, hkv, d, dtype), "attention",
+            [q, kv, meta["page_table"], meta["token_seq"], meta["token_prefix"], meta["extra_slots"],
+             meta["extra_len"], tirx.IntImm("int64", layer_id)],
+            Tensor.placeholder((n, h, d), dtype))
+        return self.o_proj(op.reshape(out, (n, h * d))), kv
 
 
 class MLP(nn.Module):
@@ -55,28 +78,34 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
 
-    def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), kv, layer_id)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], layer_id: int) -> tuple[Tensor, Tensor]:
+        a, kv = self.self_attn(self.input_layernorm(x), kv, meta, layer_id)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
 class LlamaForCausalLM(nn.Module):
     """The target (or small draft) model. Entry points are listed in :meth:`get_spec`."""
 
-    def __init__(self, cfg: LlamaConfig, quant: Quantization, target: Target | None = None):
+    def __init__(self, cfg: LlamaConfig, quant: Quantization, target=None):
         super().__init__()
         self.cfg, self.quant = cfg, quant
         self.dtype = quant.model_dtype
-        self.target = target
         self.embed_tokens = QEmbedding(cfg.vocab_size, cfg.hidden_size, quant)
         self.layers = nn.ModuleList([DecoderLayer(cfg, quant) for _ in range(cfg.num_hidden_layers)])
         self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=self.dtype)
         self.lm_head = None if cfg.tie_word_embeddings else QLinear(cfg.hidden_size, cfg.vocab_size, quant)
 
+    def kv_cache_shape(self, num_slots) -> list:
+        """[layers, 2 (k/v), slots, kv_heads, head_dim]; slots = pages * 16."""
+        c = self.cfg
+        return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
+
     # ----------------------------------------------------------- building blocks
-    def _body(self, x: Tensor, kv: PagedKVCache) -> Tensor:
+    def _body(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor]) -> Tensor:
+        # x: [n, hidden] -> final-normed hidden states [n, hidden]
         for i, layer in enumerate(self.layers):
-            x = layer(x, kv, i)
+            x, kv = layer(x, kv, meta, i)
         return self.norm(x)
 
     def _logits(self, h: Tensor) -> Tensor:
@@ -84,79 +113,69 @@ class LlamaForCausalLM(nn.Module):
         return logits if logits.dtype == "float32" else logits.astype("float32")
 
     # -------------------------------------------------------------- entry points
+    # Every forward takes the token metadata of META_SPEC: the same kernels serve prefill,
+    # decode and (tree) verify, which is what keeps them bit-identical per token.
     def embed(self, input_ids: Tensor) -> Tensor:
-        # input_ids: [n] int32 -> [n, h]
+        # input_ids: [n] int32 -> [n, hidden]
         return self.embed_tokens(input_ids)
 
-    def prefill_to_last_hidden_states(self, input_embeds: Tensor, kv: PagedKVCache) -> Tensor:
-        # input_embeds: [1, n, h] (sequences packed back to back) -> [1, n, h]
-        return self._body(input_embeds, kv)
+    def prefill_to_last_hidden_states(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+        # input_embeds: [n, hidden] (sequences back to back) -> [n, hidden]
+        return self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
 
-    def prefill(self, input_embeds: Tensor, logit_positions: Tensor, kv: PagedKVCache) -> Tensor:
-        # input_embeds: [1, n, h]; logit_positions: [b] int32 -> logits [1, b, vocab]
-        h = self._body(input_embeds, kv)
-        h = op.take(op.reshape(h, [-1, self.cfg.hidden_size]), logit_positions, axis=0)
-        return op.reshape(self._logits(h), [1, -1, self.cfg.vocab_size])
+    def prefill(self, input_embeds: Tensor, logit_positions: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+        # input_embeds: [n, hidden]; logit_positions: [nl] int32 -> logits [nl, vocab]
+        h = self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
+        return self._logits(op.take(h, logit_positions, axis=0))
 
-    def decode_to_last_hidden_states(self, input_embeds: Tensor, kv: PagedKVCache) -> Tensor:
-        # input_embeds: [b, 1, h] -> [b, 1, h]
-        return self._body(input_embeds, kv)
+    def decode_to_last_hidden_states(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+        # input_embeds: [b, hidden], one token per sequence -> [b, hidden]
+        return self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
 
-    def decode(self, input_embeds: Tensor, kv: PagedKVCache) -> Tensor:
-        # input_embeds: [b, 1, h] -> logits [b, 1, vocab]
-        return self._logits(self._body(input_embeds, kv))
+    def decode(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+        # input_embeds: [b, hidden] -> logits [b, vocab]
+        return self._logits(self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len)))
 
-    def verify_to_last_hidden_states(self, input_embeds: Tensor, kv: PagedKVCache) -> Tensor:
-        # input_embeds: [1, n, h], n = sum of per-sequence draft sizes -> [1, n, h]
-        return self._body(input_embeds, kv)
+    def verify_to_last_hidden_states(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+        # input_embeds: [n, hidden], several tokens per sequence (chain or token tree) -> [n, hidden]
+        return self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
 
-    def verify(self, input_embeds: Tensor, kv: PagedKVCache) -> Tensor:
-        # Several tokens per sequence (chain or token tree; the tree's parent pointers
-        # are given to the KV cache's begin_forward). input_embeds: [1, n, h] -> [1, n, vocab]
-        return self._logits(self._body(input_embeds, kv))
+    def verify(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+        # input_embeds: [n, hidden] -> logits at every position [n, vocab]
+        return self._logits(self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len)))
 
     def get_logits(self, hidden_states: Tensor) -> Tensor:
-        # hidden_states: [n, h] (after the final norm) -> [n, vocab]
+        # hidden_states: [n, hidden] (after the final norm) -> [n, vocab]
         return self._logits(hidden_states)
 
-    def create_paged_kv_cache(
-        self, max_batch_size: tirx.Var, max_total_seq_len: tirx.Var, prefill_chunk_size: tirx.Var,
-        page_size: tirx.Var, support_sliding_window: tirx.Var,
-    ) -> PagedKVCache:
-        cfg = self.cfg
-        cache = TIRPagedKVCache(
-            attn_kind="mha", max_batch_size=max_batch_size, max_total_seq_len=max_total_seq_len,
-            prefill_chunk_size=prefill_chunk_size, page_size=page_size,
-            support_sliding_window=support_sliding_window,
-            layer_partition=rx.ShapeExpr([0, cfg.num_hidden_layers]),
-            num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-            num_key_value_heads=cfg.num_key_value_heads, qk_head_dim=cfg.head_dim, v_head_dim=cfg.head_dim,
-            mla_original_qk_head_dim=0, mla_original_v_head_dim=0,
-            rope_mode=RopeMode.NORMAL, rope_scale=1, rope_theta=cfg.rope_theta, rope_scaling={},
-            rope_ext_factors=rx.prim_value(0), rotary_dim=cfg.head_dim, enable_disaggregation=False,
-            dtype=self.dtype, target=self.target,
-        )
-        return cache
+    def copy_kv_slots(self, kv: Tensor, src: Tensor, dst: Tensor) -> Tensor:
+        # kv[:, :, dst[i]] = kv[:, :, src[i]]; commits the accepted path of a token tree
+        c = self.cfg
+        return op.tensor_ir_inplace_op(A.copy_slots(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype),
+                                       "copy_kv_slots", [kv, src, dst], inplace_indices=[0],
+                                       out=Tensor.placeholder(kv.shape, self.dtype))
+
+    @staticmethod
+    def _meta(*values: Tensor) -> dict[str, Tensor]:
+        return dict(zip(META_SPEC, values))
 
     def get_spec(self) -> dict[str, Any]:
         h, dt = self.cfg.hidden_size, self.dtype
-        kv = nn.spec.Object(object_type=PagedKVCache)
+        kv = nn.spec.Tensor(self.kv_cache_shape("slots"), dt)
+        meta = {k: nn.spec.Tensor(shape, dtype) for k, (shape, dtype) in META_SPEC.items()}
         packed = {"param_mode": "packed", "effect_mode": "none"}
+        fwd = lambda extra=None: {"input_embeds": nn.spec.Tensor(["n", h], dt), **(extra or {}), "kv": kv, **meta, "$": packed}
         return {
             "embed": {"input_ids": nn.spec.Tensor(["n"], "int32"), "$": packed},
-            "prefill_to_last_hidden_states": {"input_embeds": nn.spec.Tensor([1, "n", h], dt), "kv": kv, "$": packed},
-            "prefill": {"input_embeds": nn.spec.Tensor([1, "n", h], dt),
-                        "logit_positions": nn.spec.Tensor(["b"], "int32"), "kv": kv, "$": packed},
-            "decode_to_last_hidden_states": {"input_embeds": nn.spec.Tensor(["b", 1, h], dt), "kv": kv, "$": packed},
-            "decode": {"input_embeds": nn.spec.Tensor(["b", 1, h], dt), "kv": kv, "$": packed},
-            "verify_to_last_hidden_states": {"input_embeds": nn.spec.Tensor([1, "n", h], dt), "kv": kv, "$": packed},
-            "verify": {"input_embeds": nn.spec.Tensor([1, "n", h], dt), "kv": kv, "$": packed},
+            "prefill_to_last_hidden_states": fwd(),
+            "prefill": fwd({"logit_positions": nn.spec.Tensor(["nl"], "int32")}),
+            "decode_to_last_hidden_states": fwd(),
+            "decode": fwd(),
+            "verify_to_last_hidden_states": fwd(),
+            "verify": fwd(),
             "get_logits": {"hidden_states": nn.spec.Tensor(["n", h], dt), "$": packed},
-            "create_paged_kv_cache": {
-                "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
-                "page_size": int, "support_sliding_window": int,
-                "$": {"param_mode": "none", "effect_mode": "none"},
-            },
+            "copy_kv_slots": {"kv": kv, "src": nn.spec.Tensor(["c"], "int32"), "dst": nn.spec.Tensor(["c"], "int32"),
+                              "$": {"param_mode": "none", "effect_mode": "none"}},
         }
 
 

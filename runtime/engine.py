@@ -73,7 +73,7 @@ class Engine:
         if self.model.meta["model_type"] != self.config["model_type"]:
             raise GenerationError("model library and config disagree on the model type")
         self.context_window = int(self.config["context_window_size"])
-        self.kv = self.model.create_kv_cache(1, max_total_seq_len or self.context_window)
+        self.kv = self.model.create_kv_cache(max_total_seq_len or self.context_window)
         self.stop_token_ids = set(self.config.get("stop_token_ids", []))
         self._next_seq = 0
 
@@ -156,7 +156,7 @@ class Engine:
         yield "", res
 
     def _prefill_chunked(self, seq: int, ids: list[int]) -> np.ndarray:
-        chunk = self.kv.prefill_chunk_size
+        chunk = self.model.prefill_chunk_size
         logits = None
         for start in range(0, len(ids), chunk):
             logits = self.model.prefill(self.kv, [seq], [ids[start:start + chunk]])[0]

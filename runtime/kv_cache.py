@@ -1,68 +1,170 @@
-"""Thin wrapper over TVM's paged KV cache builtins (sequence ids, forward, rollback)."""
+"""Paged KV cache bookkeeping on the host; the pages themselves live in one device tensor.
+
+The model's kernels (models/attention.py) read and write the tensor; this class decides
+which slots each token writes and which rows each token attends, and builds the
+per-forward metadata arrays in the order of ``META_SPEC``. Rolling back a chain is just
+shortening a sequence; committing a token tree copies the accepted path's rows into
+place.
+"""
 from __future__ import annotations
 
-import tvm
-import tvm_ffi
+from dataclasses import dataclass, field
 
-_F = {}
+import numpy as np
 
-
-def _f(name: str):
-    if name not in _F:
-        _F[name] = tvm.get_global_func(name)
-    return _F[name]
+PAGE = 16
 
 
-class KVCache:
-    PAGE_SIZE = 16  # the KV kernels assume 16-token pages
+class KVCacheFull(RuntimeError):
+    """Not enough free pages for the requested tokens (nothing was changed)."""
 
-    def __init__(self, handle, max_batch_size: int, max_total_seq_len: int, prefill_chunk_size: int):
-        self.handle = handle
-        self.max_batch_size = max_batch_size
-        self.max_total_seq_len = max_total_seq_len
-        self.prefill_chunk_size = prefill_chunk_size
-        self.seqs: set[int] = set()
 
+@dataclass
+class SeqState:
+    pages: list[int] = field(default_factory=list)
+    length: int = 0  # committed tokens
+
+
+@dataclass
+class ForwardBatch:
+    """Metadata of one forward: arrays in META_SPEC order, plus bookkeeping."""
+
+    seq_ids: list[int]
+    counts: list[int]
+    arrays: list[np.ndarray]
+    is_tree: bool
+
+
+class PagedKV:
+    def __init__(self, tensor, num_pages: int):
+        self.tensor = tensor  # device tensor [layers, 2, num_pages * 16, kv_heads, head_dim]
+        self.num_pages = num_pages
+        self.free: list[int] = list(range(num_pages - 1, -1, -1))
+        self.seqs: dict[int, SeqState] = {}
+
+    # ------------------------------------------------------------- sequences
     def add_sequence(self, seq_id: int) -> None:
-        _f("vm.builtin.kv_state_add_sequence")(self.handle, seq_id)
-        self.seqs.add(seq_id)
+        if seq_id in self.seqs:
+            raise ValueError(f"sequence {seq_id} already exists")
+        self.seqs[seq_id] = SeqState()
 
     def remove_sequence(self, seq_id: int) -> None:
-        if seq_id in self.seqs:
-            _f("vm.builtin.kv_state_remove_sequence")(self.handle, seq_id)
-            self.seqs.discard(seq_id)
+        st = self.seqs.pop(seq_id, None)
+        if st is not None:
+            self.free.extend(reversed(st.pages))
 
-    def fork_sequence(self, parent: int, child: int, fork_pos: int = -1) -> None:
-        _f("vm.builtin.kv_state_fork_sequence")(self.handle, parent, child, fork_pos)
-        self.seqs.add(child)
+    def length(self, seq_id: int) -> int:
+        return self.seqs[seq_id].length
 
-    def clear(self) -> None:
-        _f("vm.builtin.kv_state_clear")(self.handle)
-        self.seqs.clear()
+    def num_free_pages(self) -> int:
+        return len(self.free)
 
-    def begin_forward(self, seq_ids: list[int], lengths: list[int], tree_parents: list[int] | None = None) -> None:
-        """tree_parents: per-token local parent index (-1 = root), all sequences concatenated."""
-        args = [self.handle, tvm_ffi.Shape(seq_ids), tvm_ffi.Shape(lengths)]
-        if tree_parents is not None:
-            args.append(tvm_ffi.Shape(tree_parents))
-        _f("vm.builtin.kv_state_begin_forward")(*args)
+    def pages_needed(self, seq_id: int, extra_tokens: int) -> int:
+        st = self.seqs[seq_id]
+        return max(0, -(-(st.length + extra_tokens) // PAGE) - len(st.pages))
 
-    def end_forward(self) -> None:
-        _f("vm.builtin.kv_state_end_forward")(self.handle)
+    def _reserve(self, seq_ids: list[int], counts: list[int]) -> None:
+        need = sum(self.pages_needed(s, c) for s, c in zip(seq_ids, counts))
+        if need > len(self.free):
+            raise KVCacheFull(f"KV cache needs {need} more pages, {len(self.free)} free")
+        for s, c in zip(seq_ids, counts):
+            st = self.seqs[s]
+            for _ in range(self.pages_needed(s, c)):
+                st.pages.append(self.free.pop())
 
+    def slot(self, seq_id: int, row: int) -> int:
+        st = self.seqs[seq_id]
+        return st.pages[row // PAGE] * PAGE + row % PAGE
+
+    def _trim(self, seq_id: int) -> None:
+        st = self.seqs[seq_id]
+        keep = -(-st.length // PAGE)
+        while len(st.pages) > keep:
+            self.free.append(st.pages.pop())
+
+    # --------------------------------------------------------------- forwards
+    def plan_chain(self, seq_ids: list[int], token_counts: list[int]) -> ForwardBatch:
+        """Append token_counts[i] tokens to each sequence; token j of a sequence with
+        committed length L sits at row L+j and attends rows 0..L+j."""
+        self._reserve(seq_ids, token_counts)
+        pos, slots, seq_row, prefix = [], [], [], []
+        for b, (s, k) in enumerate(zip(seq_ids, token_counts)):
+            st = self.seqs[s]
+            for j in range(k):
+                r = st.length + j
+                pos.append(r)
+                slots.append(self.slot(s, r))
+                seq_row.append(b)
+                prefix.append(r + 1)
+            st.length += k
+        n = len(pos)
+        arrays = [np.asarray(pos, np.int32), np.asarray(slots, np.int32), self._page_table(seq_ids),
+                  np.asarray(seq_row, np.int32), np.asarray(prefix, np.int32),
+                  np.zeros((n, 1), np.int32), np.zeros(n, np.int32)]
+        return ForwardBatch(list(seq_ids), list(token_counts), arrays, False)
+
+    def plan_tree(self, seq_ids: list[int], parents: list[list[int]]) -> ForwardBatch:
+        """Verify one token tree per sequence (parents[i][j] = local parent, -1 = root).
+
+        Node j is written at scratch row L+j, has RoPE position L+depth(j), and attends
+        rows 0..L-1 and then its ancestors from the root down, ending with itself -- the
+        order its row would have in a plain decode once the path is committed."""
+        counts = [len(p) for p in parents]
+        self._reserve(seq_ids, counts)
+        pos, slots, seq_row, prefix, extras = [], [], [], [], []
+        for b, (s, par) in enumerate(zip(seq_ids, parents)):
+            st = self.seqs[s]
+            for j, p in enumerate(par):
+                if p >= j:
+                    raise ValueError("token tree parents must precede their children")
+            for j in range(len(par)):
+                chain = [j]
+                while par[chain[-1]] >= 0:
+                    chain.append(par[chain[-1]])
+                chain.reverse()
+                pos.append(st.length + len(chain) - 1)
+                slots.append(self.slot(s, st.length + j))
+                seq_row.append(b)
+                prefix.append(st.length)
+                extras.append([self.slot(s, st.length + a) for a in chain])
+        n = len(pos)
+        width = max(len(e) for e in extras)
+        extra = np.zeros((n, width), np.int32)
+        extra_len = np.zeros(n, np.int32)
+        for i, e in enumerate(extras):
+            extra[i, : len(e)] = e
+            extra_len[i] = len(e)
+        arrays = [np.asarray(pos, np.int32), np.asarray(slots, np.int32), self._page_table(seq_ids),
+                  np.asarray(seq_row, np.int32), np.asarray(prefix, np.int32), extra, extra_len]
+        return ForwardBatch(list(seq_ids), counts, arrays, True)
+
+    def _page_table(self, seq_ids: list[int]) -> np.ndarray:
+        width = max(1, max(len(self.seqs[s].pages) for s in seq_ids))
+        pt = np.zeros((len(seq_ids), width), np.int32)
+        for b, s in enumerate(seq_ids):
+            pages = self.seqs[s].pages
+            pt[b, : len(pages)] = pages
+        return pt
+
+    # ------------------------------------------------------------ roll back
     def popn(self, seq_id: int, n: int) -> None:
-        if n > 0:
-            _f("vm.builtin.kv_state_popn")(self.handle, seq_id, n)
+        """Drop the last n tokens of a sequence (rejected drafts of a chain)."""
+        st = self.seqs[seq_id]
+        if n > st.length:
+            raise ValueError(f"cannot pop {n} tokens from a sequence of {st.length}")
+        st.length -= n
+        self._trim(seq_id)
 
-    def commit_tree(self, seq_ids: list[int], leaf_indices: list[int]) -> None:
-        _f("vm.builtin.attention_kv_cache_commit_accepted_token_tree_nodes")(
-            self.handle, tvm_ffi.Shape(seq_ids), tvm_ffi.Shape(leaf_indices))
-
-    def num_available_pages(self) -> int:
-        return int(_f("vm.builtin.attention_kv_cache_get_num_available_pages")(self.handle))
-
-    def total_pages(self) -> int:
-        return -(-self.max_total_seq_len // self.PAGE_SIZE)
-
-    def seq_length(self, seq_id: int) -> int:
-        return int(_f("vm.builtin.attention_kv_cache_get_sequence_length")(self.handle, seq_id))
+    def tree_commit_moves(self, seq_id: int, path: list[int]) -> tuple[list[int], list[int]]:
+        """Accept tree nodes `path` (root first): the (src, dst) slot moves that put node
+        path[d] at row L+d; then the sequence grows by len(path). Moves go in increasing
+        depth, which never overwrites a later source (path[d] >= d)."""
+        st = self.seqs[seq_id]
+        src, dst = [], []
+        for d, node in enumerate(path):
+            if node != d:
+                src.append(self.slot(seq_id, st.length + node))
+                dst.append(self.slot(seq_id, st.length + d))
+        st.length += len(path)
+        self._trim(seq_id)
+        return src, dst

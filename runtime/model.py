@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm.runtime import tensor as to_device
 from tvm.runtime.vm import VirtualMachine
 
-from .kv_cache import KVCache
+from .kv_cache import PAGE, ForwardBatch, PagedKV
 from .tensor_cache import TensorCacheError, load_params, read_index
 
 
@@ -98,15 +97,16 @@ class Model:
         self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])
         self._fn = {name: self.vm[name] for name in (
             "embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
-            "decode_to_last_hidden_states", "verify_to_last_hidden_states", "create_paged_kv_cache")}
+            "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots")}
 
     # ---------------------------------------------------------------- helpers
-    def create_kv_cache(self, max_batch_size: int, max_total_seq_len: int, prefill_chunk_size: int | None = None) -> KVCache:
-        chunk = prefill_chunk_size or self.prefill_chunk_size
-        handle = self._fn["create_paged_kv_cache"](
-            tvm_ffi.Shape([max_batch_size]), tvm_ffi.Shape([max_total_seq_len]), tvm_ffi.Shape([chunk]),
-            tvm_ffi.Shape([KVCache.PAGE_SIZE]), tvm_ffi.Shape([0]))
-        return KVCache(handle, max_batch_size, max_total_seq_len, chunk)
+    def create_kv_cache(self, max_total_tokens: int) -> PagedKV:
+        """A paged KV cache able to hold max_total_tokens across all sequences."""
+        num_pages = -(-max_total_tokens // PAGE)
+        shape = [self.meta["num_hidden_layers"], 2, num_pages * PAGE, self.meta["num_key_value_heads"],
+                 self.meta["head_dim"]]
+        tensor = tvm.runtime.empty(shape, self.dtype, self.device)
+        return PagedKV(tensor, num_pages)
 
     def check_token_ids(self, ids: np.ndarray) -> None:
         """The embedding kernel does not bounds-check: refuse bad ids here."""
@@ -114,39 +114,47 @@ class Model:
             bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
             raise ValueError(f"token id {int(bad)} is out of range for vocab size {self.vocab_size}")
 
-    def embed(self, ids: np.ndarray):
+    def embed(self, ids) -> Any:
         ids = np.asarray(ids, dtype=np.int32)
         self.check_token_ids(ids)
         return self._fn["embed"](to_device(ids, self.device), self.params)
 
+    def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra) -> np.ndarray:
+        emb = self.embed(ids)
+        meta = [to_device(a, self.device) for a in batch.arrays]
+        return self._fn[name](emb, *extra, kv.tensor, *meta, self.params).numpy()
+
     # ------------------------------------------------------------ forwards
-    def prefill(self, kv: KVCache, seq_ids: list[int], token_lists: list[list[int]]) -> np.ndarray:
-        """Append each sequence's tokens; returns logits at each sequence's last token [b, vocab]."""
+    def prefill(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]]) -> np.ndarray:
+        """Append each sequence's tokens; logits at each sequence's last token [b, vocab]."""
         flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
-        emb = to_device(self.embed(flat).numpy().reshape(1, flat.size, self.hidden_size), self.device)
-        lens = [len(t) for t in token_lists]
-        pos = np.cumsum(lens).astype(np.int32) - 1
-        kv.begin_forward(seq_ids, lens)
-        out = self._fn["prefill"](emb, to_device(pos, self.device), kv.handle, self.params)
-        kv.end_forward()
-        return out.numpy()[0]
+        self.check_token_ids(flat)
+        batch = kv.plan_chain(seq_ids, [len(t) for t in token_lists])
+        last = to_device((np.cumsum(batch.counts) - 1).astype(np.int32), self.device)
+        return self._run("prefill", flat, kv, batch, last)
 
-    def decode(self, kv: KVCache, seq_ids: list[int], tokens: list[int]) -> np.ndarray:
-        """One token per sequence; returns logits [b, vocab]."""
+    def decode(self, kv: PagedKV, seq_ids: list[int], tokens: list[int]) -> np.ndarray:
+        """One token per sequence; logits [b, vocab]."""
         ids = np.asarray(tokens, np.int32)
-        emb = self.embed(ids).numpy().reshape(len(tokens), 1, self.hidden_size)
-        kv.begin_forward(seq_ids, [1] * len(tokens))
-        out = self._fn["decode"](to_device(emb, self.device), kv.handle, self.params)
-        kv.end_forward()
-        return out.numpy()[:, 0]
+        self.check_token_ids(ids)
+        return self._run("decode", ids, kv, kv.plan_chain(seq_ids, [1] * len(tokens)))
 
-    def verify(self, kv: KVCache, seq_ids: list[int], token_lists: list[list[int]],
+    def verify(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
                tree_parents: list[list[int]] | None = None) -> np.ndarray:
-        """Several tokens per sequence in one forward; logits at every position [n, vocab]."""
+        """Several tokens per sequence in one forward; logits at every position [n, vocab].
+
+        Chains are appended (roll back with ``kv.popn``); trees are written to scratch rows
+        and need :meth:`commit_tree` afterwards."""
         flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
-        emb = self.embed(flat).numpy().reshape(1, flat.size, self.hidden_size)
-        parents = None if tree_parents is None else [p for ps in tree_parents for p in ps]
-        kv.begin_forward(seq_ids, [len(t) for t in token_lists], parents)
-        out = self._fn["verify"](to_device(emb, self.device), kv.handle, self.params)
-        kv.end_forward()
-        return out.numpy()[0]
+        self.check_token_ids(flat)
+        if tree_parents is None:
+            batch = kv.plan_chain(seq_ids, [len(t) for t in token_lists])
+        else:
+            batch = kv.plan_tree(seq_ids, tree_parents)
+        return self._run("verify", flat, kv, batch)
+
+    def commit_tree(self, kv: PagedKV, seq_id: int, path: list[int]) -> None:
+        src, dst = kv.tree_commit_moves(seq_id, path)
+        if src:
+            self._fn["copy_kv_slots"](kv.tensor, to_device(np.asarray(src, np.int32), self.device),
+                                      to_device(np.asarray(dst, np.int32), self.device))

@@ -66,6 +66,8 @@ def build_metadata(conf: dict, cfg: LlamaConfig, quant_name: str, target: tvm.ta
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_hidden_layers,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
         "context_window_size": cfg.context_window_size,
         "prefill_chunk_size": cfg.prefill_chunk_size,
         "model_dtype": get_quantization(quant_name).model_dtype,
