@@ -96,7 +96,7 @@ class LlamaConfig:
         if kwargs.get("num_key_value_heads") is None:
             kwargs["num_key_value_heads"] = cfg["num_attention_heads"]
         if kwargs.get("head_dim") is None:
-            kwargs.pop("head_dim")
+            kwargs.pop("head_dim", None)
         if model_type == "qwen2":
             kwargs["attention_bias"] = True
         eos = cfg.get("eos_token_id")
@@ -167,12 +167,12 @@ class LlamaConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny-llama": dict(
         model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=272, max_position_embeddings=512,
         tie_word_embeddings=True, prefill_chunk_size=128,
     ),
     "tiny-qwen2": dict(
         model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=272, max_position_embeddings=512,
         tie_word_embeddings=False, attention_bias=True, prefill_chunk_size=128,
     ),
 }

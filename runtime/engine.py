@@ -102,14 +102,14 @@ class Engine:
 
     # --------------------------------------------------------------- generate
     def generate(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop: list[str] | None = None) -> GenerationResult:
+                 stop: list[str] | None = None, ignore_eos: bool = False) -> GenerationResult:
         result = None
-        for _, result in self.generate_stream(prompt_ids, max_tokens, sampling, stop):
+        for _, result in self.generate_stream(prompt_ids, max_tokens, sampling, stop, ignore_eos):
             pass
         return result
 
     def generate_stream(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                        stop: list[str] | None = None) -> Iterator[tuple[str, GenerationResult]]:
+                        stop: list[str] | None = None, ignore_eos: bool = False) -> Iterator[tuple[str, GenerationResult]]:
         """Yields (text delta, result so far); the last result is final."""
         sampling = sampling or SamplingParams()
         if max_tokens <= 0:
@@ -131,7 +131,7 @@ class Engine:
             while True:
                 tok = sample(logits, sampling, rng)
                 res.token_ids.append(tok)
-                if tok in self.stop_token_ids:
+                if tok in self.stop_token_ids and not ignore_eos:
                     res.token_ids.pop()
                     res.finish_reason = "stop"
                     break

@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make install`, then `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test test-fast demo bench clean
+
+install:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@echo "installed into $(VENV)/ -- run 'make test'"
+
+test:
+	$(BIN)/python -m pytest -q
+
+test-fast:
+	$(BIN)/python -m pytest -q -m "not real_model"
+
+demo:
+	$(BIN)/python -m speccompile.demo
+
+bench:
+	$(BIN)/python -m speccompile.cli bench --model SmolLM2-135M-Instruct --quantization q4f32_1 --json bench-results/bench.json
+
+clean:
+	rm -rf build *.egg-info .pytest_cache

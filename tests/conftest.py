@@ -1,0 +1,116 @@
+"""Shared fixtures: tiny random-weight checkpoints built end to end, and the real SmolLM2."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speccompile.models.config import PRESETS
+
+
+def make_byte_tokenizer(path: Path) -> None:
+    """A 256-byte BPE tokenizer (no merges) plus chat specials: enough for tiny models."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])
+    tok.save(str(path))
+
+
+def make_hf_checkpoint(folder: Path, preset: str, seed: int = 0, fmt: str = "safetensors") -> dict:
+    """Random HF-layout weights for a preset; returns the float32 weights by HF name."""
+    from safetensors.numpy import save_file
+
+    p = dict(PRESETS[preset])
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    h, inter, L = p["hidden_size"], p["intermediate_size"], p["num_hidden_layers"]
+    nh, nkv, v = p["num_attention_heads"], p["num_key_value_heads"], p["vocab_size"]
+    hd = h // nh
+    w = {"model.embed_tokens.weight": rng.standard_normal((v, h)) * 0.5, "model.norm.weight": 1 + 0.1 * rng.standard_normal(h)}
+    if not p.get("tie_word_embeddings"):
+        w["lm_head.weight"] = rng.standard_normal((v, h)) * 0.1
+    for i in range(L):
+        pre = f"model.layers.{i}."
+        shapes = {"self_attn.q_proj.weight": (nh * hd, h), "self_attn.k_proj.weight": (nkv * hd, h),
+                  "self_attn.v_proj.weight": (nkv * hd, h), "self_attn.o_proj.weight": (h, nh * hd),
+                  "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
+        for k, s in shapes.items():
+            w[pre + k] = rng.standard_normal(s) / np.sqrt(s[1])
+        if p.get("attention_bias"):
+            for k, s in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                w[pre + f"self_attn.{k}_proj.bias"] = 0.1 * rng.standard_normal(s)
+        w[pre + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(h)
+        w[pre + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(h)
+    w = {k: np.asarray(a, np.float32) for k, a in w.items()}
+    arch = "Qwen2ForCausalLM" if p["model_type"] == "qwen2" else "LlamaForCausalLM"
+    config = {"architectures": [arch], "model_type": p["model_type"], "hidden_size": h, "intermediate_size": inter,
+              "num_hidden_layers": L, "num_attention_heads": nh, "num_key_value_heads": nkv, "vocab_size": v,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": p["max_position_embeddings"],
+              "tie_word_embeddings": bool(p.get("tie_word_embeddings")), "bos_token_id": 256, "eos_token_id": 257}
+    (folder / "config.json").write_text(json.dumps(config))
+    if fmt == "safetensors":
+        save_file(w, str(folder / "model.safetensors"))
+    else:
+        import torch
+
+        torch.save({k: torch.from_numpy(a) for k, a in w.items()}, folder / "pytorch_model.bin")
+    make_byte_tokenizer(folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")}))
+    return w
+
+
+class Built:
+    def __init__(self, hf_dir: Path, model_dir: Path, lib: Path, weights: dict, preset: str, quant: str):
+        self.hf_dir, self.model_dir, self.lib, self.weights, self.preset, self.quant = hf_dir, model_dir, lib, weights, preset, quant
+
+
+@pytest.fixture(scope="session")
+def build_tiny(tmp_path_factory):
+    """build_tiny(preset, quant) -> Built, compiled once per session per combination."""
+    from speccompile.compile import compile_model
+    from speccompile.convert_weight import convert_weight
+    from speccompile.gen_config import gen_config
+
+    cache: dict = {}
+    root = tmp_path_factory.mktemp("tiny")
+
+    def build(preset: str = "tiny-llama", quant: str = "q0f32") -> Built:
+        key = (preset, quant)
+        if key not in cache:
+            hf = root / f"{preset}-hf"
+            weights = make_hf_checkpoint(hf, preset) if not (hf / "config.json").exists() else cache[("w", preset)]
+            cache[("w", preset)] = weights
+            out = root / f"{preset}-{quant}"
+            convert_weight(hf, quant, out, progress=False)
+            gen_config(hf, quant, out)
+            lib = root / f"{preset}-{quant}.so"
+            compile_model(out / "speccompile-config.json", "llvm", lib, verbose=False)
+            cache[key] = Built(hf, out, lib, weights, preset, quant)
+        return cache[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(gguf_path, model_dir, lib) for SmolLM2-135M-Instruct at q0f32, built once and cached."""
+    from speccompile.fetch import fetch, prepare
+
+    gguf = fetch("SmolLM2-135M-Instruct", quiet=True)
+    model_dir, lib = prepare("SmolLM2-135M-Instruct", "q0f32", quiet=True)
+    return gguf, model_dir, lib
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4():
+    from speccompile.fetch import prepare
+
+    return prepare("SmolLM2-135M-Instruct", "q4f32_1", quiet=True)

@@ -1,0 +1,53 @@
+"""A plain numpy Llama/Qwen2 forward over HF-named float32 weights: the test oracle."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps).astype(np.float32) * w
+
+
+def rope(x, pos, theta):
+    # x: [n, heads, d]; rotate-half convention (HF Llama)
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = pos[:, None].astype(np.float64) * inv[None]
+    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None].astype(np.float32)
+    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None].astype(np.float32)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+
+def forward(w: dict, cfg, ids: list[int]) -> np.ndarray:
+    """Causal forward of one sequence; logits [n, vocab]."""
+    h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    x = w["model.embed_tokens.weight"][ids].astype(np.float32)
+    n = len(ids)
+    pos = np.arange(n)
+    mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        q = a @ w[p + "self_attn.q_proj.weight"].T
+        k = a @ w[p + "self_attn.k_proj.weight"].T
+        v = a @ w[p + "self_attn.v_proj.weight"].T
+        if cfg.attention_bias:
+            q, k, v = q + w[p + "self_attn.q_proj.bias"], k + w[p + "self_attn.k_proj.bias"], v + w[p + "self_attn.v_proj.bias"]
+        q = rope(q.reshape(n, nh, hd), pos, cfg.rope_theta)
+        k = rope(k.reshape(n, nkv, hd), pos, cfg.rope_theta)
+        v = v.reshape(n, nkv, hd)
+        rep = nh // nkv
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = np.einsum("hqk,khd->qhd", s, v).reshape(n, nh * hd)
+        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        a = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        g = a @ w[p + "mlp.gate_proj.weight"].T
+        u = a @ w[p + "mlp.up_proj.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return x @ head.T
