@@ -162,5 +162,30 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed):
             click.echo(f"error: {err}", err=True)
 
 
+@main.command("bench")
+@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--model-lib", type=click.Path(path_type=Path))
+@click.option("--model", "model_name", default=None, help="a known model to fetch/convert/compile (e.g. SmolLM2-135M-Instruct)")
+@click.option("--quantization", default="q4f32_1", show_default=True, help="with --model")
+@click.option("--prompts", type=click.Path(path_type=Path), default=None, help="JSONL (MT-bench format); default bench/mt_bench.jsonl")
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--num-prompts", type=int, default=None)
+@click.option("--json", "out_json", type=click.Path(path_type=Path), default=None)
+def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json):
+    """Measure prefill/decode tokens/s at batch 1 and the share of the bandwidth roofline."""
+    from speccompile.bench import run_bench
+
+    try:
+        if model_name:
+            from speccompile.fetch import prepare
+
+            model_dir, model_lib = prepare(model_name, quantization)
+        if model_dir is None or model_lib is None:
+            raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+        run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json)
+    except USER_ERRORS as err:
+        _fail(err)
+
+
 if __name__ == "__main__":
     main()
