@@ -1,8 +1,11 @@
-"""The generation engine: tokenizer + target model + KV cache -> streamed text.
+"""The generation engine: tokenizer + target model + KV cache + a proposer -> text.
 
-``Engine.generate`` is the embeddable Python API; the CLI's ``generate``, ``chat`` and
-``bench`` are thin users of it. Bad input (over-long prompt, out-of-range ids) is
-refused before any forward runs.
+One decode loop serves every mode. Each step the proposer drafts up to k tokens per
+sequence (k from the adaptive controller; k = 0 is plain decoding), the target verifies
+``[last] + drafts`` for the whole batch in one forward, the shared verification routine
+accepts a prefix (or tree path) plus a bonus token, and the KV caches are rolled back or
+committed. Bad input (over-long prompt, out-of-range ids, a mismatched draft) is refused
+before any forward runs.
 """
 from __future__ import annotations
 
@@ -14,11 +17,17 @@ from typing import Iterator
 
 import numpy as np
 
+from .adaptive import DraftLengthController
+from .kv_cache import KVCacheFull
+from .metrics import SpecMetrics
 from .model import Model
+from .proposers import NGramProposer, Proposer, SmallDraftProposer
 from .sampling import SamplingParams, sample
 from .tokenizer import StreamDecoder, load_tokenizer, render_chat
+from .verify import Draft, verify
 
 CONFIG_NAME = "speccompile-config.json"
+SPECULATIVE_MODES = ("disable", "small_draft", "ngram")
 
 
 class GenerationError(ValueError):
@@ -31,14 +40,18 @@ class Stats:
     prefill_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    spec: SpecMetrics | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,
             "prefill_tokens_per_s": self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0,
             "decode_tokens_per_s": self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0,
         }
+        if self.spec is not None:
+            out.update(self.spec.to_dict())
+        return out
 
 
 @dataclass
@@ -46,12 +59,32 @@ class GenerationResult:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str = "length"
+    finish_reason: str | None = None
     stats: Stats = field(default_factory=Stats)
 
     def to_dict(self) -> dict:
         return {"prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids, "text": self.text,
                 "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+
+
+@dataclass
+class _Seq:
+    """One sequence in the decode loop."""
+
+    seq_id: int
+    history: list[int]  # prompt + emitted tokens; history[-1] is not yet in the target's KV
+    budget: int
+    sampling: SamplingParams
+    rng: np.random.Generator
+    stop: list[str]
+    ignore_eos: bool
+    result: GenerationResult
+    decoder: StreamDecoder
+    pending_text: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.result.finish_reason is not None
 
 
 def read_model_config(model_dir: Path) -> dict:
@@ -61,20 +94,69 @@ def read_model_config(model_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def check_draft_compatible(target_dir: Path, draft_dir: Path) -> None:
+    """Same vocabulary and tokenizer, or a clear error before anything loads."""
+    t_cfg, d_cfg = read_model_config(target_dir), read_model_config(draft_dir)
+    if t_cfg["vocab_size"] != d_cfg["vocab_size"]:
+        raise GenerationError(f"draft vocab size {d_cfg['vocab_size']} differs from the target's {t_cfg['vocab_size']}; "
+                              "small_draft needs a draft model with the same vocabulary")
+    t_tok = json.loads((Path(target_dir) / "tokenizer.json").read_text())["model"].get("vocab")
+    d_path = Path(draft_dir) / "tokenizer.json"
+    if not d_path.exists():
+        raise GenerationError(f"{d_path} not found: run gen_config for the draft model")
+    d_tok = json.loads(d_path.read_text())["model"].get("vocab")
+    if t_tok != d_tok:
+        raise GenerationError("the draft's tokenizer differs from the target's (different vocabularies); "
+                              "small_draft needs the same tokenizer")
+
+
 class Engine:
-    """Greedy/sampled generation with one compiled target model (batch 1 per call)."""
+    """Greedy/sampled generation, plain or speculative, for one or many sequences."""
 
     def __init__(self, model_dir: str | Path, model_lib: str | Path, device: str = "cpu",
-                 max_total_seq_len: int | None = None):
+                 speculative_mode: str = "disable", additional_models: list[tuple[str, str]] | None = None,
+                 spec_draft_length: int = 0, ngram_min: int = 1, ngram_max: int = 4,
+                 max_total_seq_len: int | None = None, max_num_sequence: int = 4,
+                 max_batch_tokens: int | None = None):
+        # ---- validate everything cheap before loading anything
+        if speculative_mode not in SPECULATIVE_MODES:
+            raise GenerationError(f"unknown --speculative-mode {speculative_mode!r}; choose {', '.join(SPECULATIVE_MODES)}")
+        if spec_draft_length < 0:
+            raise GenerationError("--spec-draft-length must be >= 0 (0 = adaptive)")
+        if speculative_mode == "small_draft":
+            if not additional_models:
+                raise GenerationError("--speculative-mode small_draft needs the draft: --additional-models DRAFT_DIR,DRAFT_LIB")
+            check_draft_compatible(Path(model_dir), Path(additional_models[0][0]))
         self.model_dir = Path(model_dir)
         self.config = read_model_config(self.model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
+        self.context_window = int(self.config["context_window_size"])
+        self.max_num_sequence = max_num_sequence
+        self.max_batch_tokens = max_batch_tokens or int(self.config.get("prefill_chunk_size", 2048))
+        k_need = spec_draft_length + 1
+        if speculative_mode != "disable" and k_need > self.max_batch_tokens:
+            raise GenerationError(f"the token budget per forward ({self.max_batch_tokens}) cannot hold "
+                                  f"spec_draft_length + 1 = {k_need} tokens; lower --spec-draft-length")
+        # ---- load
         self.model = Model(self.model_dir, Path(model_lib), device)
         if self.model.meta["model_type"] != self.config["model_type"]:
             raise GenerationError("model library and config disagree on the model type")
-        self.context_window = int(self.config["context_window_size"])
-        self.kv = self.model.create_kv_cache(max_total_seq_len or self.context_window)
+        total = max_total_seq_len or self.context_window * max_num_sequence
+        self.kv = self.model.create_kv_cache(total)
         self.stop_token_ids = set(self.config.get("stop_token_ids", []))
+        self.speculative_mode = speculative_mode
+        self.proposer: Proposer | None = None
+        if speculative_mode == "ngram":
+            self.proposer = NGramProposer(ngram_min, ngram_max)
+        elif speculative_mode == "small_draft":
+            d_dir, d_lib = additional_models[0]
+            draft = Model(Path(d_dir), Path(d_lib), device)
+            if draft.vocab_size != self.model.vocab_size:
+                raise GenerationError("draft and target vocab sizes differ")
+            self.proposer = SmallDraftProposer(draft, total)
+        self.controller = DraftLengthController(
+            max_k=max(spec_draft_length, 8), fixed_k=spec_draft_length or None,
+            draft_is_free=not (self.proposer and self.proposer.has_draft_model))
         self._next_seq = 0
 
     # ----------------------------------------------------------------- prompts
@@ -111,56 +193,164 @@ class Engine:
     def generate_stream(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                         stop: list[str] | None = None, ignore_eos: bool = False) -> Iterator[tuple[str, GenerationResult]]:
         """Yields (text delta, result so far); the last result is final."""
-        sampling = sampling or SamplingParams()
+        for deltas, results in self._run([prompt_ids], max_tokens, [sampling or SamplingParams()], stop, ignore_eos):
+            yield deltas[0], results[0]
+
+    def generate_batch(self, prompts: list[list[int]], max_tokens: int = 128,
+                       sampling: list[SamplingParams] | SamplingParams | None = None,
+                       stop: list[str] | None = None, ignore_eos: bool = False) -> list[GenerationResult]:
+        """Decode several sequences together (one target forward per step for all)."""
+        if len(prompts) > self.max_num_sequence:
+            raise GenerationError(f"{len(prompts)} sequences exceed max_num_sequence={self.max_num_sequence}")
+        if not isinstance(sampling, list):
+            sampling = [sampling or SamplingParams()] * len(prompts)
+        results = None
+        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos):
+            pass
+        return results
+
+    # -------------------------------------------------------------- the loop
+    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos):
         if max_tokens <= 0:
             raise GenerationError("max_tokens must be positive")
-        self.check_prompt(prompt_ids)
-        rng = np.random.default_rng(sampling.seed)
-        res = GenerationResult(prompt_token_ids=list(prompt_ids))
-        decoder = StreamDecoder(self.tokenizer)
-        seq = self._next_seq
-        self._next_seq += 1
-        self.kv.add_sequence(seq)
+        for ids in prompts:
+            self.check_prompt(ids)
+        seqs: list[_Seq] = []
         try:
-            t0 = time.perf_counter()
-            logits = self._prefill_chunked(seq, prompt_ids)
-            res.stats.prefill_tokens = len(prompt_ids)
-            res.stats.prefill_seconds = time.perf_counter() - t0
-            budget = min(max_tokens, self.context_window - len(prompt_ids))
-            t1 = time.perf_counter()
+            for ids, sp in zip(prompts, samplings):
+                seq = _Seq(self._next_seq, list(ids), min(max_tokens, self.context_window - len(ids)), sp,
+                           np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
+                           GenerationResult(list(ids)), StreamDecoder(self.tokenizer))
+                seq.result.stats.spec = SpecMetrics() if self.proposer else None
+                self._next_seq += 1
+                self.kv.add_sequence(seq.seq_id)
+                if self.proposer:
+                    self.proposer.add_sequence(seq.seq_id, seq.history)
+                seqs.append(seq)
+                t0 = time.perf_counter()
+                logits = self._prefill(seq.seq_id, ids)
+                seq.result.stats.prefill_tokens = len(ids)
+                seq.result.stats.prefill_seconds = time.perf_counter() - t0
+                self._emit(seq, [sample(logits, sp, seq.rng)])
+            yield [s.pending_text for s in seqs], [s.result for s in seqs]
             while True:
-                tok = sample(logits, sampling, rng)
-                res.token_ids.append(tok)
-                if tok in self.stop_token_ids and not ignore_eos:
-                    res.token_ids.pop()
-                    res.finish_reason = "stop"
+                active = [s for s in seqs if not s.done]
+                if not active:
                     break
-                delta = decoder.push([tok])
-                hit = _find_stop(decoder.text, stop)
-                if hit is not None:
-                    cut = len(decoder.text) - hit
-                    res.text = decoder.text[:hit]
-                    res.finish_reason = "stop"
-                    yield delta[: max(0, len(delta) - cut)], res
-                    break
-                res.text = decoder.text
-                yield delta, res
-                if len(res.token_ids) >= budget:
-                    res.finish_reason = "length"
-                    break
-                logits = self.model.decode(self.kv, [seq], [tok])[0]
-                res.stats.decode_tokens += 1
-            res.stats.decode_seconds = time.perf_counter() - t1
+                t0 = time.perf_counter()
+                self._step(active)
+                dt = time.perf_counter() - t0
+                for s in active:
+                    s.result.stats.decode_seconds += dt
+                yield [s.pending_text for s in seqs], [s.result for s in seqs]
+                for s in seqs:
+                    s.pending_text = ""
         finally:
-            self.kv.remove_sequence(seq)
-        yield "", res
+            for s in seqs:
+                self.kv.remove_sequence(s.seq_id)
+                if self.proposer:
+                    self.proposer.remove_sequence(s.seq_id)
 
-    def _prefill_chunked(self, seq: int, ids: list[int]) -> np.ndarray:
+    def _prefill(self, seq_id: int, ids: list[int]) -> np.ndarray:
         chunk = self.model.prefill_chunk_size
         logits = None
         for start in range(0, len(ids), chunk):
-            logits = self.model.prefill(self.kv, [seq], [ids[start:start + chunk]])[0]
+            logits = self.model.prefill(self.kv, [seq_id], [ids[start:start + chunk]])[0]
         return logits
+
+    def _step(self, active: list[_Seq]) -> None:
+        """One draft + verify step for every active sequence."""
+        b = len(active)
+        ids = [s.seq_id for s in active]
+        # k: adaptive (or fixed), capped by the token budget and each sequence's room
+        limit = self.max_batch_tokens // b - 1
+        room = min(min(s.budget - len(s.result.token_ids), self.context_window - len(s.history)) for s in active)
+        k = self.controller.choose(b, min(limit, room - 1)) if self.proposer else 0
+        drafts = [Draft() for _ in active]
+        t0 = time.perf_counter()
+        if k > 0:
+            fw0 = getattr(self.proposer, "forwards", 0)
+            drafts = self.proposer.propose(ids, [s.history for s in active], [k] * b,
+                                           [s.sampling for s in active], [s.rng for s in active])
+            self.controller.observe_draft(getattr(self.proposer, "forwards", 0) - fw0, time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        logits_rows = self._target_forward(active, drafts)
+        if logits_rows is None:  # the KV cache could not hold the drafts: verify none of them
+            drafts = [Draft() for _ in active]
+            logits_rows = self._target_forward(active, drafts)
+        t2 = time.perf_counter()
+        self.controller.observe_verify(b, max(len(d) for d in drafts), t2 - t1)
+        offset = 0
+        for s, d in zip(active, drafts):
+            rows = logits_rows[offset: offset + len(d) + 1]
+            offset += len(d) + 1
+            verdict = verify(rows, d, s.sampling, s.rng)
+            if d.parents is None:
+                self.kv.popn(s.seq_id, len(d) - len(verdict.path))
+            else:
+                self.model.commit_tree(self.kv, s.seq_id, [0] + [n + 1 for n in verdict.path])
+            m = s.result.stats.spec
+            if m is not None:
+                if len(d):
+                    depths = _depths(d.parent_list())
+                    m.record_verify(depths, len(verdict.path), len(verdict.tokens))
+                    self.controller.observe_acceptance(max(depths), len(verdict.path))
+                else:
+                    m.plain_steps += 1
+                m.draft_seconds += t1 - t0
+                m.verify_seconds += t2 - t1
+            s.result.stats.decode_tokens += self._emit(s, verdict.tokens)
+            if self.proposer and not s.done:
+                self.proposer.accept(s.seq_id, s.history)
+        if active[0].result.stats.spec is not None:
+            rest = time.perf_counter() - t2
+            for s in active:
+                s.result.stats.spec.other_seconds += rest
+
+    def _target_forward(self, active: list[_Seq], drafts: list[Draft]) -> np.ndarray | None:
+        ids = [s.seq_id for s in active]
+        if all(len(d) == 0 for d in drafts):
+            return self.model.decode(self.kv, ids, [s.history[-1] for s in active])
+        tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
+        tree = any(d.parents is not None for d in drafts)
+        try:
+            if tree:
+                return self.model.verify(self.kv, ids, tokens, [d.verify_parents() for d in drafts])
+            return self.model.verify(self.kv, ids, tokens)
+        except KVCacheFull:
+            return None
+
+    def _emit(self, s: _Seq, tokens: list[int]) -> int:
+        """Append accepted tokens, stopping at EOS, a stop string or the budget; returns
+        how many were emitted."""
+        n = 0
+        for tok in tokens:
+            if tok in self.stop_token_ids and not s.ignore_eos:
+                s.result.finish_reason = "stop"
+                break
+            s.history.append(tok)
+            s.result.token_ids.append(tok)
+            n += 1
+            delta = s.decoder.push([tok])
+            hit = _find_stop(s.decoder.text, s.stop)
+            if hit is not None:
+                s.pending_text += delta[: max(0, len(delta) - (len(s.decoder.text) - hit))]
+                s.result.text = s.decoder.text[:hit]
+                s.result.finish_reason = "stop"
+                break
+            s.pending_text += delta
+            s.result.text = s.decoder.text
+            if len(s.result.token_ids) >= s.budget:
+                s.result.finish_reason = "length"
+                break
+        return n
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
 
 
 def _find_stop(text: str, stop: list[str] | None) -> int | None:

@@ -1,0 +1,85 @@
+"""Speculative-decoding metrics, defined once for generate, bench and (later) serve.
+
+- draft_tokens: draft tokens proposed and verified;
+- accepted_tokens: draft tokens the target accepted;
+- accept_rate = accepted_tokens / draft_tokens;
+- mean_accepted_length = tokens emitted per speculative verify step, *counting the
+  bonus token* (plain decoding scores 1.0; a fully accepted k-chain scores k + 1);
+- per_position_accept_rate[i] = accepted at draft position (tree depth) i+1 / proposed
+  there;
+- time is split into draft, verify and the rest of the decode loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecMetrics:
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0  # target forwards that verified at least one draft token
+    plain_steps: int = 0  # target forwards with no draft (k = 0 or no proposal)
+    draft_steps: int = 0  # draft-model forwards (0 for n-gram)
+    emitted_in_verify: int = 0  # tokens emitted by verify steps, bonus included
+    tree_nodes: int = 0  # draft nodes verified (== draft_tokens; kept for tree-size stats)
+    position_proposed: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    other_seconds: float = 0.0
+
+    def record_verify(self, depths_proposed: list[int], accepted: int, emitted: int) -> None:
+        """depths_proposed: draft depth (1-based) of each verified node; accepted: path length."""
+        self.verify_steps += 1
+        self.draft_tokens += len(depths_proposed)
+        self.tree_nodes += len(depths_proposed)
+        self.accepted_tokens += accepted
+        self.emitted_in_verify += emitted
+        deepest = max(depths_proposed, default=0)
+        while len(self.position_proposed) < deepest:
+            self.position_proposed.append(0)
+            self.position_accepted.append(0)
+        for d in set(depths_proposed):  # a depth counts once per step, accepted if the path reached it
+            self.position_proposed[d - 1] += 1
+        for d in range(accepted):
+            self.position_accepted[d] += 1
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.emitted_in_verify / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def per_position_accept_rate(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed)]
+
+    def to_dict(self) -> dict:
+        return {
+            "accept_rate": self.accept_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_accept_rate": self.per_position_accept_rate,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "draft_steps": self.draft_steps,
+            "verify_steps": self.verify_steps,
+            "plain_steps": self.plain_steps,
+            "mean_tree_size": self.tree_nodes / self.verify_steps if self.verify_steps else 0.0,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "other_seconds": self.other_seconds,
+        }
+
+    def merge(self, other: "SpecMetrics") -> None:
+        for name in ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "draft_steps",
+                     "emitted_in_verify", "tree_nodes", "draft_seconds", "verify_seconds", "other_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for i, (p, a) in enumerate(zip(other.position_proposed, other.position_accepted)):
+            if i >= len(self.position_proposed):
+                self.position_proposed.append(0)
+                self.position_accepted.append(0)
+            self.position_proposed[i] += p
+            self.position_accepted[i] += a

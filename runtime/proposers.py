@@ -1,0 +1,149 @@
+"""Proposers: everything that drafts tokens for the target to verify.
+
+One narrow interface (``Proposer``) serves every mode; the engine never branches on the
+mode name. ``ngram`` looks up the sequence's own history; ``small_draft`` runs a second
+compiled model with the same vocabulary.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from .model import Model
+from .sampling import SamplingParams, probs_from_logits
+from .verify import Draft
+
+
+class Proposer(Protocol):
+    name: str
+    has_draft_model: bool
+
+    def add_sequence(self, seq_id: int, prompt: list[int]) -> None: ...
+
+    def remove_sequence(self, seq_id: int) -> None: ...
+
+    def propose(self, seq_ids: list[int], histories: list[list[int]], ks: list[int],
+                sampling: list[SamplingParams], rngs: list[np.random.Generator]) -> list[Draft]:
+        """histories[i]: every committed token of sequence i, the last one not yet forwarded
+        by the target. Returns one draft per sequence of at most ks[i] nodes."""
+        ...
+
+    def accept(self, seq_id: int, history: list[int]) -> None:
+        """The sequence's committed history after a verify step (to resynchronize state)."""
+        ...
+
+
+class NGramProposer:
+    """Prompt lookup: find the latest earlier occurrence of the longest suffix n-gram
+    (max_n down to min_n) in prompt + output, and propose the tokens that followed it."""
+
+    name = "ngram"
+    has_draft_model = False
+
+    def __init__(self, min_n: int = 1, max_n: int = 4):
+        if not 1 <= min_n <= max_n:
+            raise ValueError("ngram sizes need 1 <= min_n <= max_n")
+        self.min_n, self.max_n = min_n, max_n
+        self.seconds = 0.0
+
+    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+        pass
+
+    def remove_sequence(self, seq_id: int) -> None:
+        pass
+
+    def accept(self, seq_id: int, history: list[int]) -> None:
+        pass
+
+    def propose(self, seq_ids, histories, ks, sampling, rngs) -> list[Draft]:
+        return [Draft(self.lookup(h, k)) for h, k in zip(histories, ks)]
+
+    def lookup(self, history: list[int], k: int) -> list[int]:
+        if k <= 0 or len(history) < self.min_n + 1:
+            return []
+        arr = np.asarray(history, dtype=np.int64)
+        n_tok = arr.size
+        for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
+            suffix = arr[n_tok - n:]
+            # windows ending before the suffix itself; latest match first
+            windows = np.lib.stride_tricks.sliding_window_view(arr[: n_tok - 1], n)
+            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return arr[start: start + k].tolist()
+        return []
+
+
+class SmallDraftProposer:
+    """A smaller compiled model with the target's vocabulary drafts k tokens autoregressively.
+
+    Its KV cache holds a prefix of the committed history; ``propose`` first feeds whatever
+    it has not seen (1 token normally, 2 after a fully accepted chain), then samples
+    (or takes the argmax of) k tokens, returning q for rejection sampling."""
+
+    name = "small_draft"
+    has_draft_model = True
+
+    def __init__(self, model: Model, max_total_tokens: int):
+        self.model = model
+        self.kv = model.create_kv_cache(max_total_tokens)
+        self.cached: dict[int, list[int]] = {}  # tokens in the draft's KV cache, per sequence
+        self.forwards = 0
+
+    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+        self.kv.add_sequence(seq_id)
+        self.cached[seq_id] = []
+
+    def remove_sequence(self, seq_id: int) -> None:
+        self.kv.remove_sequence(seq_id)
+        self.cached.pop(seq_id, None)
+
+    def accept(self, seq_id: int, history: list[int]) -> None:
+        # keep the longest prefix of the cache that agrees with the committed history
+        cached = self.cached[seq_id]
+        agreed = 0
+        limit = min(len(cached), len(history))
+        while agreed < limit and cached[agreed] == history[agreed]:
+            agreed += 1
+        self.kv.popn(seq_id, len(cached) - agreed)
+        del cached[agreed:]
+
+    def propose(self, seq_ids, histories, ks, sampling, rngs) -> list[Draft]:
+        active = [i for i, k in enumerate(ks) if k > 0]
+        drafts = [Draft() for _ in seq_ids]
+        if not active:
+            return drafts
+        ids = [seq_ids[i] for i in active]
+        for i, sid in zip(active, ids):
+            self.accept(sid, histories[i])
+        pending = [histories[i][len(self.cached[seq_ids[i]]):] for i in active]
+        logits = self.model.prefill(self.kv, ids, pending)
+        self.forwards += 1
+        for i, sid, chunk in zip(active, ids, pending):
+            self.cached[sid].extend(chunk)
+        probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
+        live = list(active)
+        for step in range(max(ks[i] for i in active)):
+            tokens = []
+            for row, i in enumerate(live):
+                if sampling[i].greedy:
+                    tok = int(np.argmax(logits[row]))
+                else:
+                    q = probs_from_logits(logits[row], sampling[i])
+                    tok = int(rngs[i].choice(q.shape[-1], p=q))
+                    probs[i].append(q)
+                drafts[i].tokens.append(tok)
+                tokens.append(tok)
+            keep = [(row, i) for row, i in enumerate(live) if len(drafts[i].tokens) < ks[i]]
+            if not keep:
+                break
+            live = [i for _, i in keep]
+            logits = self.model.decode(self.kv, [seq_ids[i] for i in live], [tokens[row] for row, _ in keep])
+            self.forwards += 1
+            for row, i in keep:
+                self.cached[seq_ids[i]].append(tokens[row])
+        for i in active:
+            if not sampling[i].greedy:
+                drafts[i].probs = np.stack(probs[i])
+        return drafts
