@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -159,6 +160,16 @@ class Engine:
             draft_is_free=not (self.proposer and self.proposer.has_draft_model))
         self._next_seq = 0
 
+    @contextmanager
+    def speculation_disabled(self):
+        """Run plain decoding with this same engine (bench compares both in one process)."""
+        saved = self.proposer
+        self.proposer = None
+        try:
+            yield self
+        finally:
+            self.proposer = saved
+
     # ----------------------------------------------------------------- prompts
     def render(self, messages: list[dict[str, str]]) -> str:
         cfg = self.config
@@ -262,9 +273,10 @@ class Engine:
         """One draft + verify step for every active sequence."""
         b = len(active)
         ids = [s.seq_id for s in active]
-        # k: adaptive (or fixed), capped by the token budget and each sequence's room
+        # k: adaptive (or fixed), capped by the token budget per forward and the context
+        # window (not by max_tokens: drafts past it are verified, then cut on emission)
         limit = self.max_batch_tokens // b - 1
-        room = min(min(s.budget - len(s.result.token_ids), self.context_window - len(s.history)) for s in active)
+        room = min(self.context_window - len(s.history) for s in active)
         k = self.controller.choose(b, min(limit, room - 1)) if self.proposer else 0
         drafts = [Draft() for _ in active]
         t0 = time.perf_counter()

@@ -81,55 +81,134 @@ def weight_bytes_per_token(meta: dict) -> int:
     return total
 
 
-def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None, max_tokens: int = 128,
-              limit: int | None = None, out_json: Path | None = None, quiet: bool = False) -> dict:
-    from speccompile.runtime.engine import Engine
+def _aggregate(rows: list[dict], key_tokens: str, key_seconds: str) -> float:
+    toks = sum(r[key_tokens] for r in rows)
+    secs = sum(r[key_seconds] for r in rows)
+    return toks / secs if secs else 0.0
 
-    prompts = load_prompts(prompts_file or DEFAULT_PROMPTS, limit)
-    engine = Engine(model_dir, model_lib)
+
+def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None, max_tokens: int = 128,
+              limit: int | None = None, out_json: Path | None = None, quiet: bool = False, spec: dict | None = None,
+              categories: list[str] | None = None) -> dict:
+    """Plain decoding of every prompt, and -- with a speculative mode -- the same prompts with
+    speculation, in the same process and the same build, greedy, batch 1."""
+    from speccompile.cli import _engine
+
+    spec = spec or {"speculative_mode": "disable"}
+    prompts = load_prompts(prompts_file or DEFAULT_PROMPTS)
+    if categories:
+        prompts = [p for p in prompts if p["category"] in categories]
+    prompts = prompts[:limit] if limit else prompts
+    speculative = spec.get("speculative_mode", "disable") != "disable"
+    engine = _engine(model_dir, model_lib, spec)
     bandwidth = measure_bandwidth()
     per_token = weight_bytes_per_token(engine.model.meta)
     roofline = bandwidth * 1e9 / per_token
-    engine.generate(engine.encode_prompt("warm up"), max_tokens=8)
+    warm = engine.encode_prompt("warm up the kernels")
+    with engine.speculation_disabled():
+        engine.generate(warm, max_tokens=8)
+    if speculative:
+        engine.generate(warm, max_tokens=8)
     rows = []
     for i, p in enumerate(prompts):
         ids = engine.encode_prompt(p["prompt"])
-        res = engine.generate(ids, max_tokens=max_tokens, ignore_eos=True)
-        s = res.stats.to_dict()
-        rows.append({"id": p["id"], "category": p["category"], **s})
+        with engine.speculation_disabled():
+            plain = engine.generate(ids, max_tokens=max_tokens, ignore_eos=True)
+        row = {"id": p["id"], "category": p["category"], "prompt_tokens": len(ids),
+               "decode_tokens": plain.stats.decode_tokens, "plain_seconds": plain.stats.decode_seconds,
+               "plain_tokens_per_s": plain.stats.to_dict()["decode_tokens_per_s"],
+               "prefill_tokens_per_s": plain.stats.to_dict()["prefill_tokens_per_s"]}
+        line = f"[{i + 1}/{len(prompts)}] {p['category']:<11} plain {row['plain_tokens_per_s']:6.1f} tok/s"
+        if speculative:
+            sp = engine.generate(ids, max_tokens=max_tokens, ignore_eos=True)
+            st = sp.stats.to_dict()
+            row.update({"spec_seconds": sp.stats.decode_seconds, "spec_tokens_per_s": st["decode_tokens_per_s"],
+                        "speedup": st["decode_tokens_per_s"] / row["plain_tokens_per_s"],
+                        "identical_output": sp.token_ids == plain.token_ids,
+                        **{k: st[k] for k in ("accept_rate", "mean_accepted_length", "per_position_accept_rate",
+                                              "draft_tokens", "accepted_tokens", "verify_steps", "plain_steps",
+                                              "draft_seconds", "verify_seconds")}})
+            line += (f" | spec {row['spec_tokens_per_s']:6.1f} tok/s x{row['speedup']:.2f} "
+                     f"accept {row['accept_rate']:.2f} len {row['mean_accepted_length']:.2f}"
+                     f"{'' if row['identical_output'] else ' OUTPUT DIFFERS'}")
+        rows.append(row)
         if not quiet:
-            print(f"[{i + 1}/{len(prompts)}] {p['category']:<12} prefill {s['prefill_tokens']:4d} tok "
-                  f"{s['prefill_tokens_per_s']:7.1f} tok/s | decode {s['decode_tokens']:4d} tok "
-                  f"{s['decode_tokens_per_s']:6.1f} tok/s")
-    decode = [r["decode_tokens_per_s"] for r in rows]
-    prefill = [r["prefill_tokens_per_s"] for r in rows]
-    cats = {}
+            print(line, flush=True)
+    by_cat: dict[str, list[dict]] = {}
     for r in rows:
-        cats.setdefault(r["category"], []).append(r["decode_tokens_per_s"])
+        by_cat.setdefault(r["category"], []).append(r)
+
+    def summarize(group: list[dict]) -> dict:
+        out = {"prompts": len(group), "plain_tokens_per_s": _aggregate(group, "decode_tokens", "plain_seconds")}
+        if speculative:
+            out["spec_tokens_per_s"] = _aggregate(group, "decode_tokens", "spec_seconds")
+            out["speedup"] = out["spec_tokens_per_s"] / out["plain_tokens_per_s"]
+            drafted = sum(r["draft_tokens"] for r in group)
+            out["accept_rate"] = sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0
+            steps = sum(r["verify_steps"] for r in group)
+            out["mean_accepted_length"] = (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
+                                           if steps else 0.0)
+            out["identical_outputs"] = sum(r["identical_output"] for r in group)
+        return out
+
+    overall = summarize(rows)
+    overall["roofline_tokens_per_s"] = roofline
+    overall["plain_share_of_roofline"] = overall["plain_tokens_per_s"] / roofline
+    overall["prefill_tokens_per_s_mean"] = statistics.fmean(r["prefill_tokens_per_s"] for r in rows)
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "measured_bandwidth_GBps": round(bandwidth, 2)},
         "model": {"model_dir": str(model_dir), "model_lib": str(model_lib), "model_type": engine.model.meta["model_type"],
                   "quantization": engine.model.meta["quantization"], "weight_bytes_per_token": per_token},
         "settings": {"max_tokens": max_tokens, "prompts": str(prompts_file or DEFAULT_PROMPTS), "num_prompts": len(rows),
-                     "batch_size": 1, "greedy": True},
-        "summary": {
-            "decode_tokens_per_s_mean": statistics.fmean(decode),
-            "decode_tokens_per_s_median": statistics.median(decode),
-            "prefill_tokens_per_s_mean": statistics.fmean(prefill),
-            "roofline_tokens_per_s": roofline,
-            "decode_share_of_roofline": statistics.fmean(decode) / roofline,
-        },
-        "per_category_decode_tokens_per_s": {c: statistics.fmean(v) for c, v in cats.items()},
+                     "batch_size": 1, "greedy": True, **{k: v for k, v in spec.items()}},
+        "summary": overall,
+        "per_category": {c: summarize(g) for c, g in by_cat.items()},
         "per_prompt": rows,
     }
     if out_json:
-        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(out_json).write_text(json.dumps(report, indent=1))
+        out_json = Path(out_json)
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps(report, indent=1))
+        if speculative:
+            report["chart"] = str(write_chart(report, out_json.with_suffix(".png")))
+            out_json.write_text(json.dumps(report, indent=1))
     if not quiet:
-        s = report["summary"]
-        print(f"\ndecode {s['decode_tokens_per_s_mean']:.1f} tok/s (median {s['decode_tokens_per_s_median']:.1f}), "
-              f"prefill {s['prefill_tokens_per_s_mean']:.1f} tok/s; bandwidth {bandwidth:.1f} GB/s, "
-              f"{per_token / 1e6:.1f} MB/token -> roofline {roofline:.1f} tok/s, "
-              f"{100 * s['decode_share_of_roofline']:.0f}% of it")
+        _print_summary(report, speculative, bandwidth, per_token)
     return report
+
+
+def _print_summary(report: dict, speculative: bool, bandwidth: float, per_token: int) -> None:
+    s = report["summary"]
+    print(f"\nplain decode {s['plain_tokens_per_s']:.1f} tok/s, prefill {s['prefill_tokens_per_s_mean']:.1f} tok/s; "
+          f"bandwidth {bandwidth:.1f} GB/s, {per_token / 1e6:.1f} MB/token -> roofline "
+          f"{s['roofline_tokens_per_s']:.1f} tok/s, plain at {100 * s['plain_share_of_roofline']:.0f}% of it")
+    if speculative:
+        print(f"{'category':<12} {'plain':>7} {'spec':>7} {'speedup':>8} {'accept':>7} {'len':>5}")
+        for c, g in list(report["per_category"].items()) + [("overall", s)]:
+            print(f"{c:<12} {g['plain_tokens_per_s']:7.1f} {g['spec_tokens_per_s']:7.1f} {g['speedup']:8.2f} "
+                  f"{g['accept_rate']:7.2f} {g['mean_accepted_length']:5.2f}")
+
+
+def write_chart(report: dict, path: Path) -> Path:
+    """A PNG bar chart of speedup per category (1.0 = plain decoding)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = list(report["per_category"]) + ["overall"]
+    vals = [report["per_category"][c]["speedup"] for c in cats[:-1]] + [report["summary"]["speedup"]]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(cats, vals, color=["#4c72b0" if v >= 1 else "#c44e52" for v in vals])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("speedup over plain decoding")
+    mode = report["settings"].get("speculative_mode")
+    ax.set_title(f"{mode}: {report['model']['model_type']} {report['model']['quantization']}, greedy, batch 1")
+    for i, v in enumerate(vals):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -76,10 +76,39 @@ def _sampling(temperature, top_p, top_k, seed):
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
 
 
-def _engine(model_dir: Path, model_lib: Path):
+def _engine(model_dir: Path, model_lib: Path, spec: dict | None = None):
     from speccompile.runtime.engine import Engine
 
-    return Engine(model_dir, model_lib)
+    spec = dict(spec or {})
+    extra = spec.pop("additional_models", None)
+    models = None
+    if extra:
+        parts = [p for p in extra.split(",") if p]
+        if len(parts) != 2:
+            raise ValueError("--additional-models takes DRAFT_DIR,DRAFT_LIB")
+        models = [(parts[0], parts[1])]
+    return Engine(model_dir, model_lib, additional_models=models, **spec)
+
+
+spec_options = [
+    click.option("--speculative-mode", type=click.Choice(["disable", "small_draft", "ngram"]), default="disable",
+                 show_default=True),
+    click.option("--additional-models", default=None, help="draft model: DRAFT_DIR,DRAFT_LIB (small_draft)"),
+    click.option("--spec-draft-length", type=int, default=0, show_default=True, help="draft length k; 0 = adaptive"),
+    click.option("--ngram-min", type=int, default=1, show_default=True),
+    click.option("--ngram-max", type=int, default=4, show_default=True),
+]
+
+
+def with_spec(f):
+    for opt in reversed(spec_options):
+        f = opt(f)
+    return f
+
+
+def _spec(speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max) -> dict:
+    return {"speculative_mode": speculative_mode, "additional_models": additional_models,
+            "spec_draft_length": spec_draft_length, "ngram_min": ngram_min, "ngram_max": ngram_max}
 
 
 sampling_options = [
@@ -102,14 +131,17 @@ def with_sampling(f):
 @click.option("--prompt", required=True)
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @with_sampling
+@with_spec
 @click.option("--raw", is_flag=True, help="skip the chat template")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
-def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, raw, as_json, stop):
-    """Generate a completion for one prompt."""
+def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, speculative_mode,
+                 additional_models, spec_draft_length, ngram_min, ngram_max, raw, as_json, stop):
+    """Generate a completion for one prompt (optionally with speculative decoding)."""
     try:
         sampling = _sampling(temperature, top_p, top_k, seed)
-        engine = _engine(model_dir, model_lib)
+        engine = _engine(model_dir, model_lib, _spec(speculative_mode, additional_models, spec_draft_length,
+                                                     ngram_min, ngram_max))
         ids = engine.encode_prompt(prompt, raw=raw)
         if as_json:
             res = engine.generate(ids, max_tokens, sampling, list(stop))
@@ -128,12 +160,16 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, t
 @click.option("--model-lib", required=True, type=click.Path(path_type=Path))
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @with_sampling
-def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed):
+@with_spec
+def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, speculative_mode, additional_models,
+             spec_draft_length, ngram_min, ngram_max):
     """Interactive chat. Commands: /stats, /reset, /exit."""
     from speccompile.runtime.chat import ChatSession
 
     try:
-        session = ChatSession(_engine(model_dir, model_lib), _sampling(temperature, top_p, top_k, seed), max_tokens)
+        engine = _engine(model_dir, model_lib, _spec(speculative_mode, additional_models, spec_draft_length,
+                                                     ngram_min, ngram_max))
+        session = ChatSession(engine, _sampling(temperature, top_p, top_k, seed), max_tokens)
     except USER_ERRORS as err:
         _fail(err)
     click.echo("speccompile chat: /stats, /reset, /exit")
@@ -171,8 +207,12 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed):
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @click.option("--num-prompts", type=int, default=None)
 @click.option("--json", "out_json", type=click.Path(path_type=Path), default=None)
-def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json):
-    """Measure prefill/decode tokens/s at batch 1 and the share of the bandwidth roofline."""
+@click.option("--category", "categories", multiple=True, help="only these prompt categories (repeatable)")
+@with_spec
+def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
+              speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max):
+    """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
+    --speculative-mode is given) and the share of the bandwidth roofline."""
     from speccompile.bench import run_bench
 
     try:
@@ -182,7 +222,9 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             model_dir, model_lib = prepare(model_name, quantization)
         if model_dir is None or model_lib is None:
             raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
-        run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json)
+        spec = _spec(speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max)
+        run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,
+                  categories=list(categories) or None)
     except USER_ERRORS as err:
         _fail(err)
 
