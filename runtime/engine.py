@@ -155,10 +155,15 @@ class Engine:
             if draft.vocab_size != self.model.vocab_size:
                 raise GenerationError("draft and target vocab sizes differ")
             self.proposer = SmallDraftProposer(draft, total)
-        self.controller = DraftLengthController(
-            max_k=max(spec_draft_length, 8), fixed_k=spec_draft_length or None,
-            draft_is_free=not (self.proposer and self.proposer.has_draft_model))
+        self.set_draft_length(spec_draft_length)
         self._next_seq = 0
+
+    def set_draft_length(self, k: int) -> None:
+        """Fix the draft length (k > 0) or make it adaptive (k = 0); resets the estimates."""
+        if k < 0 or k + 1 > self.max_batch_tokens:
+            raise GenerationError(f"draft length {k} does not fit the token budget {self.max_batch_tokens}")
+        self.controller = DraftLengthController(
+            max_k=max(k, 8), fixed_k=k or None, draft_is_free=not (self.proposer and self.proposer.has_draft_model))
 
     @contextmanager
     def speculation_disabled(self):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,14 @@ def make_byte_tokenizer(path: Path) -> None:
     tok.save(str(path))
 
 
-def make_hf_checkpoint(folder: Path, preset: str, seed: int = 0, fmt: str = "safetensors") -> dict:
+def make_hf_checkpoint(folder: Path, preset: str, seed: int = 0, fmt: str = "safetensors",
+                       vocab_size: int | None = None, tokenizer_from: Path | None = None) -> dict:
     """Random HF-layout weights for a preset; returns the float32 weights by HF name."""
     from safetensors.numpy import save_file
 
     p = dict(PRESETS[preset])
+    if vocab_size:
+        p["vocab_size"] = vocab_size
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     h, inter, L = p["hidden_size"], p["intermediate_size"], p["num_hidden_layers"]
@@ -60,7 +64,10 @@ def make_hf_checkpoint(folder: Path, preset: str, seed: int = 0, fmt: str = "saf
         import torch
 
         torch.save({k: torch.from_numpy(a) for k, a in w.items()}, folder / "pytorch_model.bin")
-    make_byte_tokenizer(folder / "tokenizer.json")
+    if tokenizer_from is not None:
+        shutil.copy(tokenizer_from, folder / "tokenizer.json")
+    else:
+        make_byte_tokenizer(folder / "tokenizer.json")
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")}))

@@ -85,3 +85,20 @@ def test_kv_cache_full_is_reported_and_nothing_changes(build_tiny):
     with pytest.raises(KVCacheFull):
         model.verify(kv, [0], [IDS])
     assert kv.length(0) == len(IDS) and kv.num_free_pages() == 0
+
+
+def test_kv_rows_after_rejection_equal_a_sequence_that_never_saw_them(build_tiny):
+    built = build_tiny("tiny-qwen2", "q4f32_1")
+    model = Model(built.model_dir, built.lib)
+    kv = model.create_kv_cache(256)
+    kv.add_sequence(0)
+    kv.add_sequence(1)
+    model.prefill(kv, [0], [IDS[:10]])
+    model.verify(kv, [0], [[IDS[10], 200, 201, 202, 203]])  # last + 4 drafts, all rejected
+    kv.popn(0, 4)
+    model.decode(kv, [0], [IDS[11]])
+    model.prefill(kv, [1], [IDS[:12]])  # never saw the drafts
+    tensor = kv.tensor.numpy()
+    rows0 = [kv.slot(0, r) for r in range(12)]
+    rows1 = [kv.slot(1, r) for r in range(12)]
+    assert np.array_equal(tensor[:, :, rows0], tensor[:, :, rows1])

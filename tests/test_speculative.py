@@ -1,0 +1,120 @@
+"""Greedy speculative decoding is token-for-token the target's own greedy output.
+
+SmolLM2-135M-Instruct is the target. Drafts: the target itself, a random-weight model
+with the same vocabulary, and n-gram lookup; batch 1 and 4; k = 1, 3, 7 and adaptive.
+"""
+import numpy as np
+import pytest
+
+from conftest import make_hf_checkpoint
+from speccompile.runtime.engine import Engine, GenerationError
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "List the days of the week.",
+    "Summarize: The cat sat on the mat. The mat was red. The cat liked the red mat very much.",
+    "Translate 'good morning' into French and Spanish.",
+    "Explain what a hash table is in one paragraph.",
+    "Count from one to twenty in words.",
+]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_q4):
+    return smollm2_q4
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    model_dir, lib = target
+    eng = Engine(model_dir, lib)
+    prompts = [eng.encode_prompt(p) for p in PROMPTS]
+    return prompts, [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
+
+
+@pytest.fixture(scope="module")
+def random_draft(target, tmp_path_factory):
+    """A 2-layer random-weight Llama with SmolLM2's vocabulary and tokenizer."""
+    from speccompile.compile import compile_model
+    from speccompile.convert_weight import convert_weight
+    from speccompile.gen_config import gen_config
+
+    model_dir, _ = target
+    root = tmp_path_factory.mktemp("randdraft")
+    make_hf_checkpoint(root / "hf", "tiny-llama", seed=7, vocab_size=49152, tokenizer_from=model_dir / "tokenizer.json")
+    convert_weight(root / "hf", "q4f32_1", root / "model", progress=False)
+    gen_config(root / "hf", "q4f32_1", root / "model", conv_template="chatml")
+    compile_model(root / "model" / "speccompile-config.json", "llvm", root / "draft.so", verbose=False)
+    return str(root / "model"), str(root / "draft.so")
+
+
+def _engine(target, mode, random_draft=None):
+    model_dir, lib = target
+    if mode == "ngram":
+        return Engine(model_dir, lib, speculative_mode="ngram")
+    draft = (str(model_dir), str(lib)) if mode == "self" else random_draft
+    return Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[draft])
+
+
+@pytest.mark.parametrize("mode", ["self", "random", "ngram"])
+def test_greedy_speculation_is_lossless(target, reference, random_draft, mode):
+    prompts, expected = reference
+    eng = _engine(target, mode, random_draft)
+    for k in (1, 3, 7, 0):
+        eng.set_draft_length(k)
+        for i, ids in enumerate(prompts):  # batch 1
+            res = eng.generate(ids, NEW_TOKENS, ignore_eos=True)
+            assert res.token_ids == expected[i], f"{mode} k={k} prompt {i}"
+            if mode == "self" and k > 0:
+                st = res.stats.spec
+                assert st.accept_rate >= 0.98 and st.mean_accepted_length >= 0.98 * (k + 1)
+        for start in (0, 4):  # batch 4
+            results = eng.generate_batch(prompts[start:start + 4], NEW_TOKENS, ignore_eos=True)
+            assert [r.token_ids for r in results] == expected[start:start + 4], f"{mode} k={k} batch at {start}"
+
+
+def test_stop_tokens_and_max_tokens_inside_an_accepted_run(target, reference):
+    prompts, expected = reference
+    eng = _engine(target, "self")
+    eng.set_draft_length(7)
+    res = eng.generate(prompts[0], 5, ignore_eos=True)
+    assert res.token_ids == expected[0][:5] and res.finish_reason == "length"
+    stop_tok = expected[3][6]
+    eng.stop_token_ids = {stop_tok}
+    res = eng.generate(prompts[3], NEW_TOKENS)
+    cut = expected[3].index(stop_tok)
+    assert res.token_ids == expected[3][:cut] and res.finish_reason == "stop"
+
+
+def test_draft_validation_errors(target, tmp_path):
+    import shutil
+
+    model_dir, lib = target
+    with pytest.raises(GenerationError, match="needs the draft"):
+        Engine(model_dir, lib, speculative_mode="small_draft")
+    other = tmp_path / "other"
+    shutil.copytree(model_dir, other)
+    cfg = (other / "speccompile-config.json").read_text().replace('"vocab_size": 49152', '"vocab_size": 49153')
+    (other / "speccompile-config.json").write_text(cfg)
+    with pytest.raises(GenerationError, match="vocab size"):
+        Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[(str(other), str(lib))])
+    with pytest.raises(GenerationError, match="token budget"):
+        Engine(model_dir, lib, speculative_mode="ngram", spec_draft_length=8, max_batch_tokens=4)
+
+
+def test_sampling_with_speculation_is_reproducible_and_valid(target):
+    from speccompile.runtime.sampling import SamplingParams
+
+    eng = _engine(target, "self")
+    eng.set_draft_length(3)
+    ids = eng.encode_prompt(PROMPTS[1])
+    sp = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
+    a = eng.generate(ids, 24, sp, ignore_eos=True)
+    b = eng.generate(ids, 24, sp, ignore_eos=True)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 24
+    assert np.all(np.asarray(a.token_ids) < 49152)
