@@ -14,10 +14,10 @@ equals ``2^23 + nib``, cheaper than an int-to-float convert.
 """
 from __future__ import annotations
 
+from tvm import tirx
 from tvm.script import tirx as T
 
 TILE = 16  # output rows per q4 tile (one 512-bit vector of fp32)
-M_BLOCK = 4  # rows of activations sharing one decode of the weights
 MAGIC = 8388608.0 + 7.0  # 2^23 + the q4 zero point
 
 
@@ -61,9 +61,49 @@ def dense_matmul(n: int, k: int, dtype: str):
     return kernel
 
 
+def _nib(wf, word_idx, r):
+    """float(q - 7) of nibble r of a packed word: reinterpret(nib | 0x4B000000) - (2^23 + 7)."""
+    shift = tirx.const(r * 4, "uint32")
+    bits = ((wf[word_idx] >> shift) & tirx.const(15, "uint32")) | tirx.const(0x4B000000, "uint32")
+    return tirx.reinterpret("float32", bits) - tirx.const(MAGIC, "float32")
+
+
+def _group_sum(wf, x, row, t, g, l, kw):
+    """Sum over one 32-weight group of w * x for output lane l, as four 8-term chains
+    added pairwise: a fixed order (batch invariant) with enough independent FMAs to hide
+    their latency. Built at parse time into one expression, so no partial sum touches
+    memory."""
+    parts = []
+    for wd in range(4):
+        word_idx = (t * kw + g * 4 + wd) * TILE + l
+        acc = None
+        for r in range(8):
+            term = _nib(wf, word_idx, r) * tirx.Cast("float32", x[row, (g * 4 + wd) * 8 + r])
+            acc = term if acc is None else acc + term
+        parts.append(acc)
+    return (parts[0] + parts[1]) + (parts[2] + parts[3])
+
+
 def q4_matmul_tiled(n: int, k: int, dtype: str):
-    """y[m, n] = sum_k x[m, k] dequant(w)[n, k] over tiled q4 storage (see module doc)."""
-    kw, groups, L, MB = k // 8, k // 32, TILE, M_BLOCK
+    """y[m, n] = sum_k x[m, k] dequant(w)[n, k] over tiled q4 storage (see module doc).
+
+    Rows of x go in pairs (the pair shares each decoded weight vector), then a single
+    last row; both use the identical per-element expression."""
+    kw, groups, L = k // 8, k // 32, TILE
+
+    @T.macro
+    def rows(wf, sf, x, y, t, base, mb):
+        acc = T.decl_buffer((mb, L), "float32", scope="local")
+        for mi in T.unroll(mb):
+            for l in T.vectorized(L):
+                acc[mi, l] = T.float32(0)
+        for g in range(groups):
+            for mi in T.unroll(mb):
+                for l in T.vectorized(L):
+                    acc[mi, l] = acc[mi, l] + _group_sum(wf, x, base + mi, t, g, l, kw) * T.Cast("float32", sf[(t * groups + g) * L + l])
+        for mi in T.unroll(mb):
+            for l in T.vectorized(L):
+                y[base + mi, t * L + l] = T.Cast(dtype, acc[mi, l])
 
     @T.prim_func(private=True)
     def kernel(var_x: T.handle, qw: T.Buffer((n, kw), "uint32"), qs: T.Buffer((n, groups), dtype), var_y: T.handle):
@@ -74,45 +114,10 @@ def q4_matmul_tiled(n: int, k: int, dtype: str):
         wf = T.decl_buffer((n * kw,), "uint32", data=qw.data)  # flat views of the tiled storage
         sf = T.decl_buffer((n * groups,), dtype, data=qs.data)
         for t in T.parallel(n // L):
-            # blocks of MB activation rows share each decoded weight vector
-            for mo in range(m_dim // MB):
-                acc = T.decl_buffer((MB, L), "float32", scope="local")
-                gacc = T.decl_buffer((MB, L), "float32", scope="local")
-                for mi in T.unroll(MB):
-                    for l in T.vectorized(L):
-                        acc[mi, l] = T.float32(0)
-                for g in range(groups):
-                    for mi in T.unroll(MB):
-                        for l in T.vectorized(L):
-                            gacc[mi, l] = T.float32(0)
-                    for wd in T.unroll(4):
-                        for r in T.unroll(8):
-                            for mi in T.unroll(MB):
-                                for l in T.vectorized(L):
-                                    gacc[mi, l] = gacc[mi, l] + (T.reinterpret("float32", ((wf[(t * kw + g * 4 + wd) * L + l] >> T.uint32(r * 4)) & T.uint32(15)) | T.uint32(0x4B000000)) - T.float32(MAGIC)) * T.Cast("float32", x[mo * MB + mi, (g * 4 + wd) * 8 + r])
-                    for mi in T.unroll(MB):
-                        for l in T.vectorized(L):
-                            acc[mi, l] = acc[mi, l] + gacc[mi, l] * T.Cast("float32", sf[(t * groups + g) * L + l])
-                for mi in T.unroll(MB):
-                    for l in T.vectorized(L):
-                        y[mo * MB + mi, t * L + l] = T.Cast(dtype, acc[mi, l])
-            # the remaining rows, one at a time, with the same per-element arithmetic
-            for m in range(m_dim // MB * MB, m_dim):
-                acc1 = T.decl_buffer((L,), "float32", scope="local")
-                gacc1 = T.decl_buffer((L,), "float32", scope="local")
-                for l in T.vectorized(L):
-                    acc1[l] = T.float32(0)
-                for g in range(groups):
-                    for l in T.vectorized(L):
-                        gacc1[l] = T.float32(0)
-                    for wd in T.unroll(4):
-                        for r in T.unroll(8):
-                            for l in T.vectorized(L):
-                                gacc1[l] = gacc1[l] + (T.reinterpret("float32", ((wf[(t * kw + g * 4 + wd) * L + l] >> T.uint32(r * 4)) & T.uint32(15)) | T.uint32(0x4B000000)) - T.float32(MAGIC)) * T.Cast("float32", x[m, (g * 4 + wd) * 8 + r])
-                    for l in T.vectorized(L):
-                        acc1[l] = acc1[l] + gacc1[l] * T.Cast("float32", sf[(t * groups + g) * L + l])
-                for l in T.vectorized(L):
-                    y[m, t * L + l] = T.Cast(dtype, acc1[l])
+            for mo in range(m_dim // 2):
+                rows(wf, sf, x, y, t, mo * 2, 2)
+            if m_dim % 2 == 1:
+                rows(wf, sf, x, y, t, m_dim - 1, 1)
 
     return kernel
 

@@ -86,6 +86,18 @@ def fetch(name: str, quiet: bool = False) -> Path:
     return dest
 
 
+def compiler_hash() -> str:
+    """Hash of the model and pass sources: a cached library is rebuilt when they change."""
+    pkg = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for sub in ("models", "passes"):
+        mod = __import__(f"speccompile.{sub}", fromlist=["x"])
+        for f in sorted(Path(mod.__file__).parent.glob("*.py")):
+            h.update(f.read_bytes())
+    h.update(str(pkg / "compile.py").encode())
+    return h.hexdigest()[:10]
+
+
 def prepare(name: str, quantization: str, quiet: bool = False) -> tuple[Path, Path]:
     """Fetch, convert, gen_config and compile once; returns (model_dir, model_lib)."""
     from speccompile.compile import compile_model
@@ -101,7 +113,7 @@ def prepare(name: str, quantization: str, quiet: bool = False) -> tuple[Path, Pa
     import tvm
 
     cpu = tvm.target.codegen.llvm_get_system_cpu()
-    lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}.so"
+    lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
     if not lib.exists():
         compile_model(model_dir / "speccompile-config.json", "llvm", lib, verbose=not quiet)
     return model_dir, lib
