@@ -13,6 +13,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from . import attention as A
+from .verification import greedy_verify
 from .config import LlamaConfig
 from .quantization import QEmbedding, QLinear, Quantization
 
@@ -155,6 +156,12 @@ class LlamaForCausalLM(nn.Module):
                                        "copy_kv_slots", [kv, src, dst], inplace_indices=[0],
                                        out=Tensor.placeholder(kv.shape, self.dtype))
 
+    def verify_greedy(self, logits: Tensor, tokens: Tensor, parents: Tensor, seq_indptr: Tensor) -> Tensor:
+        # logits: [n, vocab]; tokens, parents: [n]; seq_indptr: [b + 1] -> [b + 1, n + 2]
+        n, b1 = logits.shape[0], seq_indptr.shape[0]
+        return op.tensor_ir_op(greedy_verify(self.cfg.vocab_size), "greedy_verify",
+                               [logits, tokens, parents, seq_indptr], Tensor.placeholder((b1, n + 2), "int32"))
+
     @staticmethod
     def _meta(*values: Tensor) -> dict[str, Tensor]:
         return dict(zip(META_SPEC, values))
@@ -174,6 +181,10 @@ class LlamaForCausalLM(nn.Module):
             "verify_to_last_hidden_states": fwd(),
             "verify": fwd(),
             "get_logits": {"hidden_states": nn.spec.Tensor(["n", h], dt), "$": packed},
+            "verify_greedy": {"logits": nn.spec.Tensor(["n", self.cfg.vocab_size], "float32"),
+                              "tokens": nn.spec.Tensor(["n"], "int32"), "parents": nn.spec.Tensor(["n"], "int32"),
+                              "seq_indptr": nn.spec.Tensor(["b1"], "int32"),
+                              "$": {"param_mode": "none", "effect_mode": "none"}},
             "copy_kv_slots": {"kv": kv, "src": nn.spec.Tensor(["c"], "int32"), "dst": nn.spec.Tensor(["c"], "int32"),
                               "$": {"param_mode": "none", "effect_mode": "none"}},
         }

@@ -25,7 +25,7 @@ from .model import Model
 from .proposers import NGramProposer, Proposer, SmallDraftProposer
 from .sampling import SamplingParams, sample
 from .tokenizer import StreamDecoder, load_tokenizer, render_chat
-from .verify import Draft, verify
+from .verify import Draft, Verdict, verify
 
 CONFIG_NAME = "speccompile-config.json"
 SPECULATIVE_MODES = ("disable", "small_draft", "ngram")
@@ -291,17 +291,23 @@ class Engine:
                                            [s.sampling for s in active], [s.rng for s in active])
             self.controller.observe_draft(getattr(self.proposer, "forwards", 0) - fw0, time.perf_counter() - t0)
         t1 = time.perf_counter()
-        logits_rows = self._target_forward(active, drafts)
-        if logits_rows is None:  # the KV cache could not hold the drafts: verify none of them
+        greedy = all(s.sampling.greedy for s in active)
+        logits = self._target_forward(active, drafts, on_device=greedy)
+        if logits is None:  # the KV cache could not hold the drafts: verify none of them
             drafts = [Draft() for _ in active]
-            logits_rows = self._target_forward(active, drafts)
+            logits = self._target_forward(active, drafts, on_device=greedy)
+        if greedy:  # the library's TensorIR kernel: argmax and tree walk on device
+            kernel = self.model.greedy_verify(logits, [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)],
+                                              [d.verify_parents() for d in drafts])
+            verdicts = [Verdict(path, [d.tokens[j] for j in path] + [bonus]) for (path, bonus), d in zip(kernel, drafts)]
+        else:  # rejection sampling: the numpy routine
+            verdicts, offset = [], 0
+            for s, d in zip(active, drafts):
+                verdicts.append(verify(logits[offset: offset + len(d) + 1], d, s.sampling, s.rng))
+                offset += len(d) + 1
         t2 = time.perf_counter()
         self.controller.observe_verify(b, max(len(d) for d in drafts), t2 - t1)
-        offset = 0
-        for s, d in zip(active, drafts):
-            rows = logits_rows[offset: offset + len(d) + 1]
-            offset += len(d) + 1
-            verdict = verify(rows, d, s.sampling, s.rng)
+        for s, d, verdict in zip(active, drafts, verdicts):
             if d.parents is None:
                 self.kv.popn(s.seq_id, len(d) - len(verdict.path))
             else:
@@ -324,16 +330,17 @@ class Engine:
             for s in active:
                 s.result.stats.spec.other_seconds += rest
 
-    def _target_forward(self, active: list[_Seq], drafts: list[Draft]) -> np.ndarray | None:
+    def _target_forward(self, active: list[_Seq], drafts: list[Draft], on_device: bool = False):
+        """Logits [n, vocab] of [last] + drafts for every sequence (None if the KV cache is full)."""
         ids = [s.seq_id for s in active]
         if all(len(d) == 0 for d in drafts):
-            return self.model.decode(self.kv, ids, [s.history[-1] for s in active])
+            return self.model.decode(self.kv, ids, [s.history[-1] for s in active], on_device=on_device)
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
         tree = any(d.parents is not None for d in drafts)
         try:
             if tree:
-                return self.model.verify(self.kv, ids, tokens, [d.verify_parents() for d in drafts])
-            return self.model.verify(self.kv, ids, tokens)
+                return self.model.verify(self.kv, ids, tokens, [d.verify_parents() for d in drafts], on_device)
+            return self.model.verify(self.kv, ids, tokens, on_device=on_device)
         except KVCacheFull:
             return None
 

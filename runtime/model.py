@@ -97,7 +97,7 @@ class Model:
         self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])
         self._fn = {name: self.vm[name] for name in (
             "embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
-            "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots")}
+            "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots", "verify_greedy")}
 
     # ---------------------------------------------------------------- helpers
     def create_kv_cache(self, max_total_tokens: int) -> PagedKV:
@@ -119,10 +119,11 @@ class Model:
         self.check_token_ids(ids)
         return self._fn["embed"](to_device(ids, self.device), self.params)
 
-    def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra) -> np.ndarray:
+    def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra, on_device: bool = False):
         emb = self.embed(ids)
         meta = [to_device(a, self.device) for a in batch.arrays]
-        return self._fn[name](emb, *extra, kv.tensor, *meta, self.params).numpy()
+        out = self._fn[name](emb, *extra, kv.tensor, *meta, self.params)
+        return out if on_device else out.numpy()
 
     # ------------------------------------------------------------ forwards
     def prefill(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]]) -> np.ndarray:
@@ -133,14 +134,14 @@ class Model:
         last = to_device((np.cumsum(batch.counts) - 1).astype(np.int32), self.device)
         return self._run("prefill", flat, kv, batch, last)
 
-    def decode(self, kv: PagedKV, seq_ids: list[int], tokens: list[int]) -> np.ndarray:
+    def decode(self, kv: PagedKV, seq_ids: list[int], tokens: list[int], on_device: bool = False):
         """One token per sequence; logits [b, vocab]."""
         ids = np.asarray(tokens, np.int32)
         self.check_token_ids(ids)
-        return self._run("decode", ids, kv, kv.plan_chain(seq_ids, [1] * len(tokens)))
+        return self._run("decode", ids, kv, kv.plan_chain(seq_ids, [1] * len(tokens)), on_device=on_device)
 
     def verify(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
-               tree_parents: list[list[int]] | None = None) -> np.ndarray:
+               tree_parents: list[list[int]] | None = None, on_device: bool = False):
         """Several tokens per sequence in one forward; logits at every position [n, vocab].
 
         Chains are appended (roll back with ``kv.popn``); trees are written to scratch rows
@@ -151,7 +152,20 @@ class Model:
             batch = kv.plan_chain(seq_ids, [len(t) for t in token_lists])
         else:
             batch = kv.plan_tree(seq_ids, tree_parents)
-        return self._run("verify", flat, kv, batch)
+        return self._run("verify", flat, kv, batch, on_device=on_device)
+
+    def greedy_verify(self, logits, token_lists: list[list[int]],
+                      parents: list[list[int]]) -> list[tuple[list[int], int]]:
+        """The library's greedy verification kernel on device logits [n, vocab].
+
+        token_lists[i] = [last] + drafts of sequence i; parents[i] = local parent row of each
+        (-1 for row 0). Returns (accepted draft nodes, bonus token) per sequence."""
+        tokens = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
+        par = np.concatenate([np.asarray(p, np.int32) for p in parents])
+        indptr = np.concatenate([[0], np.cumsum([len(t) for t in token_lists])]).astype(np.int32)
+        out = self._fn["verify_greedy"](logits, to_device(tokens, self.device), to_device(par, self.device),
+                                        to_device(indptr, self.device)).numpy()
+        return [(out[i, 2: 2 + out[i, 0]].tolist(), int(out[i, 1])) for i in range(len(token_lists))]
 
     def commit_tree(self, kv: PagedKV, seq_id: int, path: list[int]) -> None:
         src, dst = kv.tree_commit_moves(seq_id, path)
