@@ -102,3 +102,15 @@ def test_kv_rows_after_rejection_equal_a_sequence_that_never_saw_them(build_tiny
     rows0 = [kv.slot(0, r) for r in range(12)]
     rows1 = [kv.slot(1, r) for r in range(12)]
     assert np.array_equal(tensor[:, :, rows0], tensor[:, :, rows1])
+
+
+@pytest.mark.parametrize("quant", ["q0f16", "q4f16_1"])
+def test_fp16_formats_run_and_stay_close(build_tiny, quant):
+    """fp16 builds (meant for GPUs) also compile and run on the CPU, near the reference."""
+    built = build_tiny("tiny-qwen2", quant)
+    model = Model(built.model_dir, built.lib)
+    kv = model.create_kv_cache(256)
+    kv.add_sequence(0)
+    ours = model.verify(kv, [0], [IDS])
+    ref = forward(reference_weights(built), preset("tiny-qwen2"), IDS)
+    assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()

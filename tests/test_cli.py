@@ -1,0 +1,41 @@
+"""The command line as a user runs it, end to end on a tiny model."""
+import json
+
+from click.testing import CliRunner
+
+from speccompile.cli import main
+
+
+def test_pipeline_commands_and_generate_json(tmp_path):
+    from conftest import make_hf_checkpoint
+
+    hf = tmp_path / "hf"
+    make_hf_checkpoint(hf, "tiny-qwen2")
+    r = CliRunner()
+    out = tmp_path / "m"
+    assert r.invoke(main, ["convert_weight", str(hf), "--quantization", "q4f32_1", "-o", str(out)]).exit_code == 0
+    assert r.invoke(main, ["gen_config", str(hf), "--quantization", "q4f32_1", "-o", str(out),
+                           "--context-window-size", "256"]).exit_code == 0
+    conf = json.loads((out / "speccompile-config.json").read_text())
+    assert conf["context_window_size"] == 256 and (out / "tokenizer.json").exists()
+    lib = tmp_path / "m.so"
+    res = r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "llvm", "-o", str(lib)])
+    assert res.exit_code == 0, res.output
+    res = r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "hello", "--max-tokens", "8",
+                          "--json", "--speculative-mode", "ngram"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert {"prompt_token_ids", "token_ids", "text", "finish_reason", "stats"} <= set(data)
+    assert {"prefill_tokens", "decode_tokens", "prefill_tokens_per_s", "decode_tokens_per_s", "accept_rate",
+            "mean_accepted_length", "per_position_accept_rate", "draft_steps", "verify_steps"} <= set(data["stats"])
+    assert len(data["token_ids"]) <= 8
+    plain = json.loads(r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "hello",
+                                       "--max-tokens", "8", "--json"]).output)
+    assert plain["token_ids"] == data["token_ids"]
+    res = r.invoke(main, ["chat", str(out), "--model-lib", str(lib), "--max-tokens", "4"],
+                   input="hi\n/stats\n/reset\nagain\n/exit\n")
+    assert res.exit_code == 0 and "decode_tokens" in res.output and "conversation reset" in res.output
+    res = r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "vulkan", "-o", str(lib)])
+    assert res.exit_code == 2 and "not supported" in res.output
+    res = r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "x" * 400, "--raw"])
+    assert res.exit_code == 2 and "context window is 256" in res.output
