@@ -63,7 +63,7 @@ def dense_matmul(n: int, k: int, dtype: str):
 
 def _nib(wf, word_idx, r):
     """float(q - 7) of nibble r of a packed word: reinterpret(nib | 0x4B000000) - (2^23 + 7)."""
-    shift = tirx.const(r * 4, "uint32")
+    shift = tirx.const(r * 4, "uint32") if isinstance(r, int) else tirx.Cast("uint32", r * 4)
     bits = ((wf[word_idx] >> shift) & tirx.const(15, "uint32")) | tirx.const(0x4B000000, "uint32")
     return tirx.reinterpret("float32", bits) - tirx.const(MAGIC, "float32")
 

@@ -89,7 +89,7 @@ def _aggregate(rows: list[dict], key_tokens: str, key_seconds: str) -> float:
 
 def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None, max_tokens: int = 128,
               limit: int | None = None, out_json: Path | None = None, quiet: bool = False, spec: dict | None = None,
-              categories: list[str] | None = None) -> dict:
+              categories: list[str] | None = None, per_category: int | None = None) -> dict:
     """Plain decoding of every prompt, and -- with a speculative mode -- the same prompts with
     speculation, in the same process and the same build, greedy, batch 1."""
     from speccompile.cli import _engine
@@ -98,6 +98,10 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     prompts = load_prompts(prompts_file or DEFAULT_PROMPTS)
     if categories:
         prompts = [p for p in prompts if p["category"] in categories]
+    if per_category:
+        seen: dict[str, int] = {}
+        prompts = [p for p in prompts if seen.setdefault(p["category"], 0) < per_category
+                   and not seen.__setitem__(p["category"], seen[p["category"]] + 1)]
     prompts = prompts[:limit] if limit else prompts
     speculative = spec.get("speculative_mode", "disable") != "disable"
     engine = _engine(model_dir, model_lib, spec)

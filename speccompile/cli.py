@@ -208,9 +208,10 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, 
 @click.option("--num-prompts", type=int, default=None)
 @click.option("--json", "out_json", type=click.Path(path_type=Path), default=None)
 @click.option("--category", "categories", multiple=True, help="only these prompt categories (repeatable)")
+@click.option("--per-category", type=int, default=None, help="at most N prompts of each category")
 @with_spec
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max):
+              per_category, speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline."""
     from speccompile.bench import run_bench
@@ -224,7 +225,7 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
         spec = _spec(speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max)
         run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,
-                  categories=list(categories) or None)
+                  categories=list(categories) or None, per_category=per_category)
     except USER_ERRORS as err:
         _fail(err)
 
