@@ -114,32 +114,40 @@ def q4_take_te(qw: te.Tensor, qs: te.Tensor, ids: te.Tensor) -> te.Tensor:
     )
 
 
+def _declare_weight(module: nn.Module, rows: int, cols: int, quant: Quantization) -> None:
+    """The weight parameters of a [rows, cols] matrix in the quantization's storage."""
+    if quant.is_q4:
+        module.q_weight = nn.Parameter((rows, cols // PACK), "uint32")
+        module.q_scale = nn.Parameter((rows, cols // GROUP_SIZE), quant.model_dtype)
+    else:
+        module.weight = nn.Parameter((rows, cols), quant.model_dtype)
+
+
+def _project(module: nn.Module, x: nn.Tensor, cols: int, rows: int) -> nn.Tensor:
+    """x [..., cols] @ W^T -> [..., rows], through a kernel-tagged TE compute."""
+    lead = list(x.shape[:-1])
+    x2 = op.reshape(x, [-1, cols])  # one dynamic row dim for the kernels
+    if module.quant.is_q4:
+        y = op.tensor_expr_op(q4_matmul_te, "q4_matmul", [x2, module.q_weight, module.q_scale],
+                              attrs={KERNEL_ATTR: "q4_matmul"})
+    else:
+        y = op.tensor_expr_op(matmul_te, "matmul", [x2, module.weight], attrs={KERNEL_ATTR: "matmul"})
+    return op.reshape(y, [*lead, rows])
+
+
 class QLinear(nn.Module):
     """A linear layer whose weight is stored in the chosen quantization format."""
 
     def __init__(self, in_features: int, out_features: int, quant: Quantization, bias: bool = False):
         super().__init__()
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
-        dtype = quant.model_dtype
-        if quant.is_q4:
-            self.q_weight = nn.Parameter((out_features, in_features // PACK), "uint32")
-            self.q_scale = nn.Parameter((out_features, in_features // GROUP_SIZE), dtype)
-        else:
-            self.weight = nn.Parameter((out_features, in_features), dtype)
-        self.bias = nn.Parameter((out_features,), dtype) if bias else None
+        _declare_weight(self, out_features, in_features, quant)
+        self.bias = nn.Parameter((out_features,), quant.model_dtype) if bias else None
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        # x: [b, s, in] -> [b*s, in] so kernels see one dynamic row dim
-        lead = list(x.shape[:-1])
-        x2 = op.reshape(x, [-1, self.in_features])
-        if self.quant.is_q4:
-            y = op.tensor_expr_op(q4_matmul_te, "q4_matmul", [x2, self.q_weight, self.q_scale],
-                                  attrs={KERNEL_ATTR: "q4_matmul"})
-        else:
-            y = op.tensor_expr_op(matmul_te, "matmul", [x2, self.weight], attrs={KERNEL_ATTR: "matmul"})
-        if self.bias is not None:
-            y = y + self.bias
-        return op.reshape(y, [*lead, self.out_features])
+        # x: [..., in] -> [..., out]
+        y = _project(self, x, self.in_features, self.out_features)
+        return y if self.bias is None else y + self.bias
 
 
 class QEmbedding(nn.Module):
@@ -148,11 +156,7 @@ class QEmbedding(nn.Module):
     def __init__(self, vocab_size: int, dim: int, quant: Quantization):
         super().__init__()
         self.vocab_size, self.dim, self.quant = vocab_size, dim, quant
-        if quant.is_q4:
-            self.q_weight = nn.Parameter((vocab_size, dim // PACK), "uint32")
-            self.q_scale = nn.Parameter((vocab_size, dim // GROUP_SIZE), quant.model_dtype)
-        else:
-            self.weight = nn.Parameter((vocab_size, dim), quant.model_dtype)
+        _declare_weight(self, vocab_size, dim, quant)
 
     def forward(self, ids: nn.Tensor) -> nn.Tensor:
         # ids: [n] int32 (validated by the runtime: take does not bounds-check)
@@ -163,11 +167,4 @@ class QEmbedding(nn.Module):
 
     def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
         """Logits with the embedding matrix as the output projection (tied)."""
-        lead = list(x.shape[:-1])
-        x2 = op.reshape(x, [-1, self.dim])
-        if self.quant.is_q4:
-            y = op.tensor_expr_op(q4_matmul_te, "q4_matmul", [x2, self.q_weight, self.q_scale],
-                                  attrs={KERNEL_ATTR: "q4_matmul"})
-        else:
-            y = op.tensor_expr_op(matmul_te, "matmul", [x2, self.weight], attrs={KERNEL_ATTR: "matmul"})
-        return op.reshape(y, [*lead, self.vocab_size])
+        return _project(self, x, self.dim, self.vocab_size)

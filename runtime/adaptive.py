@@ -9,8 +9,11 @@ Estimated online, per engine:
 
 Expected tokens of a k-chain = 1 + sum_{i<=k} prod_{j<=i} alpha[j] (the bonus included);
 its time = k * draft_cost + verify_cost[k]. k = 0 is plain decoding and is chosen
-whenever speculation does not pay. While k = 0 wins, a short probe (k = 1) runs every
-``probe_every`` steps so that a change in acceptance is noticed.
+whenever speculation does not pay. While k = 0 wins, a short probe (k = 1) runs after
+``probe_every`` plain steps so that a change in acceptance is noticed; each probe that
+does not change the decision doubles the interval (up to 256 steps). No probe runs when
+speculation could not pay even if every draft were accepted (measured costs alone rule
+it out): a draft model would have to catch up on every skipped token for nothing.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ class DraftLengthController:
         self.draft_cost = 0.0 if draft_is_free else None
         self.verify_cost: dict[tuple[int, int], float] = {}  # (batch, k) -> seconds
         self.since_probe = 0
+        self.probe_interval = probe_every
 
     # ------------------------------------------------------------ estimates
     def observe_verify(self, batch: int, k: int, seconds: float) -> None:
@@ -64,12 +68,23 @@ class DraftLengthController:
         ref = known[-1] if k > known[-1] else known[0]
         return self.verify_cost[(batch, ref)] + slope * (k - ref)
 
-    def expected_tokens(self, k: int) -> float:
+    def expected_tokens(self, k: int, perfect: bool = False) -> float:
         total, run = 1.0, 1.0
         for i in range(k):
-            run *= self.alpha[i]
+            run *= 1.0 if perfect else self.alpha[i]
             total += run
         return total
+
+    def _best(self, batch: int, cap: int, t0: float, perfect: bool = False) -> int:
+        best_k, best_rate = 0, 1.0 / t0
+        for k in range(1, cap + 1):
+            tv = self._verify_time(batch, k)
+            if tv is None:
+                continue
+            rate = self.expected_tokens(k, perfect) / (k * self.draft_cost + tv)
+            if rate > best_rate * 1.02:  # demand a margin: never trade speed for noise
+                best_k, best_rate = k, rate
+        return best_k
 
     # ---------------------------------------------------------------- choose
     def choose(self, batch: int = 1, limit: int | None = None) -> int:
@@ -82,19 +97,16 @@ class DraftLengthController:
         t0 = self._verify_time(batch, 0)
         if t0 is None or self.draft_cost is None:
             return 1 if t0 is not None else 0  # measure plain first, then one probe
-        best_k, best_rate = 0, 1.0 / t0
-        for k in range(1, cap + 1):
-            tv = self._verify_time(batch, k)
-            if tv is None:
-                continue
-            rate = self.expected_tokens(k) / (k * self.draft_cost + tv)
-            if rate > best_rate * 1.02:  # demand a margin: never trade speed for noise
-                best_k, best_rate = k, rate
+        best_k = self._best(batch, cap, t0)
+        if best_k == 0 and self._best(batch, cap, t0, perfect=True) == 0:
+            return 0  # not even perfect acceptance would pay at these costs
         if best_k == 0:
             self.since_probe += 1
-            if self.since_probe >= self.probe_every:
+            if self.since_probe >= self.probe_interval:
                 self.since_probe = 0
+                self.probe_interval = min(2 * self.probe_interval, 256)
                 return 1
         else:
             self.since_probe = 0
+            self.probe_interval = self.probe_every
         return best_k

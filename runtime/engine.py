@@ -289,7 +289,8 @@ class Engine:
             fw0 = getattr(self.proposer, "forwards", 0)
             drafts = self.proposer.propose(ids, [s.history for s in active], [k] * b,
                                            [s.sampling for s in active], [s.rng for s in active])
-            self.controller.observe_draft(getattr(self.proposer, "forwards", 0) - fw0, time.perf_counter() - t0)
+            if getattr(self.proposer, "last_catch_up", 0) <= 2:  # a long catch-up is not a draft step's cost
+                self.controller.observe_draft(getattr(self.proposer, "forwards", 0) - fw0, time.perf_counter() - t0)
         t1 = time.perf_counter()
         greedy = all(s.sampling.greedy for s in active)
         logits = self._target_forward(active, drafts, on_device=greedy)

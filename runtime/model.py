@@ -19,6 +19,10 @@ from .kv_cache import PAGE, ForwardBatch, PagedKV
 from .tensor_cache import TensorCacheError, load_params, read_index
 
 
+ENTRY_POINTS = ("embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
+                "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots", "verify_greedy")
+
+
 class ModelLoadError(ValueError):
     pass
 
@@ -95,9 +99,13 @@ class Model:
         self.dtype = self.meta["model_dtype"]
         self.context_window_size = int(self.meta["context_window_size"])
         self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])
-        self._fn = {name: self.vm[name] for name in (
-            "embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
-            "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots", "verify_greedy")}
+        self._fn = {}
+        for name in ENTRY_POINTS:
+            try:
+                self._fn[name] = self.vm[name]
+            except AttributeError as err:
+                raise ModelLoadError(f"{lib_path} lacks the entry point {name!r}: it was built by an older "
+                                     "speccompile; recompile it with `speccompile compile`") from err
 
     # ---------------------------------------------------------------- helpers
     def create_kv_cache(self, max_total_tokens: int) -> PagedKV:

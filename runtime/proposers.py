@@ -90,6 +90,7 @@ class SmallDraftProposer:
         self.kv = model.create_kv_cache(max_total_tokens)
         self.cached: dict[int, list[int]] = {}  # tokens in the draft's KV cache, per sequence
         self.forwards = 0
+        self.last_catch_up = 0  # most tokens one sequence had to catch up on in the last propose
 
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
         self.kv.add_sequence(seq_id)
@@ -118,6 +119,7 @@ class SmallDraftProposer:
         for i, sid in zip(active, ids):
             self.accept(sid, histories[i])
         pending = [histories[i][len(self.cached[seq_ids[i]]):] for i in active]
+        self.last_catch_up = max(len(p) for p in pending)
         logits = self.model.prefill(self.kv, ids, pending)
         self.forwards += 1
         for i, sid, chunk in zip(active, ids, pending):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -204,12 +204,3 @@ def open_source(src: Path) -> Source:
             return GGUFSource(ggufs[0])
         return HFSource(src)
     raise SourceError(f"{src} is neither an HF model folder nor a .gguf file")
-
-
-def iter_progress(items: list, desc: str) -> Iterator:
-    from tqdm import tqdm
-
-    return iter(tqdm(items, desc=desc, unit="tensor"))
-
-
-__all__ = ["Source", "SourceError", "HFSource", "GGUFSource", "open_source", "ConfigError"]

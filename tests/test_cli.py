@@ -39,3 +39,15 @@ def test_pipeline_commands_and_generate_json(tmp_path):
     assert res.exit_code == 2 and "not supported" in res.output
     res = r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "x" * 400, "--raw"])
     assert res.exit_code == 2 and "context window is 256" in res.output
+
+
+def test_runtime_never_imports_the_compiler_side():
+    """Applications embed speccompile.runtime: it must not pull in models/, passes/ or compile."""
+    import subprocess
+    import sys
+
+    code = ("import sys, speccompile.runtime.engine, speccompile.runtime.proposers; "
+            "bad = [m for m in sys.modules if m.startswith(('speccompile.models', 'speccompile.passes', "
+            "'speccompile.compile', 'speccompile.convert_weight'))]; print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
