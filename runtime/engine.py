@@ -142,7 +142,8 @@ class Engine:
         self.model = Model(self.model_dir, Path(model_lib), device)
         if self.model.meta["model_type"] != self.config["model_type"]:
             raise GenerationError("model library and config disagree on the model type")
-        total = max_total_seq_len or self.context_window * max_num_sequence
+        # KV budget shared by all sequences (pages are only touched when used)
+        total = max_total_seq_len or min(self.context_window * max_num_sequence, 32768)
         self.kv = self.model.create_kv_cache(total)
         self.stop_token_ids = set(self.config.get("stop_token_ids", []))
         self.speculative_mode = speculative_mode
@@ -270,8 +271,12 @@ class Engine:
     def _prefill(self, seq_id: int, ids: list[int]) -> np.ndarray:
         chunk = self.model.prefill_chunk_size
         logits = None
-        for start in range(0, len(ids), chunk):
-            logits = self.model.prefill(self.kv, [seq_id], [ids[start:start + chunk]])[0]
+        try:
+            for start in range(0, len(ids), chunk):
+                logits = self.model.prefill(self.kv, [seq_id], [ids[start:start + chunk]])[0]
+        except KVCacheFull as err:
+            raise GenerationError(f"the KV cache cannot hold this prompt ({err}); "
+                                  "raise max_total_seq_len or run fewer sequences at once") from err
         return logits
 
     def _step(self, active: list[_Seq]) -> None:
