@@ -20,8 +20,10 @@ test-fast:
 demo:
 	$(BIN)/python -m speccompile.demo
 
+# Benchmarks are not tests: they measure and write JSON (+ a PNG chart) under bench-results/.
 bench:
-	$(BIN)/python -m speccompile.cli bench --model SmolLM2-135M-Instruct --quantization q4f32_1 --json bench-results/bench.json
+	$(BIN)/python -m speccompile.cli bench --model SmolLM2-135M-Instruct --quantization q4f32_1 \
+		--speculative-mode ngram --per-category 3 --max-tokens 128 --json bench-results/smollm2-ngram.json
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -1,9 +1,11 @@
 """The one compilation pipeline: which passes run, in which order, per target.
 
 Phases:
-  1. fix-ups of upstream TVM (FixCPUTreeAttention on llvm);
-  2. kernel dispatch: our TensorIR kernels for tagged matmuls (llvm), dlight rules (GPU);
-  3. TVM's default lowering (legalize, fuse, lower to the VM).
+  1. kernel dispatch: our TensorIR kernels for the model's tagged matmuls (llvm);
+  2. TVM's default lowering (legalize, fuse, lower to the VM).
+
+(The models use their own paged attention -- models/attention.py -- so the wheel's CPU
+tree-attention argument-order bug in nn.llm.PagedKVCache does not reach us.)
 """
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import tvm
 from tvm import relax
 
 from .dispatch_cpu_kernels import DispatchCPUKernels
-from .fix_cpu_tree_attention import FixCPUTreeAttention
 
 
 def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
@@ -22,7 +23,7 @@ def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
         with target:
             passes = []
             if kind == "llvm":
-                passes += [FixCPUTreeAttention(), DispatchCPUKernels()]
+                passes += [DispatchCPUKernels()]
             passes += [relax.pipeline.get_default_pipeline(target)]
             mod = tvm.transform.Sequential(passes)(mod)
         return mod
