@@ -163,7 +163,9 @@ class QEmbedding(nn.Module):
         if self.quant.is_q4:
             return op.tensor_expr_op(q4_take_te, "q4_take", [self.q_weight, self.q_scale, ids],
                                       attrs={KERNEL_ATTR: "q4_take"})
-        return op.take(self.weight, ids, axis=0)
+        return op.tensor_expr_op(lambda w, i: te.compute((i.shape[0], w.shape[1]), lambda a, b: w[i[a], b],
+                                                         name="take"),
+                                 "take", [self.weight, ids], attrs={KERNEL_ATTR: "take"})
 
     def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
         """Logits with the embedding matrix as the output projection (tied)."""

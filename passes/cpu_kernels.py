@@ -26,6 +26,18 @@ def q4_is_tiled(out_features: int) -> bool:
     return out_features % TILE == 0
 
 
+def dense_is_tiled(out_features: int, in_features: int) -> bool:
+    """Same for plain (q0) weights: 16-row tiles, K in whole 32-wide groups."""
+    return out_features % TILE == 0 and in_features % 32 == 0
+
+
+def is_tiled_param(name: str, shape: list[int]) -> bool:
+    """Which stored tensors the CPU kernels read in the 16-row tiled order."""
+    if name.endswith((".q_weight", ".q_scale")):
+        return q4_is_tiled(shape[0])
+    return name.endswith(".weight") and len(shape) == 2 and dense_is_tiled(shape[0], shape[1])
+
+
 def _lanes(k: int) -> int:
     for lanes in (16, 8, 4, 2):
         if k % lanes == 0:
@@ -82,6 +94,63 @@ def _group_sum(wf, x, row, t, g, l, kw):
             acc = term if acc is None else acc + term
         parts.append(acc)
     return (parts[0] + parts[1]) + (parts[2] + parts[3])
+
+
+def _dense_group_sum(wf, x, row, t, g, l, k):
+    """32 products of one K-group for output lane l as four 8-term chains added pairwise."""
+    parts = []
+    for c in range(4):
+        acc = None
+        for r in range(8):
+            kk = g * 32 + c * 8 + r
+            term = tirx.Cast("float32", wf[(t * k + kk) * TILE + l]) * tirx.Cast("float32", x[row, kk])
+            acc = term if acc is None else acc + term
+        parts.append(acc)
+    return (parts[0] + parts[1]) + (parts[2] + parts[3])
+
+
+def dense_matmul_tiled(n: int, k: int, dtype: str):
+    """y[m, n] = sum_k x[m, k] w[n, k] over weights stored as 16-row tiles [n/16, k, 16]:
+    each thread streams contiguous memory and one 16-lane FMA covers 16 outputs."""
+    groups, L = k // 32, TILE
+
+    @T.prim_func(private=True)
+    def kernel(var_x: T.handle, w: T.Buffer((n, k), dtype), var_y: T.handle):
+        T.func_attr({"tir.noalias": True})
+        m_dim = T.int64()
+        x = T.match_buffer(var_x, (m_dim, k), dtype)
+        y = T.match_buffer(var_y, (m_dim, n), dtype)
+        wf = T.decl_buffer((n * k,), dtype, data=w.data)
+        for t in T.parallel(n // L):
+            for m in range(m_dim):
+                acc = T.decl_buffer((L,), "float32", scope="local")
+                for l in T.vectorized(L):
+                    acc[l] = T.float32(0)
+                for g in range(groups):
+                    for l in T.vectorized(L):
+                        acc[l] = acc[l] + _dense_group_sum(wf, x, m, t, g, l, k)
+                for l in T.vectorized(L):
+                    y[m, t * L + l] = T.Cast(dtype, acc[l])
+
+    return kernel
+
+
+def dense_take_tiled(vocab: int, dim: int, dtype: str):
+    """Embedding rows from a tiled table: out[i, j] = w[ids[i], j]."""
+    L = TILE
+
+    @T.prim_func(private=True)
+    def kernel(w: T.Buffer((vocab, dim), dtype), var_ids: T.handle, var_out: T.handle):
+        T.func_attr({"tir.noalias": True})
+        n_ids = T.int64()
+        ids = T.match_buffer(var_ids, (n_ids,), "int32")
+        out = T.match_buffer(var_out, (n_ids, dim), dtype)
+        wf = T.decl_buffer((vocab * dim,), dtype, data=w.data)
+        for i in range(n_ids):
+            for j in range(dim):
+                out[i, j] = wf[((T.Cast("int64", ids[i]) // L) * dim + j) * L + T.Cast("int64", ids[i]) % L]
+
+    return kernel
 
 
 def q4_matmul_tiled(n: int, k: int, dtype: str):

@@ -29,7 +29,11 @@ def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     kind = func.attrs[KERNEL_ATTR] if func.attrs is not None and KERNEL_ATTR in func.attrs else None
     if kind == "matmul":
         n, k = _shape(func, 1)
-        return K.dense_matmul(n, k, _dtype(func, 1))
+        tiled = K.dense_is_tiled(n, k)
+        return (K.dense_matmul_tiled if tiled else K.dense_matmul)(n, k, _dtype(func, 1))
+    if kind == "take":
+        v, d = _shape(func, 0)
+        return K.dense_take_tiled(v, d, _dtype(func, 0)) if K.dense_is_tiled(v, d) else None
     if kind == "q4_matmul":
         n, kw = _shape(func, 1)
         return K.q4_matmul_tiled(n, kw * 8, _dtype(func, 2)) if K.q4_is_tiled(n) else None

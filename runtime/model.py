@@ -89,8 +89,8 @@ class Model:
             arrays = load_params(self.model_dir, names, verify_md5=verify_md5)
         except TensorCacheError as err:
             raise ModelLoadError(str(err)) from err
-        tiled = set(self.meta.get("q4_tiled_params", []))
-        tile = int(self.meta.get("q4_tile", 16))
+        tiled = set(self.meta.get("tiled_params", []))
+        tile = int(self.meta.get("tile", 16))
         self.params = [to_device(tile_rows(arrays[n], tile) if n in tiled else np.ascontiguousarray(arrays[n]),
                                  self.device) for n in names]
         del arrays

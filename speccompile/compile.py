@@ -17,7 +17,7 @@ from tvm import relax
 
 from speccompile import __version__
 from speccompile.models import LlamaConfig, build_model, get_quantization
-from speccompile.passes.cpu_kernels import TILE, q4_is_tiled
+from speccompile.passes.cpu_kernels import TILE, is_tiled_param
 from speccompile.passes.pipeline import build_pipeline
 from speccompile.runtime.tensor_cache import layout_fingerprint
 
@@ -55,7 +55,7 @@ def build_metadata(conf: dict, cfg: LlamaConfig, quant_name: str, target: tvm.ta
     entries = [(name, [int(d) for d in p.shape], str(p.dtype)) for name, p in params]
     tiled = []
     if target.kind.name == "llvm":
-        tiled = [n for n, shape, _ in entries if n.endswith((".q_weight", ".q_scale")) and q4_is_tiled(shape[0])]
+        tiled = [n for n, shape, _ in entries if is_tiled_param(n, shape)]
     return {
         "speccompile_version": __version__,
         "tvm_version": tvm.__version__,
@@ -73,8 +73,8 @@ def build_metadata(conf: dict, cfg: LlamaConfig, quant_name: str, target: tvm.ta
         "model_dtype": get_quantization(quant_name).model_dtype,
         "params": [{"name": n, "shape": s, "dtype": d} for n, s, d in entries],
         "layout_fingerprint": layout_fingerprint(entries),
-        "q4_tiled_params": tiled,
-        "q4_tile": TILE,
+        "tiled_params": tiled,
+        "tile": TILE,
     }
 
 
