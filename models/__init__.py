@@ -2,6 +2,9 @@
 from .config import ConfigError, LlamaConfig, preset
 from .quantization import QUANTIZATIONS, Quantization, get_quantization
 
+__all__ = ["ConfigError", "LlamaConfig", "preset", "QUANTIZATIONS", "Quantization", "get_quantization",
+           "MODELS", "build_model"]
+
 MODELS = {"llama": "LlamaForCausalLM", "qwen2": "LlamaForCausalLM"}
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from speccompile.models.config import ConfigError, LlamaConfig
+from speccompile.models.config import LlamaConfig
 
 
 class SourceError(ValueError):

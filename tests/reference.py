@@ -21,7 +21,7 @@ def rope(x, pos, theta):
 
 def forward(w: dict, cfg, ids: list[int]) -> np.ndarray:
     """Causal forward of one sequence; logits [n, vocab]."""
-    h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     x = w["model.embed_tokens.weight"][ids].astype(np.float32)
     n = len(ids)
     pos = np.arange(n)
