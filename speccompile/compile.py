@@ -51,7 +51,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def build_metadata(cfg: LlamaConfig, quant_name: str, target: tvm.target.Target,
-                   params: list[tuple[str, Any]]) -> dict[str, Any]:
+                   params: list[tuple[str, Any]], entry_points: list[str]) -> dict[str, Any]:
     """The compile-time facts the runtime reads back and checks (see module doc)."""
     entries = [(name, [int(d) for d in p.shape], str(p.dtype)) for name, p in params]
     tiled = []
@@ -71,9 +71,7 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, target: tvm.target.Target,
         "head_dim": cfg.head_dim,
         "context_window_size": cfg.context_window_size,
         "prefill_chunk_size": cfg.prefill_chunk_size,
-        "entry_points": ["embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
-                         "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots",
-                         "verify_greedy"],
+        "entry_points": entry_points,
         "model_dtype": get_quantization(quant_name).model_dtype,
         "params": [{"name": n, "shape": s, "dtype": d} for n, s, d in entries],
         "layout_fingerprint": layout_fingerprint(entries),
@@ -101,8 +99,9 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
     t0 = time.time()
     with target:
         model = build_model(cfg, quant, target)
-        mod, params = model.export_tvm(spec=model.get_spec())
-    metadata = build_metadata(cfg, quant.name, target, params)
+        spec = model.get_spec()
+        mod, params = model.export_tvm(spec=spec)
+    metadata = build_metadata(cfg, quant.name, target, params, list(spec))
     mod = attach_metadata(mod, metadata)
     ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target))
     tmp = output.with_name(output.name + ".tmp.so")
