@@ -32,7 +32,6 @@ class ForwardBatch:
     seq_ids: list[int]
     counts: list[int]
     arrays: list[np.ndarray]
-    is_tree: bool
 
 
 class PagedKV:
@@ -101,7 +100,7 @@ class PagedKV:
         arrays = [np.asarray(pos, np.int32), np.asarray(slots, np.int32), self._page_table(seq_ids),
                   np.asarray(seq_row, np.int32), np.asarray(prefix, np.int32),
                   np.zeros((n, 1), np.int32), np.zeros(n, np.int32)]
-        return ForwardBatch(list(seq_ids), list(token_counts), arrays, False)
+        return ForwardBatch(list(seq_ids), list(token_counts), arrays)
 
     def plan_tree(self, seq_ids: list[int], parents: list[list[int]]) -> ForwardBatch:
         """Verify one token tree per sequence (parents[i][j] = local parent, -1 = root).
@@ -136,7 +135,7 @@ class PagedKV:
             extra_len[i] = len(e)
         arrays = [np.asarray(pos, np.int32), np.asarray(slots, np.int32), self._page_table(seq_ids),
                   np.asarray(seq_row, np.int32), np.asarray(prefix, np.int32), extra, extra_len]
-        return ForwardBatch(list(seq_ids), counts, arrays, True)
+        return ForwardBatch(list(seq_ids), counts, arrays)
 
     def _page_table(self, seq_ids: list[int]) -> np.ndarray:
         width = max(1, max(len(self.seqs[s].pages) for s in seq_ids))

@@ -22,7 +22,6 @@ class SpecMetrics:
     plain_steps: int = 0  # target forwards with no draft (k = 0 or no proposal)
     draft_steps: int = 0  # draft-model forwards (0 for n-gram)
     emitted_in_verify: int = 0  # tokens emitted by verify steps, bonus included
-    tree_nodes: int = 0  # draft nodes verified (== draft_tokens; kept for tree-size stats)
     position_proposed: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
@@ -33,7 +32,6 @@ class SpecMetrics:
         """depths_proposed: draft depth (1-based) of each verified node; accepted: path length."""
         self.verify_steps += 1
         self.draft_tokens += len(depths_proposed)
-        self.tree_nodes += len(depths_proposed)
         self.accepted_tokens += accepted
         self.emitted_in_verify += emitted
         deepest = max(depths_proposed, default=0)
@@ -67,7 +65,7 @@ class SpecMetrics:
             "draft_steps": self.draft_steps,
             "verify_steps": self.verify_steps,
             "plain_steps": self.plain_steps,
-            "mean_tree_size": self.tree_nodes / self.verify_steps if self.verify_steps else 0.0,
+            "mean_tree_size": self.draft_tokens / self.verify_steps if self.verify_steps else 0.0,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "other_seconds": self.other_seconds,
@@ -75,7 +73,7 @@ class SpecMetrics:
 
     def merge(self, other: "SpecMetrics") -> None:
         for name in ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "draft_steps",
-                     "emitted_in_verify", "tree_nodes", "draft_seconds", "verify_seconds", "other_seconds"):
+                     "emitted_in_verify", "draft_seconds", "verify_seconds", "other_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for i, (p, a) in enumerate(zip(other.position_proposed, other.position_accepted)):
             if i >= len(self.position_proposed):
