@@ -128,7 +128,8 @@ class Model:
         return self._fn["embed"](to_device(ids, self.device), self.params)
 
     def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra, on_device: bool = False):
-        emb = self.embed(ids)
+        # ids were range-checked by the caller before the KV cache was touched
+        emb = self._fn["embed"](to_device(ids, self.device), self.params)
         meta = [to_device(a, self.device) for a in batch.arrays]
         out = self._fn[name](emb, *extra, kv.tensor, *meta, self.params)
         return out if on_device else out.numpy()

@@ -44,15 +44,25 @@ def render_chat(template: str, messages: list[dict[str, str]], add_generation_pr
 
 
 class StreamDecoder:
-    """Turns a growing token list into text deltas without splitting UTF-8 characters."""
+    """Turns a growing token list into text deltas without splitting UTF-8 characters.
+
+    Only a short window is re-decoded per push (tokens since the last emitted text plus
+    a few before it, for context-dependent spacing), so the cost per token stays flat."""
+
+    CONTEXT = 4
 
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
         self.tok, self.skip, self.ids, self.text = tokenizer, skip_special, [], ""
+        self.start = 0  # ids[start:] have not all been turned into text yet
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        full = self.tok.decode(self.ids, skip_special_tokens=self.skip)
-        if full.endswith("\ufffd"):
+        ctx = max(0, self.start - self.CONTEXT)
+        prefix = self.tok.decode(self.ids[ctx:self.start], skip_special_tokens=self.skip)
+        window = self.tok.decode(self.ids[ctx:], skip_special_tokens=self.skip)
+        if window.endswith("\ufffd") or not window.startswith(prefix):
             return ""  # wait for the rest of a multi-byte character
-        delta, self.text = full[len(self.text):], full
+        delta = window[len(prefix):]
+        self.text += delta
+        self.start = len(self.ids)
         return delta

@@ -83,3 +83,21 @@ def test_ngram_lookup():
     assert ng.lookup([1, 2, 1], 4) == [2, 1]
     with pytest.raises(ValueError):
         NGramProposer(3, 2)
+
+
+def test_stream_decoder_reassembles_the_full_text():
+    from conftest import make_byte_tokenizer  # byte-level: emoji and accents span several tokens
+    from tokenizers import Tokenizer
+
+    from speccompile.runtime.tokenizer import StreamDecoder
+
+    import tempfile, pathlib  # noqa: E401
+    path = pathlib.Path(tempfile.mkdtemp()) / "tok.json"
+    make_byte_tokenizer(path)
+    tok = Tokenizer.from_file(str(path))
+    text = "naïve café — 日本語 😀 ok\n  end"
+    ids = tok.encode(text).ids
+    dec = StreamDecoder(tok)
+    deltas = [dec.push([i]) for i in ids]
+    assert "".join(deltas) == text == tok.decode(ids)
+    assert all("\ufffd" not in d for d in deltas)
