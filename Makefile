@@ -25,5 +25,12 @@ bench:
 	$(BIN)/python -m speccompile.cli bench --model SmolLM2-135M-Instruct --quantization q4f32_1 \
 		--speculative-mode ngram --per-category 3 --max-tokens 128 --json bench-results/smollm2-ngram.json
 
+# The C API for embedding (runtime/capi): libspeccompile_capi.so + build/capi/spc_generate,
+# built with CMake against the TVM runtime in the venv's wheel.
+.PHONY: capi
+capi:
+	cmake -S runtime/capi -B build/capi -DPython_EXECUTABLE=$(abspath $(BIN)/python)
+	cmake --build build/capi -j2
+
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -16,11 +16,31 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 
+@T.macro
+def _walk(s, indptr, parents, tokens, best, out):
+    """Sequence s: from its root row, follow the child whose token is its parent's argmax."""
+    st = T.decl_buffer((3,), "int32", scope="local")  # current row, accepted, still walking
+    st[0] = indptr[s]
+    st[1] = 0
+    st[2] = 1
+    for _step in range(indptr[s + 1] - indptr[s]):
+        if st[2] == 1:
+            st[2] = 0
+            for c in range(indptr[s] + 1, indptr[s + 1]):
+                if st[2] == 0 and parents[c] == st[0] - indptr[s] and tokens[c] == best[st[0]]:
+                    out[s, 2 + st[1]] = T.Cast("int32", c - indptr[s] - 1)
+                    st[0] = T.Cast("int32", c)
+                    st[1] = st[1] + 1
+                    st[2] = 1
+    out[s, 0] = st[1]
+    out[s, 1] = best[st[0]]
+
+
 def greedy_verify(vocab: int):
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
                var_out: T.handle):
-        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "greedy_verify"})
         n = T.int64()
         b1 = T.int64()
         logits = T.match_buffer(var_logits, (n, vocab), "float32")
@@ -40,20 +60,68 @@ def greedy_verify(vocab: int):
                     arg[0] = v
             best[i] = arg[0]
         for s in range(b1 - 1):
-            st = T.decl_buffer((3,), "int32", scope="local")  # current row, accepted, still walking
-            st[0] = indptr[s]
-            st[1] = 0
-            st[2] = 1
-            for _step in range(indptr[s + 1] - indptr[s]):
-                if st[2] == 1:
-                    st[2] = 0
-                    for c in range(indptr[s] + 1, indptr[s + 1]):
-                        if st[2] == 0 and parents[c] == st[0] - indptr[s] and tokens[c] == best[st[0]]:
-                            out[s, 2 + st[1]] = T.Cast("int32", c - indptr[s] - 1)
-                            st[0] = T.Cast("int32", c)
-                            st[1] = st[1] + 1
-                            st[2] = 1
-            out[s, 0] = st[1]
-            out[s, 1] = best[st[0]]
+            _walk(s, indptr, parents, tokens, best, out)
+
+    return kernel
+
+
+ARGMAX_THREADS = 256  # threads per logits row in the GPU kernel
+
+
+def greedy_verify_gpu(vocab: int):
+    """The same contract on GPU threads: one block per row for the argmax, one thread per
+    sequence for the tree walk (two kernel launches). The argmax reduction breaks ties
+    toward the lower index, so it returns the first maximum like the CPU kernel."""
+    nt = ARGMAX_THREADS
+    steps = (vocab + nt - 1) // nt
+
+    @T.prim_func(private=True)
+    def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
+               var_out: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "tirx.is_scheduled": True,
+                     "speccompile.kernel": "greedy_verify"})
+        n = T.int64()
+        b1 = T.int64()
+        logits = T.match_buffer(var_logits, (n, vocab), "float32")
+        tokens = T.match_buffer(var_tokens, (n,), "int32")
+        parents = T.match_buffer(var_parents, (n,), "int32")
+        indptr = T.match_buffer(var_indptr, (b1,), "int32")
+        out = T.match_buffer(var_out, (b1, n + 2), "int32")
+        best = T.decl_buffer((n,), "int32")
+        for row in T.thread_binding(n, thread="blockIdx.x"):
+            for tx in T.thread_binding(nt, thread="threadIdx.x"):
+                val = T.decl_buffer((nt,), "float32", scope="shared")
+                idx = T.decl_buffer((nt,), "int32", scope="shared")
+                mine = T.decl_buffer((2,), "float32", scope="local")  # this thread's max, a rival's
+                at = T.decl_buffer((2,), "int32", scope="local")  # and their indices
+                mine[0] = T.float32(-3.4e38)
+                at[0] = vocab
+                for i in range(steps):  # strided scan: indices rise, so ">" keeps the first maximum
+                    if i * nt + tx < vocab:
+                        mine[1] = logits[row, i * nt + tx]
+                        if mine[1] > mine[0]:
+                            mine[0] = mine[1]
+                            at[0] = T.Cast("int32", i * nt + tx)
+                val[tx] = mine[0]
+                idx[tx] = at[0]
+                for step in T.unroll(8):  # 256 -> 1, lower index wins ties; read, sync, write
+                    T.tvm_storage_sync("shared")
+                    if tx < T.shift_right(nt // 2, step):
+                        mine[1] = val[tx + T.shift_right(nt // 2, step)]
+                        at[1] = idx[tx + T.shift_right(nt // 2, step)]
+                        if mine[1] > mine[0] or (mine[1] == mine[0] and at[1] < at[0]):
+                            mine[0] = mine[1]
+                            at[0] = at[1]
+                    T.tvm_storage_sync("shared")
+                    if tx < T.shift_right(nt // 2, step):
+                        val[tx] = mine[0]
+                        idx[tx] = at[0]
+                T.tvm_storage_sync("shared")
+                if tx == 0:
+                    best[row] = T.if_then_else(at[0] < vocab, at[0], 0)
+        for sb in T.thread_binding((b1 + 63) // 64, thread="blockIdx.x"):
+            for st_x in T.thread_binding(64, thread="threadIdx.x"):
+                if sb * 64 + st_x < b1 - 1:
+                    _walk(sb * 64 + st_x, indptr, parents, tokens, best, out)
 
     return kernel

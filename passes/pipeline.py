@@ -1,8 +1,16 @@
 """The one compilation pipeline: which passes run, in which order, per target.
 
-Phases:
-  1. kernel dispatch: our TensorIR kernels for the model's tagged matmuls (llvm);
-  2. TVM's default lowering (legalize, fuse, lower to the VM).
+llvm (CPU):
+  1. DispatchCPUKernels: our TensorIR kernels for the model's tagged matmuls;
+  2. TVM's default CPU lowering (legalize, fuse, lower to the VM).
+GPU (cuda, opencl, metal):
+  1. DispatchGPUKernels: batch-invariant GEMV and the thread-parallel greedy verifier;
+  2. legalize and fuse the remaining graph ops;
+  3. BindGPUThreads: the model's parallel-loop kernels (attention, RoPE, KV copy) on
+     GPU threads;
+  4. dlight rules for what is left (norms, activations, gathers), without the Matmul
+     rule on metal, where it crashes inside tensorization;
+  5. TVM's generic GPU lowering to the VM.
 
 (The models use their own paged attention -- models/attention.py -- so the wheel's CPU
 tree-attention argument-order bug in nn.llm.PagedKVCache does not reach us.)
@@ -12,7 +20,36 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .bind_gpu_threads import BindGPUThreads
 from .dispatch_cpu_kernels import DispatchCPUKernels
+from .dispatch_gpu_kernels import DispatchGPUKernels
+
+
+def _dlight(kind: str) -> tvm.transform.Pass:
+    from tvm.s_tir import dlight as dl
+
+    rules = [] if kind == "metal" else [dl.gpu.Matmul()]
+    rules += [dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+              dl.gpu.Fallback()]
+    return dl.ApplyDefaultSchedule(*rules)
+
+
+def _gpu_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    from tvm.relax.backend.gpu_generic import pipeline as gpu
+
+    return [
+        DispatchGPUKernels(),
+        *gpu.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        BindGPUThreads(),
+        _dlight(target.kind.name),
+        *gpu.dataflow_lower_passes(target),
+        *gpu.finalize_passes(target),
+    ]
 
 
 def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
@@ -21,10 +58,10 @@ def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="speccompile.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
-            passes = []
             if kind == "llvm":
-                passes += [DispatchCPUKernels()]
-            passes += [relax.pipeline.get_default_pipeline(target)]
+                passes = [DispatchCPUKernels(), relax.pipeline.get_default_pipeline(target)]
+            else:
+                passes = _gpu_passes(target)
             mod = tvm.transform.Sequential(passes)(mod)
         return mod
 

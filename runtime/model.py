@@ -7,6 +7,7 @@ compiler, so applications can embed it. The library's ``_metadata`` is checked a
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,51 @@ class ModelLoadError(ValueError):
     pass
 
 
+def baked_metadata(lib_path: Path) -> dict | None:
+    """The ``_metadata`` JSON read from the file's bytes, without loading the library.
+
+    A library whose device runtime is missing here (a cuda or opencl build on a CPU-only
+    machine) cannot be loaded at all, yet its error should still name what it was built
+    for; ``.tar`` archives are never loadable. The JSON sits verbatim in the packed blob.
+    """
+    lib_path = Path(lib_path)
+    if tarfile.is_tarfile(lib_path):
+        with tarfile.open(lib_path) as tar:
+            data = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
+    else:
+        data = lib_path.read_bytes()
+    at = data.find(b'{"speccompile_version"')
+    if at < 0:
+        return None
+    try:
+        meta, _ = json.JSONDecoder().raw_decode(data[at:at + (8 << 20)].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return meta
+
+
+def _device_hint(meta: dict) -> str:
+    kind = meta.get("target", "?")
+    return f"{meta.get('device', kind)} ({kind}{', ' + ', '.join(meta['cuda_archs']) if meta.get('cuda_archs') else ''})"
+
+
 def read_metadata(lib_path: Path) -> tuple[Any, dict]:
     lib_path = Path(lib_path)
     if not lib_path.exists():
         raise ModelLoadError(f"model library {lib_path} not found: build it with `speccompile compile`")
+    if lib_path.suffix == ".tar":
+        meta = baked_metadata(lib_path) or {}
+        raise ModelLoadError(f"{lib_path} is an archive of objects built for {_device_hint(meta)}, meant to be "
+                             "linked into an app (runtime/capi/README.md); to run here, compile a .so with --device llvm")
     try:
         lib = tvm.runtime.load_module(str(lib_path))
-    except Exception as err:  # noqa: BLE001 - any dlopen failure
+    except Exception as err:  # noqa: BLE001 - any dlopen or device-loader failure
+        meta = baked_metadata(lib_path)
+        if meta is not None and meta.get("target") != "llvm":
+            raise ModelLoadError(
+                f"{lib_path} was built for {_device_hint(meta)}, and this machine's TVM runtime cannot load "
+                f"{meta.get('target')} kernels (no {meta.get('target')} device runtime here). Run it on a machine "
+                "with that GPU, or compile for this CPU with `speccompile compile --device llvm`") from err
         raise ModelLoadError(f"cannot load {lib_path}: {err}") from err
     vm = VirtualMachine(lib, tvm.cpu())
     try:
@@ -41,6 +80,21 @@ def read_metadata(lib_path: Path) -> tuple[Any, dict]:
     except Exception as err:  # noqa: BLE001
         raise ModelLoadError(f"{lib_path} has no speccompile _metadata; it was not built by `speccompile compile`") from err
     return lib, meta
+
+
+def resolve_device(meta: dict, requested: str, lib_path: Path):
+    """The device to run on: the library's own unless the caller insists on another."""
+    kind = meta["target"]
+    if requested not in ("auto", "cpu", "llvm", kind):
+        raise ModelLoadError(f"--device {requested}: {lib_path} was built for {_device_hint(meta)}")
+    if requested in ("cpu", "llvm") and kind != "llvm":
+        raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, not for this CPU; "
+                             "compile with --device llvm")
+    dev = tvm.cpu() if kind == "llvm" else tvm.device(kind, 0)
+    if not dev.exist:
+        raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, but no {kind} device is visible "
+                             "on this machine")
+    return dev
 
 
 def tile_rows(arr: np.ndarray, tile: int) -> np.ndarray:
@@ -74,15 +128,12 @@ def check_compatible(meta: dict, index: dict, model_dir: Path, lib_path: Path) -
 class Model:
     """Entry points of one compiled model, bound to its parameters."""
 
-    def __init__(self, model_dir: Path, lib_path: Path, device: str = "cpu", verify_md5: bool = True):
+    def __init__(self, model_dir: Path, lib_path: Path, device: str = "auto", verify_md5: bool = True):
         self.model_dir, self.lib_path = Path(model_dir), Path(lib_path)
         index = read_index(self.model_dir)
         lib, self.meta = read_metadata(self.lib_path)
-        if self.meta["target"] != "llvm" and device == "cpu":
-            raise ModelLoadError(f"{lib_path} was built for {self.meta['target']}, not for this CPU; "
-                                 "compile with --device llvm")
         check_compatible(self.meta, index, self.model_dir, self.lib_path)
-        self.device = tvm.cpu() if device == "cpu" else tvm.device(device)
+        self.device = resolve_device(self.meta, device, self.lib_path)
         self.vm = VirtualMachine(lib, self.device)
         names = [p["name"] for p in self.meta["params"]]
         try:

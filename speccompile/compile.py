@@ -7,7 +7,6 @@ library; the runtime reads them back and refuses weights that do not match.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,21 +19,9 @@ from speccompile.models import LlamaConfig, build_model, get_quantization
 from speccompile.passes.cpu_kernels import TILE, is_tiled_param
 from speccompile.passes.pipeline import build_pipeline
 from speccompile.runtime.tensor_cache import layout_fingerprint
+from speccompile.targets import CompileError, TargetPlan, fatbin_packer, find_device_module, plan_target
 
-SUPPORTED_DEVICES = ("llvm", "cpu", "auto")
-
-
-class CompileError(ValueError):
-    pass
-
-
-def detect_target(device: str) -> tvm.target.Target:
-    """Resolve --device to a TVM target; llvm gets the host CPU and its core count."""
-    if device in ("llvm", "cpu", "auto"):
-        cpu = tvm.target.codegen.llvm_get_system_cpu()
-        cores = os.cpu_count() or 1
-        return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": cores})
-    raise CompileError(f"device {device!r} is not supported yet; supported here: llvm (host CPU)")
+__all__ = ["CompileError", "compile_model", "read_config"]
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -50,9 +37,10 @@ def read_config(path: Path) -> dict[str, Any]:
     return conf
 
 
-def build_metadata(cfg: LlamaConfig, quant_name: str, target: tvm.target.Target,
+def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
                    params: list[tuple[str, Any]], entry_points: list[str]) -> dict[str, Any]:
     """The compile-time facts the runtime reads back and checks (see module doc)."""
+    target = plan.target
     entries = [(name, [int(d) for d in p.shape], str(p.dtype)) for name, p in params]
     tiled = []
     if target.kind.name == "llvm":
@@ -63,7 +51,11 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, target: tvm.target.Target,
         "model_type": cfg.model_type,
         "quantization": quant_name,
         "target": str(target.kind.name),
+        "device": plan.device,
         "target_json": str(target),
+        "host": str(target.host) if target.host is not None else None,
+        "cuda_archs": plan.cuda_archs,
+        "cuda_binary": plan.cuda_binary,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_hidden_layers,
@@ -87,27 +79,49 @@ def attach_metadata(mod: tvm.IRModule, metadata: dict) -> tvm.IRModule:
     return bb.get()
 
 
-def compile_model(config_path: Path, device: str, output: Path, verbose: bool = True) -> dict:
+def compile_model(config_path: Path, device: str, output: Path, verbose: bool = True,
+                  host: str | None = None, cuda_archs: list[str] | None = None,
+                  dump_source: Path | None = None) -> dict:
+    """Build the library; returns its metadata plus a ``build`` report (time, size, kernels)."""
     conf = read_config(Path(config_path))
     cfg = LlamaConfig.from_dict(conf["model_config"])
     quant = get_quantization(conf["quantization"])
-    target = detect_target(device)
     output = Path(output)
-    if output.suffix not in (".so", ".dylib", ".dll"):
-        raise CompileError(f"output {output} should end in .so")
+    plan = plan_target(device, output, host, cuda_archs)
+    target = plan.target
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with target:
         model = build_model(cfg, quant, target)
         spec = model.get_spec()
         mod, params = model.export_tvm(spec=spec)
-    metadata = build_metadata(cfg, quant.name, target, params, list(spec))
+    metadata = build_metadata(cfg, quant.name, plan, params, list(spec))
+    if plan.output_format == "tar":  # statically linked into an app: a system library, found by prefix
+        metadata["system_lib_prefix"] = "".join(c if c.isalnum() else "_" for c in output.stem) + "_"
     mod = attach_metadata(mod, metadata)
+    if plan.output_format == "tar":
+        mod = mod.with_attr("system_lib_prefix", metadata["system_lib_prefix"])
     ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target))
-    tmp = output.with_name(output.name + ".tmp.so")
-    ex.export_library(str(tmp))
+    report: dict[str, Any] = {}
+    tmp = output.with_name(output.stem + ".tmp" + output.suffix)
+    if plan.nvcc:
+        ex.export_library(str(tmp), fpack_imports=fatbin_packer(plan.nvcc, plan.cuda_archs, report))
+    else:
+        ex.export_library(str(tmp))
     tmp.replace(output)
+    device_mod = find_device_module(ex.mod)
+    if dump_source is not None and device_mod is not None:
+        Path(dump_source).write_text(device_mod.inspect_source())
+    report.update(seconds=round(time.time() - t0, 1), bytes=output.stat().st_size,
+                  kernel_source_bytes=len(device_mod.inspect_source()) if device_mod is not None else 0)
     if verbose:
-        print(f"compiled {cfg.model_type} {quant.name} for {target.kind.name} "
-              f"({target.attrs.get('mcpu', '')}) in {time.time() - t0:.1f}s -> {output}")
-    return metadata
+        where = target.attrs.get("mcpu", "") if target.kind.name == "llvm" else ", ".join(plan.cuda_archs)
+        print(f"compiled {cfg.model_type} {quant.name} for {plan.device} ({target.kind.name} {where}) "
+              f"in {report['seconds']}s -> {output} ({report['bytes'] / 1e6:.1f} MB)")
+        if plan.cuda_binary == "fatbin":
+            print(f"  CUDA kernels compiled ahead of time by {plan.nvcc}: fatbin for {', '.join(plan.cuda_archs)} "
+                  f"+ PTX ({report['fatbin_bytes'] / 1e3:.0f} kB); the device needs no compiler")
+        elif plan.cuda_binary == "source":
+            print("  nvcc not found: the library carries CUDA source, compiled when it is loaded "
+                  "(the device needs NVRTC); install the CUDA toolkit to embed a fatbin instead")
+    return {**metadata, "build": report}

@@ -1,0 +1,310 @@
+// See model.h. Mirrors runtime/model.py: read_metadata, check_compatible, tile_rows,
+// Model.prefill/decode/verify/greedy_verify.
+#include "model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include "json_util.h"
+
+namespace spc {
+
+namespace fj = tvm::ffi::json;
+using tvm::ffi::Any;
+using tvm::ffi::Function;
+using tvm::ffi::Module;
+using tvm::ffi::String;
+
+namespace {
+
+// Entry points runtime/model.py requires; a library lacking one was built by an older
+// speccompile. (The *_to_last_hidden_states, get_logits and copy_kv_slots entry points
+// are only needed by EAGLE/Medusa heads and token trees, which the C API does not run,
+// so they are not required here.)
+const char* kEntryPoints[] = {"embed", "prefill", "decode", "verify", "verify_greedy"};
+
+std::string Join(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+DLDevice ParseDevice(const std::string& spec, std::string* kind) {
+  std::string name = spec, id = "0";
+  auto colon = spec.find(':');
+  if (colon != std::string::npos) {
+    name = spec.substr(0, colon);
+    id = spec.substr(colon + 1);
+  }
+  static const std::map<std::string, DLDeviceType> kinds = {
+      {"cpu", kDLCPU}, {"llvm", kDLCPU}, {"cuda", kDLCUDA}, {"opencl", kDLOpenCL},
+      {"metal", kDLMetal}, {"vulkan", kDLVulkan}};
+  auto it = kinds.find(name);
+  if (it == kinds.end() || id.empty() || id.find_first_not_of("0123456789") != std::string::npos) {
+    throw std::invalid_argument("unknown device '" + spec + "': use cpu, cuda, opencl, metal or vulkan[:id]");
+  }
+  *kind = it->second == kDLCPU ? "llvm" : name;
+  return DLDevice{it->second, std::stoi(id)};
+}
+
+size_t DTypeBytes(DLDataType t) { return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8; }
+
+// runtime/model.py tile_rows: [N, C] -> the same buffer holding [N/tile, C, tile], so the
+// CPU GEMV kernels read `tile` output rows per contiguous run (passes/cpu_kernels.py).
+std::vector<char> TileRows(const std::vector<char>& src, int64_t n, int64_t c, int64_t tile, size_t esz) {
+  std::vector<char> dst(src.size());
+  for (int64_t blk = 0; blk < n / tile; ++blk)
+    for (int64_t t = 0; t < tile; ++t)
+      for (int64_t j = 0; j < c; ++j)
+        std::memcpy(&dst[((blk * c + j) * tile + t) * esz], &src[((blk * tile + t) * c + j) * esz], esz);
+  return dst;
+}
+
+Module MakeVM(const Module& lib, DLDevice dev) {
+  auto load = lib->GetFunction("vm_load_executable");
+  if (!load) throw IncompatibleError("the library holds no relax VM executable; build it with `speccompile compile`");
+  Module vm = (*load)().cast<Module>();
+  Function init = vm->GetFunction("vm_initialization").value();
+  constexpr int kPooledAllocator = 2;  // tvm.runtime.vm.VirtualMachine.POOLED_ALLOCATOR
+  if (dev.device_type == kDLCPU) {
+    init(static_cast<int>(kDLCPU), dev.device_id, kPooledAllocator);
+  } else {  // the CPU runs the shape functions, as the Python VirtualMachine sets up
+    init(static_cast<int>(dev.device_type), dev.device_id, kPooledAllocator, static_cast<int>(kDLCPU), 0,
+         kPooledAllocator);
+  }
+  return vm;
+}
+
+}  // namespace
+
+DLDataType ParseDType(const std::string& s) {
+  struct P { const char* prefix; uint8_t code; };
+  static const P kPrefixes[] = {{"bfloat", kDLBfloat}, {"float", kDLFloat}, {"uint", kDLUInt}, {"int", kDLInt}};
+  for (const P& p : kPrefixes) {
+    size_t len = std::strlen(p.prefix);
+    if (s.compare(0, len, p.prefix) == 0 && s.size() > len &&
+        s.find_first_not_of("0123456789", len) == std::string::npos) {
+      return DLDataType{p.code, static_cast<uint8_t>(std::stoi(s.substr(len))), 1};
+    }
+  }
+  if (s == "bool") return DLDataType{kDLBool, 8, 1};
+  throw std::invalid_argument("unsupported dtype '" + s + "'");
+}
+
+Model::Model(const std::string& model_dir, const std::string& lib_path, const std::string& device) {
+  std::string device_kind;
+  device_ = ParseDevice(device, &device_kind);
+  // ---- speccompile-config.json and tensor-cache.json (cheap checks before any dlopen)
+  fj::Object index, cfg;
+  try {
+    cfg = json::AsObject(json::ParseFile(model_dir + "/speccompile-config.json"), "speccompile-config.json");
+    index = json::AsObject(json::ParseFile(model_dir + "/tensor-cache.json"), "tensor-cache.json");
+  } catch (const std::runtime_error& e) {
+    throw IoError(std::string(e.what()) + " (convert the weights with `speccompile convert_weight` and "
+                  "`speccompile gen_config` into " + model_dir + ")");
+  }
+  config_.model_type = json::GetString(cfg, "model_type");
+  config_.context_window_size = json::GetInt(cfg, "context_window_size");
+  config_.prefill_chunk_size = json::Has(cfg, "prefill_chunk_size") ? json::GetInt(cfg, "prefill_chunk_size") : 2048;
+  for (int64_t t : json::GetIntOrList(cfg, "stop_token_ids")) config_.stop_token_ids.insert(static_cast<int32_t>(t));
+  // ---- the library and its _metadata (read on a CPU VM, as runtime/model.py does)
+  const std::string kSystem = "system://";
+  if (lib_path.compare(0, kSystem.size(), kSystem) == 0) {
+    // Objects linked into the app (iOS forbids dlopen of app code): the library was
+    // compiled as a TVM system library whose symbols register themselves at startup.
+    auto system_lib = Function::GetGlobal("ffi.SystemLib");
+    if (!system_lib) throw IncompatibleError("this TVM runtime has no ffi.SystemLib");
+    lib_ = (*system_lib)(String(lib_path.substr(kSystem.size()))).cast<Module>();
+  } else {
+    if (!std::ifstream(lib_path)) throw IoError("model library " + lib_path + " not found: build it with `speccompile compile`");
+    try {
+      lib_ = Module::LoadFromFile(lib_path);
+    } catch (const tvm::ffi::Error& e) {
+      throw IoError("cannot load " + lib_path + ": " + e.message());
+    }
+  }
+  Module cpu_vm = MakeVM(*lib_, DLDevice{kDLCPU, 0});
+  auto meta_fn = cpu_vm->GetFunction("_metadata");
+  if (!meta_fn) throw IncompatibleError(lib_path + " has no speccompile _metadata; it was not built by `speccompile compile`");
+  metadata_json_ = std::string((*meta_fn)().cast<String>());
+  fj::Object meta = json::AsObject(json::Parse(metadata_json_, "_metadata"), "_metadata");
+  std::string target = json::GetString(meta, "target");
+  if (target != device_kind) {
+    throw IncompatibleError(lib_path + " was built for " + target + ", not for device '" + device +
+                            "'; compile with --device " + (device_kind == "llvm" ? std::string("llvm") : device_kind));
+  }
+  if (json::GetString(meta, "model_type") != config_.model_type) {
+    throw IncompatibleError("model library and config disagree on the model type");
+  }
+  // ---- runtime/model.py check_compatible: refuse a library compiled for other weights
+  fj::Object tmeta = json::Has(index, "metadata") ? json::GetObject(index, "metadata") : fj::Object();
+  std::string fp = json::GetString(meta, "layout_fingerprint");
+  if (!json::Has(tmeta, "layout_fingerprint") || json::GetString(tmeta, "layout_fingerprint") != fp) {
+    std::map<std::string, std::pair<std::vector<int64_t>, std::string>> have;
+    for (const Any& shard : json::GetArray(index, "records"))
+      for (const Any& r : json::GetArray(json::AsObject(shard, "shard"), "records")) {
+        fj::Object rec = json::AsObject(r, "record");
+        have[json::GetString(rec, "name")] = {json::GetIntList(rec, "shape"), json::GetString(rec, "dtype")};
+      }
+    std::string detail = "layout fingerprint differs";
+    for (const Any& p : json::GetArray(meta, "params")) {
+      fj::Object po = json::AsObject(p, "param");
+      std::string name = json::GetString(po, "name");
+      auto shape = json::GetIntList(po, "shape");
+      std::string dtype = json::GetString(po, "dtype");
+      auto it = have.find(name);
+      if (it == have.end()) { detail = "the library needs " + name + ", absent from the weights"; break; }
+      if (it->second.first != shape || it->second.second != dtype) {
+        detail = name + ": library expects " + Join(shape) + " " + dtype + ", weights have " +
+                 Join(it->second.first) + " " + it->second.second;
+        break;
+      }
+    }
+    throw IncompatibleError(lib_path + " was compiled for other weights (" + json::GetString(meta, "model_type") + " " +
+                            json::GetString(meta, "quantization") + ") than " + model_dir + ": " + detail +
+                            ". Recompile with `speccompile compile <model_dir>/speccompile-config.json`.");
+  }
+  vm_ = device_.device_type == kDLCPU ? cpu_vm : MakeVM(*lib_, device_);
+  vocab_size_ = json::GetInt(meta, "vocab_size");
+  num_layers_ = json::GetInt(meta, "num_hidden_layers");
+  kv_heads_ = json::GetInt(meta, "num_key_value_heads");
+  head_dim_ = json::GetInt(meta, "head_dim");
+  dtype_ = ParseDType(json::GetString(meta, "model_dtype"));
+  for (const char* name : kEntryPoints) {
+    auto f = (*vm_)->GetFunction(name);
+    if (!f) {
+      throw IncompatibleError(lib_path + " lacks the entry point '" + name + "': it was built by an older "
+                              "speccompile; recompile it with `speccompile compile`");
+    }
+    fn_[name] = *f;
+  }
+  LoadParams(model_dir, index, meta);
+}
+
+void Model::LoadParams(const std::string& model_dir, const fj::Object& index, const fj::Object& meta) {
+  struct Rec { std::string shard; int64_t offset, nbytes; };
+  std::map<std::string, Rec> by_name;
+  for (const Any& s : json::GetArray(index, "records")) {
+    fj::Object shard = json::AsObject(s, "shard");
+    std::string path = json::GetString(shard, "dataPath");
+    for (const Any& r : json::GetArray(shard, "records")) {
+      fj::Object rec = json::AsObject(r, "record");
+      by_name[json::GetString(rec, "name")] = {path, json::GetInt(rec, "byteOffset"), json::GetInt(rec, "nbytes")};
+    }
+  }
+  std::set<std::string> tiled;
+  if (json::Has(meta, "tiled_params"))
+    for (const Any& t : json::GetArray(meta, "tiled_params")) tiled.insert(json::AsString(t, "tiled_params"));
+  int64_t tile = json::Has(meta, "tile") ? json::GetInt(meta, "tile") : 16;
+  std::map<std::string, std::ifstream> files;
+  std::vector<Tensor> params;
+  for (const Any& p : json::GetArray(meta, "params")) {
+    fj::Object po = json::AsObject(p, "param");
+    std::string name = json::GetString(po, "name");
+    std::vector<int64_t> shape = json::GetIntList(po, "shape");
+    DLDataType dt = ParseDType(json::GetString(po, "dtype"));
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw IoError(model_dir + " lacks parameter " + name);
+    const Rec& rec = it->second;
+    size_t expect = DTypeBytes(dt);
+    for (int64_t d : shape) expect *= static_cast<size_t>(d);
+    if (static_cast<size_t>(rec.nbytes) != expect) {
+      throw IoError("tensor-cache.json record " + name + " has " + std::to_string(rec.nbytes) + " bytes, its shape needs " +
+                    std::to_string(expect) + "; re-run convert_weight");
+    }
+    std::string path = model_dir + "/" + rec.shard;
+    auto f = files.find(rec.shard);
+    if (f == files.end()) {
+      f = files.emplace(rec.shard, std::ifstream(path, std::ios::binary)).first;
+      if (!f->second) throw IoError("shard " + path + " is missing; re-run convert_weight");
+    }
+    std::vector<char> buf(expect);
+    f->second.clear();
+    f->second.seekg(rec.offset);
+    f->second.read(buf.data(), static_cast<std::streamsize>(expect));
+    if (static_cast<size_t>(f->second.gcount()) != expect) {
+      throw IoError("shard " + path + " is truncated (" + name + " needs bytes up to " +
+                    std::to_string(rec.offset + rec.nbytes) + "); re-run convert_weight");
+    }
+    if (tiled.count(name)) {
+      if (shape.size() != 2 || shape[0] % tile != 0) throw IncompatibleError("cannot tile parameter " + name);
+      buf = TileRows(buf, shape[0], shape[1], tile, DTypeBytes(dt));
+    }
+    Tensor t = EmptyTensor(shape, dt, device_);
+    CopyFromBytes(t, buf.data(), buf.size());
+    params.push_back(t);
+  }
+  params_ = tvm::ffi::Array<Tensor>(params.begin(), params.end());
+}
+
+void Model::CreateKVCache(int64_t max_total_tokens, Tensor* tensor, int64_t* num_pages) const {
+  *num_pages = (max_total_tokens + kPage - 1) / kPage;
+  *tensor = EmptyTensor({num_layers_, 2, *num_pages * kPage, kv_heads_, head_dim_}, dtype_, device_);
+}
+
+void Model::CheckTokenIds(const int32_t* ids, size_t n) const {
+  for (size_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size_) {
+      throw std::invalid_argument("token id " + std::to_string(ids[i]) + " is out of range for vocab size " +
+                                  std::to_string(vocab_size_));
+    }
+}
+
+Tensor Model::ToDevice(const std::vector<int32_t>& v, std::vector<int64_t> shape) const {
+  Tensor t = EmptyTensor(shape, DLDataType{kDLInt, 32, 1}, device_);
+  if (!v.empty()) CopyFromBytes(t, v.data(), v.size() * sizeof(int32_t));
+  return t;
+}
+
+Tensor Model::Run(const char* name, const std::vector<int32_t>& ids, const Tensor& kv_tensor, const ForwardBatch& fb,
+                  const Tensor* logit_positions) {
+  // ids were range-checked by the caller before the KV cache was touched
+  int64_t n = static_cast<int64_t>(ids.size());
+  Any emb = fn_["embed"](ToDevice(ids, {n}), params_);
+  Tensor m0 = ToDevice(fb.positions, {n}), m1 = ToDevice(fb.write_slots, {n});
+  Tensor m2 = ToDevice(fb.page_table, {fb.pt_rows, fb.pt_cols}), m3 = ToDevice(fb.token_seq, {n});
+  Tensor m4 = ToDevice(fb.token_prefix, {n}), m5 = ToDevice(fb.extra_slots, {n, 1}), m6 = ToDevice(fb.extra_len, {n});
+  Any out = logit_positions ? fn_[name](emb, *logit_positions, kv_tensor, m0, m1, m2, m3, m4, m5, m6, params_)
+                            : fn_[name](emb, kv_tensor, m0, m1, m2, m3, m4, m5, m6, params_);
+  return out.cast<Tensor>();
+}
+
+Tensor Model::Prefill(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens) {
+  CheckTokenIds(tokens.data(), tokens.size());
+  ForwardBatch fb = kv.PlanChain({seq_id}, {static_cast<int64_t>(tokens.size())});
+  Tensor last = ToDevice({static_cast<int32_t>(tokens.size() - 1)}, {1});
+  return Run("prefill", tokens, kv_tensor, fb, &last);
+}
+
+Tensor Model::Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32_t token) {
+  CheckTokenIds(&token, 1);
+  return Run("decode", {token}, kv_tensor, kv.PlanChain({seq_id}, {1}), nullptr);
+}
+
+Tensor Model::Verify(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens) {
+  CheckTokenIds(tokens.data(), tokens.size());
+  ForwardBatch fb = kv.PlanChain({seq_id}, {static_cast<int64_t>(tokens.size())});
+  return Run("verify", tokens, kv_tensor, fb, nullptr);
+}
+
+std::pair<int64_t, int32_t> Model::GreedyVerifyChain(const Tensor& logits, const std::vector<int32_t>& tokens) {
+  int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<int32_t> parents(n);
+  for (int64_t j = 0; j < n; ++j) parents[j] = static_cast<int32_t>(j - 1);  // a chain: row j's parent is j-1
+  Tensor out = fn_["verify_greedy"](logits, ToDevice(tokens, {n}), ToDevice(parents, {n}),
+                                    ToDevice({0, static_cast<int32_t>(n)}, {2}))
+                   .cast<Tensor>();
+  std::vector<int32_t> host(static_cast<size_t>(2 * (n + 2)));
+  CopyToBytes(out, host.data(), host.size() * sizeof(int32_t));
+  return {host[0], host[1]};  // out[0, 0] = accepted drafts, out[0, 1] = bonus token
+}
+
+std::vector<float> Model::LogitsRow(const Tensor& logits, int64_t row) const {
+  int64_t rows = logits.GetDLTensorPtr()->shape[0];
+  std::vector<float> all(static_cast<size_t>(rows * vocab_size_));
+  CopyToBytes(logits, all.data(), all.size() * sizeof(float));
+  return std::vector<float>(all.begin() + row * vocab_size_, all.begin() + (row + 1) * vocab_size_);
+}
+
+}  // namespace spc

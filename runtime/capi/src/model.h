@@ -1,0 +1,95 @@
+// A compiled model library plus its converted weights on one device: the C++ twin of
+// runtime/model.py. Only the TVM runtime is used (Module loader + relax VM), never the
+// compiler. The library's `_metadata` is checked against tensor-cache.json before any
+// weight is read, and the entry points are called with exactly the arguments
+// runtime/model.py passes (embeddings, [logit positions], KV tensor, the 7 META_SPEC
+// arrays, the packed parameter tuple).
+#ifndef SPECCOMPILE_CAPI_MODEL_H_
+#define SPECCOMPILE_CAPI_MODEL_H_
+
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/extra/json.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kv_cache.h"
+#include "tensor_util.h"
+
+namespace spc {
+
+// Error classes, mapped to the C API's error codes.
+struct IoError : std::runtime_error {  // missing/unreadable/truncated files
+  using std::runtime_error::runtime_error;
+};
+struct IncompatibleError : std::runtime_error {  // library vs weights vs device mismatch
+  using std::runtime_error::runtime_error;
+};
+
+// speccompile-config.json fields the runtime needs.
+struct ModelConfig {
+  std::string model_type;
+  int64_t context_window_size = 0;
+  int64_t prefill_chunk_size = 0;
+  std::set<int32_t> stop_token_ids;
+};
+
+class Model {
+ public:
+  // device: "cpu", or "<kind>[:<id>]" with kind cuda/opencl/metal/vulkan.
+  Model(const std::string& model_dir, const std::string& lib_path, const std::string& device);
+
+  // A KV tensor able to hold max_total_tokens (rounded up to pages) and its bookkeeping.
+  void CreateKVCache(int64_t max_total_tokens, Tensor* tensor, int64_t* num_pages) const;
+
+  // Logits [1, vocab] at the last token of `tokens` appended to seq_id (on the device).
+  Tensor Prefill(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens);
+  // Logits [1, vocab] of one token appended to seq_id.
+  Tensor Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32_t token);
+  // Logits [n, vocab] at every one of `tokens` appended (a chain) to seq_id.
+  Tensor Verify(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens);
+  // The library's greedy verification kernel on device logits for the chain
+  // `tokens` = [last] + drafts. Returns (accepted draft count, bonus token).
+  std::pair<int64_t, int32_t> GreedyVerifyChain(const Tensor& logits, const std::vector<int32_t>& tokens);
+  // Copy row `row` of device logits [n, vocab] to the host.
+  std::vector<float> LogitsRow(const Tensor& logits, int64_t row) const;
+
+  // Refuses out-of-range ids: the embedding kernel does not bounds-check.
+  void CheckTokenIds(const int32_t* ids, size_t n) const;
+
+  int64_t vocab_size() const { return vocab_size_; }
+  const ModelConfig& config() const { return config_; }
+  const std::string& metadata_json() const { return metadata_json_; }
+  DLDevice device() const { return device_; }
+
+ private:
+  Tensor ToDevice(const std::vector<int32_t>& v, std::vector<int64_t> shape) const;
+  Tensor Run(const char* name, const std::vector<int32_t>& ids, const Tensor& kv_tensor, const ForwardBatch& fb,
+             const Tensor* logit_positions);
+  void LoadParams(const std::string& model_dir, const tvm::ffi::json::Object& index,
+                  const tvm::ffi::json::Object& meta);
+
+  DLDevice device_{kDLCPU, 0};
+  ModelConfig config_;
+  std::string metadata_json_;
+  int64_t vocab_size_ = 0, num_layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  DLDataType dtype_{kDLFloat, 32, 1};
+  std::optional<tvm::ffi::Module> lib_, vm_;  // not default-constructible; set once loaded
+  tvm::ffi::Array<Tensor> params_;
+  std::map<std::string, tvm::ffi::Function> fn_;
+};
+
+// "float32" -> DLDataType; throws on anything unknown.
+DLDataType ParseDType(const std::string& s);
+
+}  // namespace spc
+
+#endif  // SPECCOMPILE_CAPI_MODEL_H_

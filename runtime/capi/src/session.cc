@@ -1,0 +1,254 @@
+// See session.h. The loop mirrors runtime/engine.py Engine._run/_step/_emit for one
+// sequence: prefill in prefill_chunk_size chunks, sample the first token, then per step
+// draft up to k tokens by prompt lookup, run the target once over [last] + drafts,
+// accept with the library's verify_greedy kernel (greedy) or rejection sampling with a
+// one-hot draft distribution (sampled), roll the KV cache back over rejected drafts
+// and emit accepted drafts plus the bonus token, stopping at a stop token or the budget.
+#include "session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace spc {
+
+namespace {
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+std::vector<int32_t> NGramLookup(const std::vector<int32_t>& history, int min_n, int max_n, int64_t k) {
+  int64_t n_tok = static_cast<int64_t>(history.size());
+  if (k <= 0 || n_tok < min_n + 1) return {};
+  for (int64_t n = std::min<int64_t>(max_n, n_tok - 1); n >= min_n; --n) {
+    const int32_t* suffix = history.data() + n_tok - n;
+    // windows ending before the suffix itself (start + n <= n_tok - 1); latest match first
+    for (int64_t start = n_tok - 1 - n; start >= 0; --start) {
+      if (std::equal(suffix, suffix + n, history.data() + start)) {
+        int64_t from = start + n, to = std::min(n_tok, from + k);
+        return std::vector<int32_t>(history.begin() + from, history.begin() + to);
+      }
+    }
+  }
+  return {};
+}
+
+std::vector<double> ProbsFromLogits(const std::vector<float>& logits, const spc_generate_params& p) {
+  size_t v = logits.size();
+  std::vector<double> z(v);
+  for (size_t i = 0; i < v; ++i) z[i] = static_cast<double>(logits[i]) / p.temperature;
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < v) {
+    std::vector<double> sorted(z);
+    std::nth_element(sorted.begin(), sorted.begin() + (p.top_k - 1), sorted.end(), std::greater<double>());
+    double kth = sorted[p.top_k - 1];
+    for (double& x : z)
+      if (x < kth) x = -std::numeric_limits<double>::infinity();
+  }
+  double mx = *std::max_element(z.begin(), z.end());
+  std::vector<double> prob(v);
+  double sum = 0;
+  for (size_t i = 0; i < v; ++i) sum += (prob[i] = std::exp(z[i] - mx));
+  for (double& x : prob) x /= sum;
+  if (p.top_p < 1.0f) {  // keep the smallest prefix (by descending probability) reaching top_p
+    std::vector<size_t> order(v);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prob[a] > prob[b]; });
+    std::vector<double> kept(v, 0.0);
+    double cum = 0, total = 0;
+    for (size_t idx : order) {
+      if (cum < p.top_p) {
+        kept[idx] = prob[idx];
+        total += prob[idx];
+      }
+      cum += prob[idx];
+    }
+    for (double& x : kept) x /= total;
+    prob.swap(kept);
+  }
+  return prob;
+}
+
+struct Session::Run {
+  std::vector<int32_t> history;  // prompt + emitted tokens; history.back() is not yet in the KV cache
+  int64_t budget = 0;
+  spc_generate_params params{};
+  const std::function<bool(const int32_t*, size_t)>* on_tokens = nullptr;
+  std::vector<int32_t>* emitted = nullptr;
+  int finish = SPC_FINISH_NONE;
+};
+
+Session::Session(Model* model, const spc_session_config& cfg) : model_(model), cfg_(cfg) {
+  if (cfg.speculative_mode != SPC_SPEC_DISABLE && cfg.speculative_mode != SPC_SPEC_NGRAM) {
+    throw std::invalid_argument("unknown speculative_mode " + std::to_string(cfg.speculative_mode) +
+                                "; use SPC_SPEC_DISABLE or SPC_SPEC_NGRAM");
+  }
+  if (cfg.ngram_min < 1 || cfg.ngram_min > cfg.ngram_max) throw std::invalid_argument("ngram sizes need 1 <= min_n <= max_n");
+  if (cfg.draft_length < 1) throw std::invalid_argument("draft_length must be >= 1");
+  if (cfg.draft_length + 1 > model->config().prefill_chunk_size) {
+    throw std::invalid_argument("the token budget per forward (" + std::to_string(model->config().prefill_chunk_size) +
+                                ") cannot hold draft_length + 1 tokens; lower draft_length");
+  }
+  if (cfg.max_total_seq_len < 0) throw std::invalid_argument("max_total_seq_len must be >= 0");
+  int64_t total = cfg.max_total_seq_len ? cfg.max_total_seq_len : model->config().context_window_size;
+  int64_t pages = 0;
+  model->CreateKVCache(total, &kv_tensor_, &pages);
+  kv_ = new PagedKV(pages);
+}
+
+Session::~Session() { delete kv_; }
+
+int32_t Session::Sample(const std::vector<float>& logits, const spc_generate_params& p) {
+  if (p.temperature == 0.0f) {  // first index of the maximum, as numpy argmax
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<double> prob = ProbsFromLogits(logits, p);
+  std::discrete_distribution<int32_t> dist(prob.begin(), prob.end());
+  return dist(rng_);
+}
+
+int Session::Generate(const std::vector<int32_t>& prompt, const spc_generate_params& params,
+                      const std::function<bool(const int32_t*, size_t)>& on_tokens, std::vector<int32_t>* emitted) {
+  int64_t ctx = model_->config().context_window_size;
+  if (params.max_tokens <= 0) throw std::invalid_argument("max_tokens must be positive");
+  if (params.temperature < 0) throw std::invalid_argument("temperature must be >= 0");
+  if (!(params.top_p > 0 && params.top_p <= 1)) throw std::invalid_argument("top_p must be in (0, 1]");
+  if (params.top_k < 0) throw std::invalid_argument("top_k must be >= 0");
+  if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
+  if (static_cast<int64_t>(prompt.size()) >= ctx) {
+    throw std::invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens but the context window is " +
+                                std::to_string(ctx) + "; shorten it or rebuild with gen_config --context-window-size");
+  }
+  model_->CheckTokenIds(prompt.data(), prompt.size());
+  stats_ = spc_stats{};
+  rng_.seed(params.seed);
+  Run run;
+  run.history = prompt;
+  run.budget = std::min<int64_t>(params.max_tokens, ctx - static_cast<int64_t>(prompt.size()));
+  run.params = params;
+  run.on_tokens = &on_tokens;
+  run.emitted = emitted;
+  kv_->AddSequence(kSeq);
+  try {
+    double t0 = Now();
+    int64_t chunk = model_->config().prefill_chunk_size;
+    Tensor logits;
+    for (size_t start = 0; start < prompt.size(); start += chunk) {
+      size_t end = std::min(prompt.size(), start + static_cast<size_t>(chunk));
+      logits = model_->Prefill(*kv_, kv_tensor_, kSeq, std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end));
+    }
+    int32_t first = Sample(model_->LogitsRow(logits, 0), params);
+    stats_.prefill_tokens = static_cast<int64_t>(prompt.size());
+    stats_.prefill_seconds = Now() - t0;
+    Emit(run, {first}, false);
+    while (run.finish == SPC_FINISH_NONE) {
+      double s0 = Now();
+      Step(run);
+      stats_.decode_seconds += Now() - s0;
+    }
+  } catch (...) {
+    kv_->RemoveSequence(kSeq);
+    throw;
+  }
+  kv_->RemoveSequence(kSeq);
+  stats_.finish_reason = run.finish;
+  stats_.prefill_tokens_per_s = stats_.prefill_seconds > 0 ? stats_.prefill_tokens / stats_.prefill_seconds : 0.0;
+  stats_.decode_tokens_per_s = stats_.decode_seconds > 0 ? stats_.decode_tokens / stats_.decode_seconds : 0.0;
+  stats_.accept_rate = stats_.draft_tokens ? static_cast<double>(stats_.accepted_tokens) / stats_.draft_tokens : 0.0;
+  return run.finish;
+}
+
+void Session::Step(Run& run) {
+  int64_t room = model_->config().context_window_size - static_cast<int64_t>(run.history.size());
+  int64_t k = 0;
+  if (cfg_.speculative_mode == SPC_SPEC_NGRAM) {
+    k = std::min<int64_t>({cfg_.draft_length, model_->config().prefill_chunk_size - 1, room - 1});
+  }
+  std::vector<int32_t> drafts = NGramLookup(run.history, cfg_.ngram_min, cfg_.ngram_max, k);
+  int32_t last = run.history.back();
+  Tensor logits;
+  if (!drafts.empty()) {
+    std::vector<int32_t> chain{last};
+    chain.insert(chain.end(), drafts.begin(), drafts.end());
+    try {
+      logits = model_->Verify(*kv_, kv_tensor_, kSeq, chain);
+    } catch (const KVCacheFull&) {  // the KV cache cannot hold the drafts: verify none of them
+      drafts.clear();
+    }
+  }
+  if (drafts.empty()) logits = model_->Decode(*kv_, kv_tensor_, kSeq, last);
+  std::vector<int32_t> tokens;
+  size_t accepted = 0;
+  if (run.params.temperature == 0.0f) {
+    // the library's TensorIR kernel: argmax and chain walk on the device
+    std::vector<int32_t> chain{last};
+    chain.insert(chain.end(), drafts.begin(), drafts.end());
+    auto verdict = model_->GreedyVerifyChain(logits, chain);
+    accepted = static_cast<size_t>(verdict.first);
+    tokens.assign(drafts.begin(), drafts.begin() + accepted);
+    tokens.push_back(verdict.second);
+  } else {
+    // runtime/verify.py with a one-hot draft distribution: accept draft x with
+    // probability p(x); on rejection sample the bonus from norm(max(p - q, 0)).
+    std::uniform_real_distribution<double> unif(0.0, 1.0);
+    for (size_t row = 0;; ++row) {
+      std::vector<double> p = ProbsFromLogits(model_->LogitsRow(logits, static_cast<int64_t>(row)), run.params);
+      if (row < drafts.size()) {
+        int32_t x = drafts[row];
+        if (p[x] > 0 && unif(rng_) < p[x]) {
+          tokens.push_back(x);
+          ++accepted;
+          continue;
+        }
+        if (p[x] < 1.0) {  // p == q on the support leaves an empty residual: keep p
+          double rest = 1.0 - p[x];
+          p[x] = 0.0;
+          for (double& v : p) v /= rest;
+        }
+      }
+      std::discrete_distribution<int32_t> dist(p.begin(), p.end());
+      tokens.push_back(dist(rng_));
+      break;
+    }
+  }
+  kv_->PopN(kSeq, static_cast<int64_t>(drafts.size() - accepted));
+  if (drafts.empty()) {
+    stats_.plain_steps += 1;
+  } else {
+    stats_.verify_steps += 1;
+    stats_.draft_tokens += static_cast<int64_t>(drafts.size());
+    stats_.accepted_tokens += static_cast<int64_t>(accepted);
+    // mean accepted length = emitted per verify step, bonus included (running mean)
+    stats_.mean_accepted_length += (static_cast<double>(tokens.size()) - stats_.mean_accepted_length) / stats_.verify_steps;
+  }
+  Emit(run, tokens, true);
+}
+
+void Session::Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode) {
+  const auto& stop = model_->config().stop_token_ids;
+  size_t n = 0;
+  for (int32_t tok : tokens) {
+    if (stop.count(tok) && !run.params.ignore_eos) {
+      run.finish = SPC_FINISH_STOP;
+      break;
+    }
+    run.history.push_back(tok);
+    run.emitted->push_back(tok);
+    ++n;
+    if (static_cast<int64_t>(run.emitted->size()) >= run.budget) {
+      run.finish = SPC_FINISH_LENGTH;
+      break;
+    }
+  }
+  if (count_decode) stats_.decode_tokens += static_cast<int64_t>(n);
+  if (n > 0 && *run.on_tokens && (*run.on_tokens)(run.emitted->data() + run.emitted->size() - n, n) &&
+      run.finish == SPC_FINISH_NONE) {
+    run.finish = SPC_FINISH_CANCELLED;
+  }
+}
+
+}  // namespace spc
