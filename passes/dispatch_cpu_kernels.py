@@ -24,7 +24,7 @@ def _dtype(func: tirx.PrimFunc, i: int) -> str:
     return str(func.ty.params[i].dtype)
 
 
-def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def select_kernel(func: tirx.PrimFunc, int8_activations: bool = False) -> tirx.PrimFunc | None:
     """The replacement kernel for a tagged function, or None to keep it."""
     kind = func.attrs[KERNEL_ATTR] if func.attrs is not None and KERNEL_ATTR in func.attrs else None
     if kind == "matmul":
@@ -36,7 +36,10 @@ def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return K.dense_take_tiled(v, d, _dtype(func, 0)) if K.dense_is_tiled(v, d) else None
     if kind == "q4_matmul":
         n, kw = _shape(func, 1)
-        return K.q4_matmul_tiled(n, kw * 8, _dtype(func, 2)) if K.q4_is_tiled(n) else None
+        if not K.q4_is_tiled(n):
+            return None
+        make = K.q4_matmul_vnni if int8_activations else K.q4_matmul_tiled
+        return make(n, kw * 8, _dtype(func, 2))
     if kind == "q4_take":
         v, kw = _shape(func, 0)
         return K.q4_take_tiled(v, kw * 8, _dtype(func, 1)) if K.q4_is_tiled(v) else None
@@ -45,11 +48,16 @@ def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
 
 @tvm.transform.module_pass(opt_level=0, name="DispatchCPUKernels")
 class DispatchCPUKernels:
+    """``int8_activations``: use the VNNI q4 kernel (see ``cpu_kernels.q4_matmul_vnni``)."""
+
+    def __init__(self, int8_activations: bool = False):
+        self.int8_activations = int8_activations
+
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gv, func in mod.functions.items():
             if isinstance(func, tirx.PrimFunc):
-                new = select_kernel(func)
+                new = select_kernel(func, self.int8_activations)
                 if new is not None:
                     updates[gv] = new.with_attr("op_pattern", OPAQUE).with_attr(KERNEL_ATTR, func.attrs[KERNEL_ATTR])
         if not updates:

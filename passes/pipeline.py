@@ -1,7 +1,8 @@
 """The one compilation pipeline: which passes run, in which order, per target.
 
 llvm (CPU):
-  1. DispatchCPUKernels: our TensorIR kernels for the model's tagged matmuls;
+  1. DispatchCPUKernels: our TensorIR kernels for the model's tagged matmuls (q4 with
+     int8 activations on CPUs with AVX-512 VNNI);
   2. TVM's default CPU lowering (legalize, fuse, lower to the VM).
 GPU (cuda, opencl, metal):
   1. DispatchGPUKernels: batch-invariant GEMV and the thread-parallel greedy verifier;
@@ -22,6 +23,7 @@ from tvm import relax
 
 from .bind_gpu_threads import BindGPUThreads
 from .dispatch_cpu_kernels import DispatchCPUKernels
+from .cpu_kernels import has_vnni
 from .dispatch_gpu_kernels import DispatchGPUKernels
 
 
@@ -59,7 +61,7 @@ def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
             if kind == "llvm":
-                passes = [DispatchCPUKernels(), relax.pipeline.get_default_pipeline(target)]
+                passes = [DispatchCPUKernels(has_vnni(target)), relax.pipeline.get_default_pipeline(target)]
             else:
                 passes = _gpu_passes(target)
             mod = tvm.transform.Sequential(passes)(mod)

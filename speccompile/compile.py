@@ -16,7 +16,7 @@ from tvm import relax
 
 from speccompile import __version__
 from speccompile.models import LlamaConfig, build_model, get_quantization
-from speccompile.passes.cpu_kernels import TILE, is_tiled_param
+from speccompile.passes.cpu_kernels import TILE, has_vnni, is_tiled_param
 from speccompile.passes.pipeline import build_pipeline
 from speccompile.runtime.tensor_cache import layout_fingerprint
 from speccompile.targets import CompileError, TargetPlan, fatbin_packer, find_device_module, plan_target
@@ -69,6 +69,8 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         "layout_fingerprint": layout_fingerprint(entries),
         "tiled_params": tiled,  # stored tensors the runtime permutes into 16-row tiles at load
         "tile": TILE,
+        # q4 matmuls quantize activations to int8 per 32-group on VNNI CPUs (numerics differ ~5e-3)
+        "q4_activations": "int8" if get_quantization(quant_name).is_q4 and has_vnni(target) else "float",
     }
 
 

@@ -19,8 +19,20 @@ def rope(x, pos, theta):
     return x * cos + np.concatenate([-x2, x1], -1) * sin
 
 
-def forward(w: dict, cfg, ids: list[int]) -> np.ndarray:
-    """Causal forward of one sequence; logits [n, vocab]."""
+def int8_groups(x: np.ndarray) -> np.ndarray:
+    """x rounded to int8 per 32-wide group and back, as the VNNI q4 kernel sees it."""
+    g = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(g).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    t = g * inv
+    q = np.sign(t) * np.floor(np.abs(t) + np.float32(0.5))  # llvm.round: half away from zero
+    return (q * (amax / np.float32(127))).reshape(x.shape).astype(np.float32)
+
+
+def forward(w: dict, cfg, ids: list[int], int8_activations: bool = False) -> np.ndarray:
+    """Causal forward of one sequence; logits [n, vocab]. ``int8_activations``: the inputs
+    of the weight matmuls are int8-rounded per group (the library's q4_activations)."""
+    act = int8_groups if int8_activations else (lambda a: a)
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     x = w["model.embed_tokens.weight"][ids].astype(np.float32)
     n = len(ids)
@@ -29,9 +41,9 @@ def forward(w: dict, cfg, ids: list[int]) -> np.ndarray:
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         a = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        q = a @ w[p + "self_attn.q_proj.weight"].T
-        k = a @ w[p + "self_attn.k_proj.weight"].T
-        v = a @ w[p + "self_attn.v_proj.weight"].T
+        q = act(a) @ w[p + "self_attn.q_proj.weight"].T
+        k = act(a) @ w[p + "self_attn.k_proj.weight"].T
+        v = act(a) @ w[p + "self_attn.v_proj.weight"].T
         if cfg.attention_bias:
             q, k, v = q + w[p + "self_attn.q_proj.bias"], k + w[p + "self_attn.k_proj.bias"], v + w[p + "self_attn.v_proj.bias"]
         q = rope(q.reshape(n, nh, hd), pos, cfg.rope_theta)
@@ -43,11 +55,11 @@ def forward(w: dict, cfg, ids: list[int]) -> np.ndarray:
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         o = np.einsum("hqk,khd->qhd", s, v).reshape(n, nh * hd)
-        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        x = x + act(o) @ w[p + "self_attn.o_proj.weight"].T
         a = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        g = a @ w[p + "mlp.gate_proj.weight"].T
-        u = a @ w[p + "mlp.up_proj.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+        g = act(a) @ w[p + "mlp.gate_proj.weight"].T
+        u = act(a) @ w[p + "mlp.up_proj.weight"].T
+        x = x + act((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
     x = rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return x @ head.T
+    return act(x) @ head.T
