@@ -6,6 +6,11 @@ sequence (k from the adaptive controller; k = 0 is plain decoding), the target v
 accepts a prefix (or tree path) plus a bonus token, and the KV caches are rolled back or
 committed. Bad input (over-long prompt, out-of-range ids, a mismatched draft) is refused
 before any forward runs.
+
+The loop is exposed as per-step primitives (``new_sequence``, ``attach``, ``prefill``,
+``step``, ``detach``) so that ``generate_batch`` and the continuous-batching scheduler
+(``runtime/scheduler.py``) drive the very same machinery: the scheduler only decides
+*which* sequences take part in each step, never how a step runs.
 """
 from __future__ import annotations
 
@@ -82,10 +87,15 @@ class _Seq:
     result: GenerationResult
     decoder: StreamDecoder
     pending_text: str = ""
+    to_prefill: list[int] = field(default_factory=list)  # history not yet in the target's KV (besides history[-1])
 
     @property
     def done(self) -> bool:
         return self.result.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.to_prefill)
 
 
 def read_model_config(model_dir: Path) -> dict:
@@ -158,6 +168,8 @@ class Engine:
             self.proposer = SmallDraftProposer(draft, total)
         self.set_draft_length(spec_draft_length)
         self._next_seq = 0
+        # totals over every step this engine ran (the server exports them as metrics)
+        self.totals = Stats(spec=SpecMetrics())
 
     def set_draft_length(self, k: int) -> None:
         """Fix the draft length (k > 0) or make it adaptive (k = 0); resets the estimates."""
@@ -228,56 +240,112 @@ class Engine:
 
     # -------------------------------------------------------------- the loop
     def _run(self, prompts, max_tokens, samplings, stop, ignore_eos):
-        if max_tokens <= 0:
-            raise GenerationError("max_tokens must be positive")
-        for ids in prompts:
-            self.check_prompt(ids)
-        seqs: list[_Seq] = []
+        seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos) for ids, sp in zip(prompts, samplings)]
         try:
-            for ids, sp in zip(prompts, samplings):
-                seq = _Seq(self._next_seq, list(ids), min(max_tokens, self.context_window - len(ids)), sp,
-                           np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
-                           GenerationResult(list(ids)), StreamDecoder(self.tokenizer))
-                seq.result.stats.spec = SpecMetrics() if self.proposer else None
-                self._next_seq += 1
-                self.kv.add_sequence(seq.seq_id)
-                if self.proposer:
-                    self.proposer.add_sequence(seq.seq_id, seq.history)
-                seqs.append(seq)
-                t0 = time.perf_counter()
-                logits = self._prefill(seq.seq_id, ids)
-                seq.result.stats.prefill_tokens = len(ids)
-                seq.result.stats.prefill_seconds = time.perf_counter() - t0
-                self._emit(seq, [sample(logits, sp, seq.rng)])
+            for seq in seqs:
+                self.attach(seq)
+                try:
+                    while seq.prefilling:
+                        self.prefill([seq], self.model.prefill_chunk_size)
+                except KVCacheFull as err:
+                    raise GenerationError(f"the KV cache cannot hold this prompt ({err}); "
+                                          "raise max_total_seq_len or run fewer sequences at once") from err
             yield [s.pending_text for s in seqs], [s.result for s in seqs]
+            for s in seqs:
+                s.pending_text = ""
             while True:
                 active = [s for s in seqs if not s.done]
                 if not active:
                     break
-                t0 = time.perf_counter()
-                self._step(active)
-                dt = time.perf_counter() - t0
-                for s in active:
-                    s.result.stats.decode_seconds += dt
+                self.step(active)
                 yield [s.pending_text for s in seqs], [s.result for s in seqs]
                 for s in seqs:
                     s.pending_text = ""
         finally:
             for s in seqs:
-                self.kv.remove_sequence(s.seq_id)
-                if self.proposer:
-                    self.proposer.remove_sequence(s.seq_id)
+                self.detach(s)
 
-    def _prefill(self, seq_id: int, ids: list[int]) -> np.ndarray:
-        chunk = self.model.prefill_chunk_size
-        logits = None
-        try:
-            for start in range(0, len(ids), chunk):
-                logits = self.model.prefill(self.kv, [seq_id], [ids[start:start + chunk]])[0]
-        except KVCacheFull as err:
-            raise GenerationError(f"the KV cache cannot hold this prompt ({err}); "
-                                  "raise max_total_seq_len or run fewer sequences at once") from err
-        return logits
+    # ------------------------------------------------------ step primitives
+    def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
+                     stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None) -> _Seq:
+        """A validated sequence, not yet holding KV pages. ``max_len`` caps prompt + output
+        (a server passes its KV capacity so that one sequence alone always fits)."""
+        if max_tokens <= 0:
+            raise GenerationError("max_tokens must be positive")
+        self.check_prompt(prompt_ids)
+        limit = min(self.context_window, max_len or self.context_window)
+        if len(prompt_ids) >= limit:
+            raise GenerationError(f"the prompt has {len(prompt_ids)} tokens but at most {limit - 1} fit "
+                                  "(context window and KV cache capacity)")
+        sp = sampling or SamplingParams()
+        seq = _Seq(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
+                   np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
+                   GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer))
+        seq.result.stats.spec = SpecMetrics() if self.proposer else None
+        self._next_seq += 1
+        return seq
+
+    def attach(self, seq: _Seq) -> None:
+        """Give the sequence a KV slot; its history is prefilled by :meth:`prefill`. A
+        sequence that already emitted tokens (resumed after preemption) re-prefills all
+        but its last token, which the next step feeds as usual: prefill and decode give
+        bit-identical logits, so a resumed sequence continues exactly as if never paused."""
+        self.kv.add_sequence(seq.seq_id)
+        if self.proposer:
+            self.proposer.add_sequence(seq.seq_id, seq.history)
+        seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
+
+    def detach(self, seq: _Seq) -> None:
+        """Free the sequence's KV pages (target and draft); safe to call twice."""
+        self.kv.remove_sequence(seq.seq_id)
+        if self.proposer:
+            self.proposer.remove_sequence(seq.seq_id)
+        seq.to_prefill = []
+
+    def prefill(self, seqs: list[_Seq], budget: int) -> list[_Seq]:
+        """Prefill the next chunks of these sequences in one forward, at most ``budget``
+        tokens in all (and at most the library's prefill chunk). A sequence whose prompt is
+        complete gets its first token. Returns the sequences that finished prefilling.
+        Raises KVCacheFull (nothing changed) when the pages are not there."""
+        budget = min(budget, self.model.prefill_chunk_size)
+        batch, chunks = [], []
+        for s in seqs:
+            if budget <= 0:
+                break
+            n = min(len(s.to_prefill), budget)
+            if n:
+                batch.append(s)
+                chunks.append(s.to_prefill[:n])
+                budget -= n
+        if not batch:
+            return []
+        t0 = time.perf_counter()
+        logits = self.model.prefill(self.kv, [s.seq_id for s in batch], chunks)
+        dt = time.perf_counter() - t0
+        total = sum(len(c) for c in chunks)
+        done = []
+        for row, (s, c) in enumerate(zip(batch, chunks)):
+            del s.to_prefill[: len(c)]
+            s.result.stats.prefill_tokens += len(c)
+            s.result.stats.prefill_seconds += dt * len(c) / total
+            if not s.to_prefill:
+                done.append(s)
+                if not s.result.token_ids:
+                    self._emit(s, [sample(logits[row], s.sampling, s.rng)])
+        self.totals.prefill_tokens += total
+        self.totals.prefill_seconds += dt
+        return done
+
+    def step(self, active: list[_Seq]) -> None:
+        """One batched decode (draft + verify) step for these prefilled, unfinished sequences."""
+        t0 = time.perf_counter()
+        before = sum(len(s.result.token_ids) for s in active)
+        self._step(active)
+        dt = time.perf_counter() - t0
+        for s in active:
+            s.result.stats.decode_seconds += dt
+        self.totals.decode_seconds += dt
+        self.totals.decode_tokens += sum(len(s.result.token_ids) for s in active) - before
 
     def _step(self, active: list[_Seq]) -> None:
         """One draft + verify step for every active sequence."""
@@ -292,8 +360,11 @@ class Engine:
         t0 = time.perf_counter()
         if k > 0:
             fw0 = getattr(self.proposer, "forwards", 0)
-            drafts = self.proposer.propose(ids, [s.history for s in active], [k] * b,
-                                           [s.sampling for s in active], [s.rng for s in active])
+            try:
+                drafts = self.proposer.propose(ids, [s.history for s in active], [k] * b,
+                                               [s.sampling for s in active], [s.rng for s in active])
+            except KVCacheFull:  # the draft model's cache is full: this step verifies no drafts
+                drafts = [Draft() for _ in active]
             if getattr(self.proposer, "last_catch_up", 0) <= 2:  # a long catch-up is not a draft step's cost
                 self.controller.observe_draft(getattr(self.proposer, "forwards", 0) - fw0, time.perf_counter() - t0)
         t1 = time.perf_counter()
@@ -318,16 +389,18 @@ class Engine:
                 self.kv.popn(s.seq_id, len(d) - len(verdict.path))
             else:
                 self.model.commit_tree(self.kv, s.seq_id, [0] + [n + 1 for n in verdict.path])
-            m = s.result.stats.spec
-            if m is not None:
+            if s.result.stats.spec is not None:
                 if len(d):
                     depths = _depths(d.parent_list())
-                    m.record_verify(depths, len(verdict.path), len(verdict.tokens))
                     self.controller.observe_acceptance(max(depths), len(verdict.path))
-                else:
-                    m.plain_steps += 1
-                m.draft_seconds += t1 - t0
-                m.verify_seconds += t2 - t1
+                # each sequence sees the whole step's time; the engine totals count it once
+                for m, share in ((s.result.stats.spec, 1.0), (self.totals.spec, 1.0 / b)):
+                    if len(d):
+                        m.record_verify(depths, len(verdict.path), len(verdict.tokens))
+                    else:
+                        m.plain_steps += 1
+                    m.draft_seconds += (t1 - t0) * share
+                    m.verify_seconds += (t2 - t1) * share
             s.result.stats.decode_tokens += self._emit(s, verdict.tokens)
             if self.proposer and not s.done:
                 self.proposer.accept(s.seq_id, s.history)
@@ -335,6 +408,7 @@ class Engine:
             rest = time.perf_counter() - t2
             for s in active:
                 s.result.stats.spec.other_seconds += rest
+            self.totals.spec.other_seconds += rest
 
     def _target_forward(self, active: list[_Seq], drafts: list[Draft], on_device: bool = False):
         """Logits [n, vocab] of [last] + drafts for every sequence (None if the KV cache is full)."""

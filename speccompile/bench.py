@@ -6,6 +6,7 @@ share of the bandwidth roofline (weight bytes read per token / bandwidth).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -216,3 +217,134 @@ def write_chart(report: dict, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------ a running server
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    arr = np.asarray(values)
+    return {"p50": float(np.percentile(arr, 50)), "p90": float(np.percentile(arr, 90)),
+            "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean())}
+
+
+def _stream_one(client, url: str, body: dict) -> dict:
+    """One streamed chat completion; times of the first and every later content chunk."""
+    t0 = time.perf_counter()
+    chunk_times, usage, finish = [], None, None
+    with client.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            return {"error": f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:200]}"}
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            if "error" in msg:
+                return {"error": msg["error"].get("message")}
+            if msg.get("usage"):
+                usage = msg["usage"]
+            for ch in msg.get("choices", []):
+                if ch["delta"].get("content"):
+                    chunk_times.append(time.perf_counter())
+                finish = ch.get("finish_reason") or finish
+    end = time.perf_counter()
+    tokens = usage["completion_tokens"] if usage else len(chunk_times)
+    out = {"tokens": tokens, "seconds": end - t0, "finish_reason": finish,
+           "ttft": chunk_times[0] - t0 if chunk_times else None,
+           "chunk_gaps": [b - a for a, b in itertools.pairwise(chunk_times)]}
+    if chunk_times and tokens > 1:
+        out["tpot"] = (chunk_times[-1] - chunk_times[0]) / (tokens - 1)
+    return out
+
+
+def _scrape(client, base: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get(base + "/metrics")
+    if r.status_code != 200:
+        return {}
+    return {s.name: s.value for fam in text_string_to_metric_families(r.text) for s in fam.samples if not s.labels}
+
+
+def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path | None = None, max_tokens: int = 128,
+                       limit: int | None = None, out_json: Path | None = None, api_key: str | None = None,
+                       model: str | None = None, compare: Path | None = None, quiet: bool = False) -> dict:
+    """Drive a running ``speccompile serve`` (or any OpenAI-compatible server) with the prompt
+    set at each concurrency level: greedy, ``ignore_eos`` so every request generates
+    ``max_tokens``. Reports output tokens/s, requests/s and percentiles of TTFT, of the gap
+    between streamed chunks (ITL; one chunk per engine step, which may carry several
+    tokens under speculation) and of per-request time per output token (TPOT). With the
+    server's /metrics, the draft/accepted token counts of each level are included.
+
+    Speculation on vs off: run it once against a server started with
+    ``--speculative-mode ngram`` (or small_draft) and once against one with ``disable``,
+    passing the first report as ``compare`` to the second run (or vice versa)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    base = endpoint.rstrip("/")
+    base = base.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    prompts = load_prompts(prompts_file or DEFAULT_PROMPTS)
+    if limit:
+        prompts = prompts[:limit]
+    with httpx.Client(headers=headers, timeout=600) as client:
+        try:
+            models = client.get(base + "/v1/models")
+        except httpx.TransportError as err:
+            raise ValueError(f"cannot reach {base}: {err}") from err
+        if models.status_code != 200:
+            raise ValueError(f"{base}/v1/models answered HTTP {models.status_code}: {models.text[:200]}")
+        model = model or models.json()["data"][0]["id"]
+        url = base + "/v1/chat/completions"
+
+        def body(p: dict) -> dict:
+            return {"model": model, "messages": [{"role": "user", "content": p["prompt"]}], "max_tokens": max_tokens,
+                    "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+        _stream_one(client, url, {**body(prompts[0]), "max_tokens": 8})  # warm up
+        levels = []
+        for c in concurrency:
+            before = _scrape(client, base)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                rows = list(pool.map(lambda p: _stream_one(client, url, body(p)), prompts))
+            wall = time.perf_counter() - t0
+            after = _scrape(client, base)
+            ok = [r for r in rows if "error" not in r]
+            tokens = sum(r["tokens"] for r in ok)
+            level = {"concurrency": c, "requests": len(rows), "errors": len(rows) - len(ok), "seconds": wall,
+                     "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
+                     "ttft_s": _percentiles([r["ttft"] for r in ok if r["ttft"] is not None]),
+                     "itl_s": _percentiles([g for r in ok for g in r["chunk_gaps"]]),
+                     "tpot_s": _percentiles([r["tpot"] for r in ok if "tpot" in r])}
+            drafted = after.get("speccompile_draft_tokens_total", 0) - before.get("speccompile_draft_tokens_total", 0)
+            if before:
+                accepted = (after.get("speccompile_accepted_tokens_total", 0)
+                            - before.get("speccompile_accepted_tokens_total", 0))
+                level.update({"draft_tokens": drafted, "accepted_tokens": accepted,
+                              "acceptance_rate": accepted / drafted if drafted else 0.0,
+                              "preemptions": after.get("speccompile_preemptions_total", 0)
+                              - before.get("speccompile_preemptions_total", 0)})
+            levels.append(level)
+            if not quiet:
+                print(f"concurrency {c:3d}: {level['output_tokens_per_s']:7.1f} tok/s, "
+                      f"TTFT p50 {level['ttft_s']['p50'] or 0:.3f}s p99 {level['ttft_s']['p99'] or 0:.3f}s, "
+                      f"ITL p50 {level['itl_s']['p50'] or 0:.4f}s p99 {level['itl_s']['p99'] or 0:.4f}s"
+                      + (f", {level['errors']} errors" if level["errors"] else ""), flush=True)
+    report = {"endpoint": base, "model": model, "settings": {"max_tokens": max_tokens, "num_prompts": len(prompts),
+              "prompts": str(prompts_file or DEFAULT_PROMPTS), "greedy": True, "ignore_eos": True},
+              "levels": levels}
+    if compare:
+        other = {lv["concurrency"]: lv for lv in json.loads(Path(compare).read_text())["levels"]}
+        report["compared_with"] = str(compare)
+        for lv in levels:
+            if lv["concurrency"] in other and other[lv["concurrency"]]["output_tokens_per_s"]:
+                lv["throughput_ratio"] = lv["output_tokens_per_s"] / other[lv["concurrency"]]["output_tokens_per_s"]
+                if not quiet:
+                    print(f"concurrency {lv['concurrency']:3d}: x{lv['throughput_ratio']:.2f} vs {compare}")
+    if out_json:
+        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_json).write_text(json.dumps(report, indent=1))
+    return report

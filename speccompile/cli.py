@@ -58,14 +58,23 @@ def gen_config_cmd(src, quantization, output, conv_template, context_window_size
 
 @main.command("compile")
 @click.argument("config", type=click.Path(path_type=Path))
-@click.option("--device", default="llvm", show_default=True)
-@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path))
-def compile_cmd(config: Path, device: str, output: Path) -> None:
-    """Compile a model config into a shared library for a device."""
+@click.option("--device", default="llvm", show_default=True,
+              help="llvm|cpu|cuda|opencl|android|metal|iphone|vulkan|auto (see speccompile/targets.py)")
+@click.option("--host", default=None, help="host LLVM triple, e.g. aarch64-linux-gnu (cross builds produce a .tar)")
+@click.option("--cuda-arch", "cuda_arch", default=None,
+              help="comma-separated sm_XX list for the embedded fatbin (default sm_75,sm_80,sm_86,sm_89,sm_90)")
+@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
+              help="LIB.so, or LIB.tar for metal/iphone/android and cross-compiled hosts")
+@click.option("--dump-source", type=click.Path(path_type=Path), default=None,
+              help="also write the generated GPU kernel source (CUDA, OpenCL C or Metal) to this file")
+def compile_cmd(config: Path, device: str, host: str | None, cuda_arch: str | None, output: Path,
+                dump_source: Path | None) -> None:
+    """Compile a model config into a library for a device."""
     from speccompile.compile import compile_model
 
+    archs = [a.strip() for a in cuda_arch.split(",") if a.strip()] if cuda_arch else None
     try:
-        compile_model(config, device, output)
+        compile_model(config, device, output, host=host, cuda_archs=archs, dump_source=dump_source)
     except USER_ERRORS as err:
         _fail(err)
 
@@ -198,6 +207,48 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, 
             click.echo(f"error: {err}", err=True)
 
 
+@main.command("serve")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--model-lib", required=True, type=click.Path(path_type=Path))
+@with_spec
+@click.option("--host", default="127.0.0.1", show_default=True, help="interface to bind (loopback unless told)")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--api-key", envvar="SPECCOMPILE_API_KEY", default=None,
+              help="require 'Authorization: Bearer KEY' on /v1 (or set SPECCOMPILE_API_KEY)")
+@click.option("--max-num-sequence", type=int, default=8, show_default=True, help="sequences decoded together")
+@click.option("--max-total-tokens", type=int, default=None,
+              help="KV cache capacity in tokens over all sequences (default: context window x sequences, <= 32768)")
+@click.option("--prefill-tokens-per-step", type=int, default=256, show_default=True,
+              help="prompt tokens prefilled between two decode steps while others decode")
+@click.option("--max-queue", type=int, default=1024, show_default=True, help="waiting requests before 429")
+@click.option("--served-model-name", default=None, help="model id clients send (default: MODEL_DIR's name)")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+def serve_cmd(model_dir, model_lib, speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max,
+              host, port, api_key, max_num_sequence, max_total_tokens, prefill_tokens_per_step, max_queue,
+              served_model_name, log_level):
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health, /metrics) with continuous batching and speculative decoding."""
+    try:
+        if not 1 <= port <= 65535:
+            raise ValueError("--port must be in 1..65535")
+        if max_num_sequence < 1:
+            raise ValueError("--max-num-sequence must be >= 1")
+        if max_total_tokens is not None and max_total_tokens < 16:
+            raise ValueError("--max-total-tokens must be >= 16 (one KV page)")
+        if prefill_tokens_per_step < 1 or max_queue < 1:
+            raise ValueError("--prefill-tokens-per-step and --max-queue must be >= 1")
+        spec = _spec(speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max)
+        engine = _engine(model_dir, model_lib, {**spec, "max_num_sequence": max_num_sequence,
+                                                "max_total_seq_len": max_total_tokens})
+    except USER_ERRORS as err:
+        _fail(err)
+    from speccompile.serve import run_server
+
+    run_server(engine, host, port, api_key, max_num_sequence, prefill_tokens_per_step, max_queue,
+               served_model_name, log_level)
+
+
 @main.command("bench")
 @click.argument("model_dir", type=click.Path(path_type=Path), required=False)
 @click.option("--model-lib", type=click.Path(path_type=Path))
@@ -210,12 +261,30 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, 
 @click.option("--category", "categories", multiple=True, help="only these prompt categories (repeatable)")
 @click.option("--per-category", type=int, default=None, help="at most N prompts of each category")
 @with_spec
+@click.option("--endpoint", default=None, help="drive a running server at this URL instead of loading a model")
+@click.option("--concurrency", default="1,4,8,16", show_default=True, help="with --endpoint: comma-separated levels")
+@click.option("--api-key", envvar="SPECCOMPILE_API_KEY", default=None, help="with --endpoint")
+@click.option("--compare", type=click.Path(path_type=Path), default=None,
+              help="with --endpoint: an earlier report (e.g. speculation off) to print throughput ratios against")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              per_category, speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max):
+              per_category, speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max, endpoint,
+              concurrency, api_key, compare):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
-    --speculative-mode is given) and the share of the bandwidth roofline."""
-    from speccompile.bench import run_bench
+    --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
+    drive a running server at several concurrency levels instead (throughput, TTFT/ITL
+    percentiles); run it against a speculative and a plain server to compare them."""
+    from speccompile.bench import run_bench, run_endpoint_bench
 
+    if endpoint:
+        try:
+            levels = [int(c) for c in concurrency.split(",") if c.strip()]
+            if not levels or min(levels) < 1:
+                raise ValueError("--concurrency takes positive integers, e.g. 1,4,8,16")
+            run_endpoint_bench(endpoint, levels, prompts, max_tokens, num_prompts, out_json, api_key,
+                               compare=compare)
+        except USER_ERRORS as err:
+            _fail(err)
+        return
     try:
         if model_name:
             from speccompile.fetch import prepare

@@ -1,0 +1,165 @@
+"""Request schemas and the error format of the OpenAI-compatible API.
+
+Bodies are validated in pydantic *strict* JSON mode: ``"max_tokens": "5"`` or
+``"stream": 1`` is a 400, not a silent coercion, because a client that sends the wrong
+type has a bug it should hear about. Unknown fields are ignored (clients and UIs send
+many optional OpenAI fields); known fields the engine cannot honour with their
+non-default value (``n > 1``, penalties, logprobs, echo, ...) are refused with a 400
+naming the field rather than quietly ignored.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# below this temperature the distribution is a numerical argmax; sampling it would
+# overflow exp(logits / T), so it is decoded greedily (vLLM uses the same epsilon)
+GREEDY_EPS = 1e-5
+
+
+class APIError(Exception):
+    """An error to return in the OpenAI schema."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+def validation_error(err: ValidationError) -> APIError:
+    """The first pydantic error as a 400 naming its field (dotted path)."""
+    first = err.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {first.get('msg')}", code="invalid_json")
+    if first.get("type") == "model_type" and not loc:
+        return APIError(400, "the request body must be a JSON object", code="invalid_json")
+    where = f"'{loc}': " if loc else ""
+    return APIError(400, f"{where}{first.get('msg')}", param=loc or None, code="invalid_value")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class _Common(_Strict):
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="0 or -1: no top-k cut (vLLM convention)")
+    seed: int | None = None
+    stop: str | list[str] | None = Field(None)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    user: str | None = None
+    ignore_eos: bool = False
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if len(stops) > 4:
+            raise APIError(400, "'stop' takes at most 4 sequences", param="stop", code="invalid_value")
+        return [s for s in stops if s]
+
+    def check_supported(self) -> None:
+        if self.n not in (None, 1):
+            raise APIError(400, "only n = 1 is supported", param="n", code="unsupported_value")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise APIError(400, f"'{name}' is not supported (only 0)", param=name, code="unsupported_value")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options",
+                           code="invalid_value")
+
+    def sampling_values(self, defaults: dict) -> dict:
+        """temperature/top_p/top_k/seed with the model's defaults filled in."""
+        t = self.temperature if self.temperature is not None else float(defaults.get("temperature", 1.0))
+        top_k = self.top_k if self.top_k is not None else int(defaults.get("top_k", 0))
+        return {"temperature": 0.0 if t < GREEDY_EPS else t,
+                "top_p": self.top_p if self.top_p is not None else float(defaults.get("top_p", 1.0)),
+                "top_k": max(0, top_k),
+                "seed": None if self.seed is None else self.seed % (1 << 64)}
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs or self.top_logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise APIError(400, "'echo' is not supported", param="echo", code="unsupported_value")
+        if self.suffix:
+            raise APIError(400, "'suffix' is not supported", param="suffix", code="unsupported_value")
+        if self.logprobs is not None:
+            raise APIError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
+        if self.best_of not in (None, 1):
+            raise APIError(400, "only best_of = 1 is supported", param="best_of", code="unsupported_value")
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) > 1:
+            raise APIError(400, "one prompt per request is supported", param="prompt", code="unsupported_value")
+
+    def token_limit(self) -> int | None:
+        # the legacy endpoint's documented default is 16 tokens
+        return self.max_tokens if self.max_tokens is not None else 16
