@@ -20,6 +20,17 @@ from tvm.script import tirx as T
 PAGE = 16
 
 
+def scratch_scope() -> str:
+    """Storage scope of per-thread scratch: registers on GPUs ("local"); on the CPU a
+    "local" buffer is a heap workspace call per task while a "global" one declared inside
+    the parallel body is a stack alloca that LLVM keeps in registers. Kernels are built
+    while the model is exported, under the compile target."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    return "global" if target is None or target.kind.name == "llvm" else "local"
+
+
 def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half)."""
     half = head_dim // 2
@@ -73,6 +84,7 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
     extra[t, 0:extra_len[t]]: further absolute slots (tree ancestors, then the node itself).
     """
     group = num_heads // num_kv
+    scratch = scratch_scope()
     lanes = 16 if head_dim % 16 == 0 else 8
     chunks = head_dim // lanes
     scale = 1.0 / math.sqrt(head_dim)
@@ -95,9 +107,9 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
         extra_len = T.match_buffer(var_extra_len, (n,), "int32")
         out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
         for th in T.parallel(n * num_heads):
-            acc = T.decl_buffer((lanes,), "float32", scope="local")
-            o = T.decl_buffer((head_dim,), "float32", scope="local")
-            st = T.decl_buffer((5,), "float32", scope="local")  # m, denom, s, rescale, p
+            acc = T.decl_buffer((lanes,), "float32", scope=scratch)
+            o = T.decl_buffer((head_dim,), "float32", scope=scratch)
+            st = T.decl_buffer((5,), "float32", scope=scratch)  # m, denom, s, rescale, p
             for i in T.vectorized(head_dim):
                 o[i] = T.float32(0)
             st[0] = T.float32(-3.0e38)

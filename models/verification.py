@@ -17,9 +17,9 @@ from tvm.script import tirx as T
 
 
 @T.macro
-def _walk(s, indptr, parents, tokens, best, out):
+def _walk(s, indptr, parents, tokens, best, out, scratch):
     """Sequence s: from its root row, follow the child whose token is its parent's argmax."""
-    st = T.decl_buffer((3,), "int32", scope="local")  # current row, accepted, still walking
+    st = T.decl_buffer((3,), "int32", scope=scratch)  # current row, accepted, still walking
     st[0] = indptr[s]
     st[1] = 0
     st[2] = 1
@@ -50,8 +50,8 @@ def greedy_verify(vocab: int):
         out = T.match_buffer(var_out, (b1, n + 2), "int32")
         best = T.decl_buffer((n,), "int32")
         for i in T.parallel(n):
-            top = T.decl_buffer((1,), "float32", scope="local")
-            arg = T.decl_buffer((1,), "int32", scope="local")
+            top = T.decl_buffer((1,), "float32", scope="global")  # stack scratch on the CPU
+            arg = T.decl_buffer((1,), "int32", scope="global")
             top[0] = logits[i, 0]
             arg[0] = 0
             for v in range(1, vocab):
@@ -60,7 +60,7 @@ def greedy_verify(vocab: int):
                     arg[0] = v
             best[i] = arg[0]
         for s in range(b1 - 1):
-            _walk(s, indptr, parents, tokens, best, out)
+            _walk(s, indptr, parents, tokens, best, out, "global")
 
     return kernel
 
@@ -122,6 +122,6 @@ def greedy_verify_gpu(vocab: int):
         for sb in T.thread_binding((b1 + 63) // 64, thread="blockIdx.x"):
             for st_x in T.thread_binding(64, thread="threadIdx.x"):
                 if sb * 64 + st_x < b1 - 1:
-                    _walk(sb * 64 + st_x, indptr, parents, tokens, best, out)
+                    _walk(sb * 64 + st_x, indptr, parents, tokens, best, out, "local")
 
     return kernel

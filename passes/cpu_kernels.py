@@ -19,6 +19,10 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 TILE = 16  # output rows per q4 tile (one 512-bit vector of fp32)
+# Per-task scratch (accumulators): "local" buffers become TVMBackendAllocWorkspace heap calls
+# on the CPU, once per task, and their values then live in memory; "global" ones inside a
+# parallel body become stack allocas that LLVM keeps in registers (2x on the q4 kernels).
+STACK = "global"
 MAGIC = 8388608.0 + 7.0  # 2^23 + the q4 zero point
 
 
@@ -59,8 +63,8 @@ def dense_matmul(n: int, k: int, dtype: str):
         y = T.match_buffer(var_y, (m_dim, n), dtype)
         for j in T.parallel(n):
             for m in range(m_dim):
-                acc = T.decl_buffer((lanes,), "float32", scope="local")
-                tot = T.decl_buffer((1,), "float32", scope="local")
+                acc = T.decl_buffer((lanes,), "float32", scope=STACK)
+                tot = T.decl_buffer((1,), "float32", scope=STACK)
                 for l in T.vectorized(lanes):
                     acc[l] = T.float32(0)
                 for c in range(kc):
@@ -124,7 +128,7 @@ def dense_matmul_tiled(n: int, k: int, dtype: str):
         wf = T.decl_buffer((n * k,), dtype, data=w.data)
         for t in T.parallel(n // L):
             for m in range(m_dim):
-                acc = T.decl_buffer((L,), "float32", scope="local")
+                acc = T.decl_buffer((L,), "float32", scope=STACK)
                 for l in T.vectorized(L):
                     acc[l] = T.float32(0)
                 for g in range(groups):
@@ -163,7 +167,7 @@ def q4_matmul_tiled(n: int, k: int, dtype: str):
 
     @T.macro
     def rows(wf, sf, x, y, t, base, mb):
-        acc = T.decl_buffer((mb, L), "float32", scope="local")
+        acc = T.decl_buffer((mb, L), "float32", scope=STACK)
         for mi in T.unroll(mb):
             for l in T.vectorized(L):
                 acc[mi, l] = T.float32(0)
@@ -246,8 +250,8 @@ def q4_matmul_vnni(n: int, k: int, dtype: str):
 
     @T.macro
     def rows(wf, sf, xp, xs, y, t, base, mb):
-        acc = T.decl_buffer((mb, L), "float32", scope="local")
-        dot = T.decl_buffer((mb, L), "int32", scope="local")
+        acc = T.decl_buffer((mb, L), "float32", scope=STACK)
+        dot = T.decl_buffer((mb, L), "int32", scope=STACK)
         for mi in T.unroll(mb):
             for l in T.vectorized(L):
                 acc[mi, l] = T.float32(0)
@@ -291,8 +295,8 @@ def q4_matmul_vnni(n: int, k: int, dtype: str):
         xp = T.decl_buffer((m_dim, kw, 2), "int32")
         xs = T.decl_buffer((m_dim, groups, 2), "float32")
         for mg in T.parallel(m_dim * groups):  # phase 1: quantize x, one 32-group per task
-            qv = T.decl_buffer((32,), "int32", scope="local")
-            st = T.decl_buffer((3,), "float32", scope="local")  # amax, 127 / amax, sum(xq)
+            qv = T.decl_buffer((32,), "int32", scope=STACK)
+            st = T.decl_buffer((3,), "float32", scope=STACK)  # amax, 127 / amax, sum(xq)
             st[0] = T.float32(0)
             for i in range(32):
                 st[0] = T.max(st[0], T.abs(T.Cast("float32", x[mg // groups, (mg % groups) * 32 + i])))
