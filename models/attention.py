@@ -129,9 +129,14 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
                 for l in range(lanes):
                     st[2] = st[2] + acc[l]
                 st[2] = st[2] * T.float32(scale)
-                st[3] = T.exp(st[0] - T.max(st[0], st[2]))
-                st[4] = T.exp(st[2] - T.max(st[0], st[2]))
-                st[0] = T.max(st[0], st[2])
+                # rescale = exp(m - max), p = exp(s - max): one of the two is exp(0) = 1
+                if st[2] > st[0]:
+                    st[3] = T.exp(st[0] - st[2])
+                    st[4] = T.float32(1)
+                    st[0] = st[2]
+                else:
+                    st[3] = T.float32(1)
+                    st[4] = T.exp(st[2] - st[0])
                 st[1] = st[1] * st[3] + st[4]
                 for i in T.vectorized(head_dim):
                     o[i] = o[i] * st[3] + st[4] * T.Cast("float32", kv[layer, 1, s, (th % num_heads) // group, i])

@@ -13,6 +13,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from . import attention as A
+from .sampling_kernels import sampling_probs, verify_sampling
 from .verification import greedy_verify
 from .config import LlamaConfig
 from .quantization import QEmbedding, QLinear, Quantization
@@ -71,16 +72,20 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, quant: Quantization):
+    """One Llama block. ``input_norm=False`` drops the input RMSNorm: an EAGLE head's first
+    layer reads the ``fc`` projection directly (models/eagle.py), as SafeAILab trained it."""
+
+    def __init__(self, cfg: LlamaConfig, quant: Quantization, input_norm: bool = True):
         super().__init__()
         dtype = quant.model_dtype
         self.self_attn = Attention(cfg, quant)
         self.mlp = MLP(cfg, quant)
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
+        self.input_layernorm = (nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
+                                if input_norm else None)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
 
     def forward(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], layer_id: int) -> tuple[Tensor, Tensor]:
-        a, kv = self.self_attn(self.input_layernorm(x), kv, meta, layer_id)
+        a, kv = self.self_attn(x if self.input_layernorm is None else self.input_layernorm(x), kv, meta, layer_id)
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -162,6 +167,20 @@ class LlamaForCausalLM(nn.Module):
         return op.tensor_ir_op(greedy_verify(self.cfg.vocab_size), "greedy_verify",
                                [logits, tokens, parents, seq_indptr], Tensor.placeholder((b1, n + 2), "int32"))
 
+    def sampling_probs(self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+        # logits: [n, vocab]; temperature, top_p: [n] f32; top_k: [n] i32 -> probs [n, vocab]
+        return op.tensor_ir_op(sampling_probs(self.cfg.vocab_size), "sampling_probs",
+                               [logits, temperature, top_k, top_p], Tensor.placeholder(logits.shape, "float32"))
+
+    def verify_sampling(self, p: Tensor, q: Tensor, one_hot: Tensor, tokens: Tensor, parents: Tensor,
+                        seq_indptr: Tensor, uniforms: Tensor) -> Tensor:
+        # p: [n, vocab]; q: [nq, vocab] (nq = n, or 1 if all one-hot); one_hot, tokens, parents: [n];
+        # seq_indptr: [b + 1]; uniforms: [n + b] -> [b + 1, n + 2]
+        n, b1 = p.shape[0], seq_indptr.shape[0]
+        return op.tensor_ir_op(verify_sampling(self.cfg.vocab_size), "verify_sampling",
+                               [p, q, one_hot, tokens, parents, seq_indptr, uniforms],
+                               Tensor.placeholder((b1, n + 2), "int32"))
+
     @staticmethod
     def _meta(*values: Tensor) -> dict[str, Tensor]:
         return dict(zip(META_SPEC, values))
@@ -185,6 +204,16 @@ class LlamaForCausalLM(nn.Module):
                               "tokens": nn.spec.Tensor(["n"], "int32"), "parents": nn.spec.Tensor(["n"], "int32"),
                               "seq_indptr": nn.spec.Tensor(["b1"], "int32"),
                               "$": {"param_mode": "none", "effect_mode": "none"}},
+            "sampling_probs": {"logits": nn.spec.Tensor(["n", self.cfg.vocab_size], "float32"),
+                               "temperature": nn.spec.Tensor(["n"], "float32"), "top_k": nn.spec.Tensor(["n"], "int32"),
+                               "top_p": nn.spec.Tensor(["n"], "float32"),
+                               "$": {"param_mode": "none", "effect_mode": "none"}},
+            "verify_sampling": {"p": nn.spec.Tensor(["n", self.cfg.vocab_size], "float32"),
+                                "q": nn.spec.Tensor(["nq", self.cfg.vocab_size], "float32"),
+                                "one_hot": nn.spec.Tensor(["n"], "int32"), "tokens": nn.spec.Tensor(["n"], "int32"),
+                                "parents": nn.spec.Tensor(["n"], "int32"), "seq_indptr": nn.spec.Tensor(["b1"], "int32"),
+                                "uniforms": nn.spec.Tensor(["nu"], "float32"),
+                                "$": {"param_mode": "none", "effect_mode": "none"}},
             "copy_kv_slots": {"kv": kv, "src": nn.spec.Tensor(["c"], "int32"), "dst": nn.spec.Tensor(["c"], "int32"),
                               "$": {"param_mode": "none", "effect_mode": "none"}},
         }

@@ -2,7 +2,9 @@
 
 The GPU twin of DispatchCPUKernels: the tagged TE matmuls (``matmul``, ``q4_matmul``)
 become the batch-invariant GEMV kernels of ``gpu_kernels.py``, and the greedy
-verification kernel becomes its thread-parallel version (models/verification.py). The
+verification kernel becomes its thread-parallel version (models/verification.py), and
+``sampling_probs`` its block-per-row version (models/sampling_kernels.py; the
+rejection-sampling walk, serial per sequence, is bound by BindGPUThreads). The
 embedding gathers (``take``, ``q4_take``) are plain injective functions that dlight's
 fallback rule schedules well, so they are left alone.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from speccompile.models.sampling_kernels import sampling_probs_gpu
 from speccompile.models.verification import greedy_verify_gpu
 
 from . import gpu_kernels as K
@@ -27,6 +30,8 @@ def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return K.q4_gemv(n, kw * 8, _dtype(func, 2))
     if kind == "greedy_verify":
         return greedy_verify_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
+    if kind == "sampling_probs":
+        return sampling_probs_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
     return None
 
 

@@ -6,6 +6,7 @@ compiler, so applications can embed it. The library's ``_metadata`` is checked a
 """
 from __future__ import annotations
 
+import gc
 import json
 import tarfile
 from pathlib import Path
@@ -21,7 +22,8 @@ from .tensor_cache import TensorCacheError, load_params, read_index
 
 
 ENTRY_POINTS = ("embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
-                "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots", "verify_greedy")
+                "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots", "verify_greedy",
+                "sampling_probs", "verify_sampling")
 
 
 class ModelLoadError(ValueError):
@@ -128,6 +130,8 @@ def check_compatible(meta: dict, index: dict, model_dir: Path, lib_path: Path) -
 class Model:
     """Entry points of one compiled model, bound to its parameters."""
 
+    entry_points = ENTRY_POINTS  # a draft head's loader (runtime/eagle.py, medusa.py) lists its own
+
     def __init__(self, model_dir: Path, lib_path: Path, device: str = "auto", verify_md5: bool = True):
         self.model_dir, self.lib_path = Path(model_dir), Path(lib_path)
         index = read_index(self.model_dir)
@@ -151,12 +155,16 @@ class Model:
         self.context_window_size = int(self.meta["context_window_size"])
         self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])
         self._fn = {}
-        for name in ENTRY_POINTS:
+        for name in self.entry_points:
             try:
                 self._fn[name] = self.vm[name]
             except AttributeError as err:
                 raise ModelLoadError(f"{lib_path} lacks the entry point {name!r}: it was built by an older "
                                      "speccompile; recompile it with `speccompile compile`") from err
+        # Each decode step makes short-lived Python objects; without this, the cyclic GC keeps
+        # re-traversing everything loaded so far (7% of a 1.5B decode step was gc_collect_main).
+        gc.collect()
+        gc.freeze()
 
     # ---------------------------------------------------------------- helpers
     def create_kv_cache(self, max_total_tokens: int) -> PagedKV:
@@ -214,6 +222,26 @@ class Model:
             batch = kv.plan_tree(seq_ids, tree_parents)
         return self._run("verify", flat, kv, batch, on_device=on_device)
 
+    def forward_hidden(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
+                       tree_parents: list[list[int]] | None = None):
+        """As :meth:`prefill`/:meth:`verify` but returning the final-normed hidden states of
+        every token on device [n, hidden] (draft heads read them); :meth:`get_logits` turns
+        them into the very logits the fused entry points give. Chains are appended, trees
+        planned as in :meth:`verify`."""
+        flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
+        self.check_token_ids(flat)
+        if tree_parents is None:
+            batch = kv.plan_chain(seq_ids, [len(t) for t in token_lists])
+        else:
+            batch = kv.plan_tree(seq_ids, tree_parents)
+        return self._run("verify_to_last_hidden_states", flat, kv, batch, on_device=True)
+
+    def get_logits(self, hidden):
+        """Device hidden states [n, hidden] (device tensor or numpy) -> device logits [n, vocab]."""
+        if isinstance(hidden, np.ndarray):
+            hidden = to_device(np.ascontiguousarray(hidden, self.dtype), self.device)
+        return self._fn["get_logits"](hidden, self.params)
+
     def greedy_verify(self, logits, token_lists: list[list[int]],
                       parents: list[list[int]]) -> list[tuple[list[int], int]]:
         """The library's greedy verification kernel on device logits [n, vocab].
@@ -226,6 +254,50 @@ class Model:
         out = self._fn["verify_greedy"](logits, to_device(tokens, self.device), to_device(par, self.device),
                                         to_device(indptr, self.device)).numpy()
         return [(out[i, 2: 2 + out[i, 0]].tolist(), int(out[i, 1])) for i in range(len(token_lists))]
+
+    def sampling_probs(self, logits, temps, top_ks, top_ps):
+        """The library's sampling kernel: device logits [n, vocab] -> device probs [n, vocab].
+
+        temps, top_ks, top_ps: one value per row (repeat a sequence's parameters over its
+        rows). Temperature/top-k/top-p as ``probs_from_logits``; temperature 0 gives the
+        one-hot of the argmax. Apply it to target and draft logits alike."""
+        n = len(temps)
+        return self._fn["sampling_probs"](logits, to_device(np.asarray(temps, np.float32).reshape(n), self.device),
+                                          to_device(np.asarray(top_ks, np.int32).reshape(n), self.device),
+                                          to_device(np.asarray(top_ps, np.float32).reshape(n), self.device))
+
+    def verify_sampling(self, p, q, one_hot, token_lists: list[list[int]], parents: list[list[int]],
+                        uniforms: list) -> list[tuple[list[int], int]]:
+        """The library's rejection-sampling kernel on device target probs p [n, vocab].
+
+        q: the draft distribution of each row [n, vocab] (device or numpy; row 0 of each
+        sequence unused), or None when every draft is one-hot. one_hot[i]: per sequence, a
+        bool for all its rows or a list of per-row flags (q is the one-hot of the row's
+        token). token_lists, parents: as :meth:`greedy_verify`. uniforms[i]: [k_i + 1] in
+        [0, 1), as runtime/verify.py's ``uniforms`` (node j's accept test, then the bonus).
+        Returns (accepted draft nodes, final sampled token) per sequence."""
+        sizes = [len(t) for t in token_lists]
+        n, b = sum(sizes), len(token_lists)
+        tokens = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
+        par = np.concatenate([np.asarray(x, np.int32) for x in parents])
+        indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+        flags = np.concatenate([np.broadcast_to(np.asarray(f if q is not None else True, np.int32), (rows,))
+                                for f, rows in zip(one_hot if one_hot is not None else [True] * b, sizes)])
+        flat_u = np.zeros(n + b, np.float32)
+        for i, (u, start) in enumerate(zip(uniforms, indptr[:-1])):
+            u = np.asarray(u, np.float32)
+            if len(u) != sizes[i]:
+                raise ValueError(f"sequence {i}: {len(u)} uniforms for {sizes[i] - 1} drafts, expected {sizes[i]}")
+            flat_u[start + 1: start + sizes[i]] = u[:-1]
+            flat_u[n + i] = u[-1]
+        flat_u = np.minimum(flat_u, np.float32(1 - 2 ** -24))  # a float64 draw may round up to 1 in float32
+        if q is None:
+            q = np.zeros((1, self.vocab_size), np.float32)
+        if isinstance(q, np.ndarray):
+            q = to_device(np.ascontiguousarray(q, np.float32), self.device)
+        dev = [to_device(a, self.device) for a in (flags, tokens, par, indptr, flat_u)]
+        out = self._fn["verify_sampling"](p, q, *dev).numpy()
+        return [(out[i, 2: 2 + out[i, 0]].tolist(), int(out[i, 1])) for i in range(b)]
 
     def commit_tree(self, kv: PagedKV, seq_id: int, path: list[int]) -> None:
         src, dst = kv.tree_commit_moves(seq_id, path)

@@ -14,6 +14,11 @@ prediction after draft node j (the order ``[last] + drafts`` is verified in).
   drawn from the final p. A deterministic draft (n-gram, greedy draft model) has a
   one-hot q. Either way the emitted tokens follow the target's distribution exactly.
   ``probs_from_logits`` applies temperature/top-k/top-p identically to target and draft.
+
+The random numbers may also be given (``uniforms``), one per draft node for its accept
+test and one for the bonus, which is drawn by inverse CDF exactly as ``Generator.choice``
+does with one uniform. The law is the same; this is how the library's TensorIR kernel
+(models/sampling_kernels.py) and this reference are compared on the same draws.
 """
 from __future__ import annotations
 
@@ -47,8 +52,12 @@ class Verdict:
     tokens: list[int]  # emitted tokens: accepted drafts then the bonus token
 
 
-def verify(logits: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.random.Generator) -> Verdict:
-    """logits: [k + 1, vocab] target logits for [last] + draft nodes."""
+def verify(logits: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.random.Generator,
+           uniforms: np.ndarray | None = None) -> Verdict:
+    """logits: [k + 1, vocab] target logits for [last] + draft nodes.
+
+    uniforms: [k + 1] in [0, 1) replacing ``rng`` when given: uniforms[j] for the accept
+    test of draft node j, uniforms[k] for the bonus token."""
     parents = draft.parent_list()
     children: dict[int, list[int]] = {}
     for j, p in enumerate(parents):
@@ -69,7 +78,7 @@ def verify(logits: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.r
         for c in children.get(node, []):
             x = draft.tokens[c]
             q = _draft_probs(draft, c, p.shape[-1])
-            if q[x] > 0 and rng.random() < min(1.0, p[x] / q[x]):
+            if q[x] > 0 and _uniform(rng, uniforms, c) < min(1.0, p[x] / q[x]):
                 accepted = c
                 break
             p = np.maximum(p - q, 0.0)
@@ -79,10 +88,18 @@ def verify(logits: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.r
                 break
             p = p / total
         if accepted is None:
-            bonus = int(rng.choice(p.shape[-1], p=p))
+            if uniforms is None:
+                bonus = int(rng.choice(p.shape[-1], p=p))
+            else:  # Generator.choice's own rule: the first index whose normalized CDF exceeds u
+                cdf = np.cumsum(p)
+                bonus = int(np.searchsorted(cdf / cdf[-1], float(uniforms[len(draft)]), side="right"))
             return Verdict(path, [draft.tokens[j] for j in path] + [bonus])
         path.append(accepted)
         node = accepted
+
+
+def _uniform(rng: np.random.Generator, uniforms: np.ndarray | None, index: int) -> float:
+    return rng.random() if uniforms is None else float(uniforms[index])
 
 
 def _draft_probs(draft: Draft, node: int, vocab: int) -> np.ndarray:
