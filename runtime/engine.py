@@ -27,13 +27,14 @@ from .adaptive import DraftLengthController
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics
 from .model import Model
-from .proposers import NGramProposer, Proposer, SmallDraftProposer
+from .proposers import NGramProposer, Proposer, SmallDraftProposer, load_head
 from .sampling import SamplingParams, sample
 from .tokenizer import StreamDecoder, load_tokenizer, render_chat
 from .verify import Draft, Verdict, verify
 
 CONFIG_NAME = "speccompile-config.json"
-SPECULATIVE_MODES = ("disable", "small_draft", "ngram")
+SPECULATIVE_MODES = ("disable", "small_draft", "ngram", "eagle", "medusa")
+HEAD_MODES = ("eagle", "medusa")  # drafting heads that read the target's hidden states
 
 
 class GenerationError(ValueError):
@@ -124,11 +125,11 @@ def check_draft_compatible(target_dir: Path, draft_dir: Path) -> None:
 class Engine:
     """Greedy/sampled generation, plain or speculative, for one or many sequences."""
 
-    def __init__(self, model_dir: str | Path, model_lib: str | Path, device: str = "cpu",
+    def __init__(self, model_dir: str | Path, model_lib: str | Path, device: str = "auto",
                  speculative_mode: str = "disable", additional_models: list[tuple[str, str]] | None = None,
                  spec_draft_length: int = 0, ngram_min: int = 1, ngram_max: int = 4,
                  max_total_seq_len: int | None = None, max_num_sequence: int = 4,
-                 max_batch_tokens: int | None = None):
+                 max_batch_tokens: int | None = None, spec_tree_width: int = 1, spec_tree_nodes: int = 64):
         # ---- validate everything cheap before loading anything
         if speculative_mode not in SPECULATIVE_MODES:
             raise GenerationError(f"unknown --speculative-mode {speculative_mode!r}; choose {', '.join(SPECULATIVE_MODES)}")
@@ -138,6 +139,13 @@ class Engine:
             if not additional_models:
                 raise GenerationError("--speculative-mode small_draft needs the draft: --additional-models DRAFT_DIR,DRAFT_LIB")
             check_draft_compatible(Path(model_dir), Path(additional_models[0][0]))
+        if speculative_mode in HEAD_MODES and not additional_models:
+            raise GenerationError(f"--speculative-mode {speculative_mode} needs its head: "
+                                  "--additional-models HEAD_DIR,HEAD_LIB")
+        if (spec_tree_width != 1 or spec_tree_nodes != 64) and speculative_mode not in HEAD_MODES:
+            raise GenerationError("--spec-tree-width/--spec-tree-nodes apply to --speculative-mode eagle or medusa")
+        if spec_tree_width < 1 or not 1 <= spec_tree_nodes <= 256:
+            raise GenerationError("--spec-tree-width must be >= 1 and --spec-tree-nodes in 1..256")
         self.model_dir = Path(model_dir)
         self.config = read_model_config(self.model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -166,10 +174,32 @@ class Engine:
             if draft.vocab_size != self.model.vocab_size:
                 raise GenerationError("draft and target vocab sizes differ")
             self.proposer = SmallDraftProposer(draft, total)
+        elif speculative_mode == "eagle":
+            from .eagle import EagleHeadModel, EagleProposer, head_kv_tokens
+
+            head = self._load_head(EagleHeadModel, additional_models[0], device)
+            self.proposer = EagleProposer(head, self.model, head_kv_tokens(total, max_num_sequence, spec_tree_width,
+                                                                           max(spec_draft_length, 8)),
+                                          spec_tree_width, spec_tree_nodes)
+        elif speculative_mode == "medusa":
+            from .medusa import MedusaHeadsModel, MedusaProposer
+
+            head = self._load_head(MedusaHeadsModel, additional_models[0], device)
+            self.proposer = MedusaProposer(head, spec_tree_width, spec_tree_nodes)
         self.set_draft_length(spec_draft_length)
         self._next_seq = 0
         # totals over every step this engine ran (the server exports them as metrics)
         self.totals = Stats(spec=SpecMetrics())
+
+    def _load_head(self, cls, paths: tuple[str, str], device: str):
+        try:
+            return load_head(cls, self.speculative_mode, Path(paths[0]), Path(paths[1]), self.model, device)
+        except ValueError as err:
+            raise GenerationError(str(err)) from err
+
+    @property
+    def _wants_hidden(self) -> bool:
+        return self.proposer is not None and self.proposer.needs_hidden_states
 
     def set_draft_length(self, k: int) -> None:
         """Fix the draft length (k > 0) or make it adaptive (k = 0); resets the estimates."""
@@ -320,7 +350,15 @@ class Engine:
         if not batch:
             return []
         t0 = time.perf_counter()
-        logits = self.model.prefill(self.kv, [s.seq_id for s in batch], chunks)
+        if self._wants_hidden:  # the head needs every prompt token's feature, not only logits
+            starts = [self.kv.length(s.seq_id) for s in batch]
+            hidden = self.model.forward_hidden(self.kv, [s.seq_id for s in batch], chunks).numpy()
+            ends = np.cumsum([len(c) for c in chunks])
+            logits = self.model.get_logits(hidden[ends - 1]).numpy()
+            for s, st, end, c in zip(batch, starts, ends, chunks):
+                self.proposer.observe_hidden(s.seq_id, st, hidden[end - len(c): end])
+        else:
+            logits = self.model.prefill(self.kv, [s.seq_id for s in batch], chunks)
         dt = time.perf_counter() - t0
         total = sum(len(c) for c in chunks)
         done = []
@@ -362,17 +400,21 @@ class Engine:
             fw0 = getattr(self.proposer, "forwards", 0)
             try:
                 drafts = self.proposer.propose(ids, [s.history for s in active], [k] * b,
-                                               [s.sampling for s in active], [s.rng for s in active])
+                                               [s.sampling for s in active], [s.rng for s in active],
+                                               node_limit=limit)
             except KVCacheFull:  # the draft model's cache is full: this step verifies no drafts
                 drafts = [Draft() for _ in active]
+            draft_forwards = getattr(self.proposer, "forwards", 0) - fw0
             if getattr(self.proposer, "last_catch_up", 0) <= 2:  # a long catch-up is not a draft step's cost
-                self.controller.observe_draft(getattr(self.proposer, "forwards", 0) - fw0, time.perf_counter() - t0)
+                self.controller.observe_draft(draft_forwards, time.perf_counter() - t0)
+        else:
+            draft_forwards = 0
         t1 = time.perf_counter()
         greedy = all(s.sampling.greedy for s in active)
-        logits = self._target_forward(active, drafts, on_device=greedy)
+        logits, hidden = self._target_forward(active, drafts, on_device=greedy)
         if logits is None:  # the KV cache could not hold the drafts: verify none of them
             drafts = [Draft() for _ in active]
-            logits = self._target_forward(active, drafts, on_device=greedy)
+            logits, hidden = self._target_forward(active, drafts, on_device=greedy)
         if greedy:  # the library's TensorIR kernel: argmax and tree walk on device
             kernel = self.model.greedy_verify(logits, [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)],
                                               [d.verify_parents() for d in drafts])
@@ -383,12 +425,19 @@ class Engine:
                 verdicts.append(verify(logits[offset: offset + len(d) + 1], d, s.sampling, s.rng))
                 offset += len(d) + 1
         t2 = time.perf_counter()
-        self.controller.observe_verify(b, max(len(d) for d in drafts), t2 - t1)
+        # verify cost is keyed by draft depth (= length for chains), the k the controller picks
+        self.controller.observe_verify(b, max(max(_depths(d.parent_list()), default=0) for d in drafts), t2 - t1)
+        row = 0
+        tree = any(d.parents is not None for d in drafts)  # as _target_forward planned the forward
         for s, d, verdict in zip(active, drafts, verdicts):
-            if d.parents is None:
+            if not tree:
                 self.kv.popn(s.seq_id, len(d) - len(verdict.path))
             else:
                 self.model.commit_tree(self.kv, s.seq_id, [0] + [n + 1 for n in verdict.path])
+            if hidden is not None:  # features of the last committed token and the accepted drafts
+                self.proposer.observe_hidden(s.seq_id, len(s.history) - 1,
+                                             hidden[[row] + [row + 1 + j for j in verdict.path]])
+            row += len(d) + 1
             if s.result.stats.spec is not None:
                 if len(d):
                     depths = _depths(d.parent_list())
@@ -400,29 +449,42 @@ class Engine:
                     else:
                         m.plain_steps += 1
                     m.draft_seconds += (t1 - t0) * share
+                    m.draft_steps += draft_forwards if m is not self.totals.spec else 0
                     m.verify_seconds += (t2 - t1) * share
             s.result.stats.decode_tokens += self._emit(s, verdict.tokens)
             if self.proposer and not s.done:
                 self.proposer.accept(s.seq_id, s.history)
         if active[0].result.stats.spec is not None:
+            self.totals.spec.draft_steps += draft_forwards  # once per step, whatever the batch
             rest = time.perf_counter() - t2
             for s in active:
                 s.result.stats.spec.other_seconds += rest
             self.totals.spec.other_seconds += rest
 
     def _target_forward(self, active: list[_Seq], drafts: list[Draft], on_device: bool = False):
-        """Logits [n, vocab] of [last] + drafts for every sequence (None if the KV cache is full)."""
+        """(logits [n, vocab] of [last] + drafts for every sequence, their hidden states
+        [n, hidden] on the host when the proposer reads them, else None); logits None if
+        the KV cache is full. With hidden states the forward stops at the final norm and
+        ``get_logits`` finishes it: the same kernels, so the same logits bit for bit."""
         ids = [s.seq_id for s in active]
-        if all(len(d) == 0 for d in drafts):
-            return self.model.decode(self.kv, ids, [s.history[-1] for s in active], on_device=on_device)
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
         tree = any(d.parents is not None for d in drafts)
+        parents = [d.verify_parents() for d in drafts] if tree else None
+        if self._wants_hidden:
+            try:
+                hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
+            except KVCacheFull:
+                return None, None
+            logits = self.model.get_logits(hidden)
+            return (logits if on_device else logits.numpy()), hidden.numpy()
+        if all(len(d) == 0 for d in drafts):
+            return self.model.decode(self.kv, ids, [s.history[-1] for s in active], on_device=on_device), None
         try:
             if tree:
-                return self.model.verify(self.kv, ids, tokens, [d.verify_parents() for d in drafts], on_device)
-            return self.model.verify(self.kv, ids, tokens, on_device=on_device)
+                return self.model.verify(self.kv, ids, tokens, parents, on_device), None
+            return self.model.verify(self.kv, ids, tokens, on_device=on_device), None
         except KVCacheFull:
-            return None
+            return None, None
 
     def _emit(self, s: _Seq, tokens: list[int]) -> int:
         """Append accepted tokens, stopping at EOS, a stop string or the budget; returns

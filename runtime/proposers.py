@@ -2,15 +2,18 @@
 
 One narrow interface (``Proposer``) serves every mode; the engine never branches on the
 mode name. ``ngram`` looks up the sequence's own history; ``small_draft`` runs a second
-compiled model with the same vocabulary.
+compiled model with the same vocabulary; ``eagle`` and ``medusa`` (runtime/eagle.py,
+runtime/medusa.py) are heads on the target's hidden states, which the engine hands to
+proposers that set ``needs_hidden_states``.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from .model import Model
+from .model import Model, read_metadata
 from .sampling import SamplingParams, probs_from_logits
 from .verify import Draft
 
@@ -18,15 +21,24 @@ from .verify import Draft
 class Proposer(Protocol):
     name: str
     has_draft_model: bool
+    needs_hidden_states: bool  # True: the engine calls observe_hidden with the target's features
 
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None: ...
 
     def remove_sequence(self, seq_id: int) -> None: ...
 
     def propose(self, seq_ids: list[int], histories: list[list[int]], ks: list[int],
-                sampling: list[SamplingParams], rngs: list[np.random.Generator]) -> list[Draft]:
+                sampling: list[SamplingParams], rngs: list[np.random.Generator],
+                node_limit: int | None = None) -> list[Draft]:
         """histories[i]: every committed token of sequence i, the last one not yet forwarded
-        by the target. Returns one draft per sequence of at most ks[i] nodes."""
+        by the target. Returns one draft per sequence: a chain of at most ks[i] tokens, or a
+        token tree at most ks[i] deep with at most node_limit nodes."""
+        ...
+
+    def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
+        """The target's final-normed hidden states [m, hidden] of the tokens at positions
+        position..position+m-1, as the target forwarded and committed them (only called
+        when ``needs_hidden_states``)."""
         ...
 
     def accept(self, seq_id: int, history: list[int]) -> None:
@@ -40,6 +52,7 @@ class NGramProposer:
 
     name = "ngram"
     has_draft_model = False
+    needs_hidden_states = False
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:
@@ -56,7 +69,10 @@ class NGramProposer:
     def accept(self, seq_id: int, history: list[int]) -> None:
         pass
 
-    def propose(self, seq_ids, histories, ks, sampling, rngs) -> list[Draft]:
+    def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
+        pass
+
+    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
         return [Draft(self.lookup(h, k)) for h, k in zip(histories, ks)]
 
     def lookup(self, history: list[int], k: int) -> list[int]:
@@ -84,6 +100,7 @@ class SmallDraftProposer:
 
     name = "small_draft"
     has_draft_model = True
+    needs_hidden_states = False
 
     def __init__(self, model: Model, max_total_tokens: int):
         self.model = model
@@ -110,7 +127,10 @@ class SmallDraftProposer:
         self.kv.popn(seq_id, len(cached) - agreed)
         del cached[agreed:]
 
-    def propose(self, seq_ids, histories, ks, sampling, rngs) -> list[Draft]:
+    def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
+        pass
+
+    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
         active = [i for i, k in enumerate(ks) if k > 0]
         drafts = [Draft() for _ in seq_ids]
         if not active:
@@ -149,3 +169,23 @@ class SmallDraftProposer:
             if not sampling[i].greedy:
                 drafts[i].probs = np.stack(probs[i])
         return drafts
+
+
+class HeadMismatch(ValueError):
+    """A draft head that does not belong to the target (or is not the mode's kind)."""
+
+
+def load_head(cls, kind: str, head_dir: Path, head_lib: Path, target: Model, device: str = "auto") -> Model:
+    """Load an EAGLE/Medusa head after checking, from its library's metadata alone, that
+    it is the right kind and was built for this target: same hidden size, vocabulary and
+    activation dtype (hidden states pass between the two as they are)."""
+    _, meta = read_metadata(Path(head_lib))
+    if meta.get("model_type") != kind:
+        raise HeadMismatch(f"{head_lib} is a {meta.get('model_type')} library, --speculative-mode {kind} needs "
+                           f"a {kind} head (convert_weight --model-type {kind})")
+    for key, have in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size),
+                      ("model_dtype", target.dtype)):
+        if meta.get(key) != have:
+            raise HeadMismatch(f"the {kind} head {head_lib} has {key} {meta.get(key)} but the target has {have}: "
+                               "it was built for another model")
+    return cls(Path(head_dir), Path(head_lib), device)

@@ -24,13 +24,16 @@ def main() -> None:
 @click.argument("src", type=click.Path(path_type=Path))
 @click.option("--quantization", required=True, help="q0f32, q0f16, q4f32_1 or q4f16_1")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path))
-@click.option("--model-type", default="auto", show_default=True)
-def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: str) -> None:
-    """Convert an HF folder or GGUF file into quantized shards + tensor-cache.json."""
+@click.option("--model-type", default="auto", show_default=True,
+              help="auto, llama, qwen2, or a draft head: eagle, medusa (needs --target)")
+@click.option("--target", type=click.Path(path_type=Path), default=None,
+              help="eagle/medusa: the target model the head was trained for (HF folder or .gguf)")
+def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: str, target: Path | None) -> None:
+    """Convert an HF folder or GGUF file (or an EAGLE/Medusa head) into quantized shards + tensor-cache.json."""
     from speccompile.convert_weight import convert_weight
 
     try:
-        path = convert_weight(src, quantization, output, model_type)
+        path = convert_weight(src, quantization, output, model_type, target=target)
     except USER_ERRORS as err:
         _fail(err)
     click.echo(f"wrote {path}")
@@ -44,13 +47,17 @@ def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: s
 @click.option("--context-window-size", type=int, default=None)
 @click.option("--prefill-chunk-size", type=int, default=None)
 @click.option("--max-batch-size", type=int, default=8, show_default=True)
-def gen_config_cmd(src, quantization, output, conv_template, context_window_size, prefill_chunk_size, max_batch_size):
+@click.option("--model-type", default="auto", show_default=True, help="as convert_weight (eagle, medusa: draft heads)")
+@click.option("--target", type=click.Path(path_type=Path), default=None,
+              help="eagle/medusa: the target model (HF folder or .gguf) that gives sizes and context window")
+def gen_config_cmd(src, quantization, output, conv_template, context_window_size, prefill_chunk_size, max_batch_size,
+                   model_type, target):
     """Write speccompile-config.json and the tokenizer files."""
     from speccompile.gen_config import gen_config
 
     try:
         path = gen_config(src, quantization, output, conv_template, context_window_size, prefill_chunk_size,
-                          max_batch_size)
+                          max_batch_size, target=target, model_type=model_type)
     except USER_ERRORS as err:
         _fail(err)
     click.echo(f"wrote {path}")
@@ -94,30 +101,40 @@ def _engine(model_dir: Path, model_lib: Path, spec: dict | None = None):
     if extra:
         parts = [p for p in extra.split(",") if p]
         if len(parts) != 2:
-            raise ValueError("--additional-models takes DRAFT_DIR,DRAFT_LIB")
+            raise ValueError("--additional-models takes DRAFT_DIR,DRAFT_LIB (or HEAD_DIR,HEAD_LIB)")
         models = [(parts[0], parts[1])]
     return Engine(model_dir, model_lib, additional_models=models, **spec)
 
 
 spec_options = [
-    click.option("--speculative-mode", type=click.Choice(["disable", "small_draft", "ngram"]), default="disable",
-                 show_default=True),
-    click.option("--additional-models", default=None, help="draft model: DRAFT_DIR,DRAFT_LIB (small_draft)"),
-    click.option("--spec-draft-length", type=int, default=0, show_default=True, help="draft length k; 0 = adaptive"),
+    click.option("--speculative-mode", type=click.Choice(["disable", "small_draft", "ngram", "eagle", "medusa"]),
+                 default="disable", show_default=True),
+    click.option("--additional-models", default=None,
+                 help="small_draft: DRAFT_DIR,DRAFT_LIB; eagle/medusa: HEAD_DIR,HEAD_LIB"),
+    click.option("--spec-draft-length", type=int, default=0, show_default=True,
+                 help="draft length k (chain length, or tree depth); 0 = adaptive"),
+    click.option("--spec-tree-width", type=int, default=1, show_default=True,
+                 help="eagle/medusa: candidates per tree level (top-k); 1 = chain"),
+    click.option("--spec-tree-nodes", type=int, default=64, show_default=True,
+                 help="eagle/medusa: most draft nodes verified per step (<= 256)"),
     click.option("--ngram-min", type=int, default=1, show_default=True),
     click.option("--ngram-max", type=int, default=4, show_default=True),
 ]
+SPEC_KEYS = ("speculative_mode", "additional_models", "spec_draft_length", "spec_tree_width", "spec_tree_nodes",
+             "ngram_min", "ngram_max")
 
 
 def with_spec(f):
+    """Add the speculative options; the command receives them as one ``spec`` dict."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, spec={k: kwargs.pop(k) for k in SPEC_KEYS}, **kwargs)
+
     for opt in reversed(spec_options):
-        f = opt(f)
-    return f
-
-
-def _spec(speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max) -> dict:
-    return {"speculative_mode": speculative_mode, "additional_models": additional_models,
-            "spec_draft_length": spec_draft_length, "ngram_min": ngram_min, "ngram_max": ngram_max}
+        wrapper = opt(wrapper)
+    return wrapper
 
 
 sampling_options = [
@@ -144,13 +161,11 @@ def with_sampling(f):
 @click.option("--raw", is_flag=True, help="skip the chat template")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
-def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, speculative_mode,
-                 additional_models, spec_draft_length, ngram_min, ngram_max, raw, as_json, stop):
+def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, spec, raw, as_json, stop):
     """Generate a completion for one prompt (optionally with speculative decoding)."""
     try:
         sampling = _sampling(temperature, top_p, top_k, seed)
-        engine = _engine(model_dir, model_lib, _spec(speculative_mode, additional_models, spec_draft_length,
-                                                     ngram_min, ngram_max))
+        engine = _engine(model_dir, model_lib, spec)
         ids = engine.encode_prompt(prompt, raw=raw)
         if as_json:
             res = engine.generate(ids, max_tokens, sampling, list(stop))
@@ -170,14 +185,12 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, t
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @with_sampling
 @with_spec
-def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, speculative_mode, additional_models,
-             spec_draft_length, ngram_min, ngram_max):
+def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec):
     """Interactive chat. Commands: /stats, /reset, /exit."""
     from speccompile.runtime.chat import ChatSession
 
     try:
-        engine = _engine(model_dir, model_lib, _spec(speculative_mode, additional_models, spec_draft_length,
-                                                     ngram_min, ngram_max))
+        engine = _engine(model_dir, model_lib, spec)
         session = ChatSession(engine, _sampling(temperature, top_p, top_k, seed), max_tokens)
     except USER_ERRORS as err:
         _fail(err)
@@ -224,8 +237,7 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, 
 @click.option("--served-model-name", default=None, help="model id clients send (default: MODEL_DIR's name)")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve_cmd(model_dir, model_lib, speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max,
-              host, port, api_key, max_num_sequence, max_total_tokens, prefill_tokens_per_step, max_queue,
+def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence, max_total_tokens, prefill_tokens_per_step, max_queue,
               served_model_name, log_level):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) with continuous batching and speculative decoding."""
@@ -238,7 +250,6 @@ def serve_cmd(model_dir, model_lib, speculative_mode, additional_models, spec_dr
             raise ValueError("--max-total-tokens must be >= 16 (one KV page)")
         if prefill_tokens_per_step < 1 or max_queue < 1:
             raise ValueError("--prefill-tokens-per-step and --max-queue must be >= 1")
-        spec = _spec(speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max)
         engine = _engine(model_dir, model_lib, {**spec, "max_num_sequence": max_num_sequence,
                                                 "max_total_seq_len": max_total_tokens})
     except USER_ERRORS as err:
@@ -267,8 +278,7 @@ def serve_cmd(model_dir, model_lib, speculative_mode, additional_models, spec_dr
 @click.option("--compare", type=click.Path(path_type=Path), default=None,
               help="with --endpoint: an earlier report (e.g. speculation off) to print throughput ratios against")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              per_category, speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max, endpoint,
-              concurrency, api_key, compare):
+              per_category, spec, endpoint, concurrency, api_key, compare):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
@@ -292,7 +302,6 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             model_dir, model_lib = prepare(model_name, quantization)
         if model_dir is None or model_lib is None:
             raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
-        spec = _spec(speculative_mode, additional_models, spec_draft_length, ngram_min, ngram_max)
         run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,
                   categories=list(categories) or None, per_category=per_category)
     except USER_ERRORS as err:

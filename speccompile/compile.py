@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 
 from speccompile import __version__
-from speccompile.models import LlamaConfig, build_model, get_quantization
+from speccompile.models import LlamaConfig, build_model, config_from_dict, get_quantization
 from speccompile.passes.cpu_kernels import TILE, has_vnni, is_tiled_param
 from speccompile.passes.pipeline import build_pipeline
 from speccompile.runtime.tensor_cache import layout_fingerprint
@@ -71,6 +71,7 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         "tile": TILE,
         # q4 matmuls quantize activations to int8 per 32-group on VNNI CPUs (numerics differ ~5e-3)
         "q4_activations": "int8" if get_quantization(quant_name).is_q4 and has_vnni(target) else "float",
+        **(cfg.extra_metadata() if hasattr(cfg, "extra_metadata") else {}),  # draft heads: their kind and sizes
     }
 
 
@@ -86,7 +87,7 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
                   dump_source: Path | None = None) -> dict:
     """Build the library; returns its metadata plus a ``build`` report (time, size, kernels)."""
     conf = read_config(Path(config_path))
-    cfg = LlamaConfig.from_dict(conf["model_config"])
+    cfg = config_from_dict(conf["model_type"], conf["model_config"])  # a target or a draft head
     quant = get_quantization(conf["quantization"])
     output = Path(output)
     plan = plan_target(device, output, host, cuda_archs)

@@ -2,7 +2,9 @@
 
 The parameter list comes from the same nn.Module that is compiled, so names, shapes and
 dtypes cannot drift between conversion and compilation. Tensors stream one logical
-weight at a time (a 1.5B model never has two copies in memory).
+weight at a time (a 1.5B model never has two copies in memory). Draft heads (``eagle``,
+``medusa``) go through the same loop; their source is checked against ``--target`` and
+every tensor's shape is checked before the first one is converted.
 """
 from __future__ import annotations
 
@@ -11,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from speccompile.models import build_model, get_quantization
-from speccompile.models.llama import hf_source_map
+from speccompile.models import HEAD_TYPES, build_model, get_quantization, source_map
 from speccompile.models.quantization import quantize_q4
 from speccompile.runtime.tensor_cache import TensorCacheWriter
-from speccompile.sources import SourceError, open_source
+from speccompile.sources import HeadSource, SourceError, detect_head, open_source
 
 SUFFIXES = (".q_weight", ".q_scale")
 
@@ -27,19 +28,34 @@ def logical_name(param: str) -> str:
     return param
 
 
-def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str = "auto", progress: bool = True) -> Path:
-    quant = get_quantization(quantization)  # validate before any long work
+def open_any(src: Path, model_type: str = "auto", target: Path | None = None):
+    """The checkpoint as a source: a target model, or an eagle/medusa head (needs ``target``)."""
+    kinds = ("auto", "llama", "qwen2", *HEAD_TYPES)
+    if model_type not in kinds:
+        raise SourceError(f"unknown --model-type {model_type!r}; choose one of {', '.join(kinds)}")
+    head = model_type if model_type in HEAD_TYPES else (detect_head(Path(src)) if model_type == "auto" else None)
+    if head:
+        return HeadSource(head, Path(src), Path(target) if target else None)
     source = open_source(Path(src))
+    if model_type not in ("auto", source.config.model_type):
+        raise SourceError(f"--model-type {model_type} does not match the checkpoint ({source.config.model_type})")
+    return source
+
+
+def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str = "auto", progress: bool = True,
+                   target: Path | None = None) -> Path:
+    quant = get_quantization(quantization)  # validate before any long work
+    source = open_any(Path(src), model_type, target)
     cfg = source.config
-    if model_type not in ("auto", cfg.model_type):
-        raise SourceError(f"--model-type {model_type} does not match the checkpoint ({cfg.model_type})")
     model = build_model(cfg, quant)
     params = [(n, p) for n, p in model.named_parameters()]
-    smap = hf_source_map(cfg)
+    smap = source_map(cfg)
     available = set(source.names())
     missing = sorted({h for n, _ in params for h in smap[logical_name(n)] if h not in available})
     if missing:
         raise SourceError(f"{src} lacks tensor(s) the {cfg.model_type} model needs: {missing[:5]}")
+    if hasattr(source, "shape"):  # heads: every shape checked before the first tensor is converted
+        _check_shapes(source, params, smap)
     if quant.is_q4:
         bad = [n for n, p in params if n.endswith(".q_weight") and int(p.shape[1]) * 8 % 32]
         if bad:
@@ -76,3 +92,17 @@ def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str 
 def _gather(source, names: list[str]) -> np.ndarray:
     parts = [source.get(n) for n in names]
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _check_shapes(source, params, smap) -> None:
+    for name, p in params:
+        if name.endswith(".q_scale"):
+            continue
+        shape = [int(d) for d in p.shape]
+        if name.endswith(".q_weight"):
+            shape[1] *= 8
+        parts = [source.shape(h) for h in smap[logical_name(name)]]
+        got = (sum(s[0] for s in parts), *parts[0][1:]) if parts and all(len(s) == len(parts[0]) for s in parts) else None
+        if got != tuple(shape):
+            raise SourceError(f"{', '.join(smap[logical_name(name)])} of shape {[list(s) for s in parts]} cannot form "
+                              f"{logical_name(name)} {shape}: the checkpoint does not fit this target's sizes")

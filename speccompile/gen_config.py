@@ -2,7 +2,9 @@
 
 The config holds everything the runtime needs besides weights and library: the model
 config, quantization, context window, special token ids, sampling defaults and the chat
-template (rendered later exactly like HF ``apply_chat_template``).
+template (rendered later exactly like HF ``apply_chat_template``). A draft head (eagle,
+medusa) gets a config without tokenizer or template -- it runs on its target's tokens --
+whose sizes and context window come from the target given with ``--target``.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speccompile.models import get_quantization
-from speccompile.sources import GGUFSource, SourceError, gguf_field_value, open_source
+from speccompile.sources import GGUFSource, HeadSource, SourceError, gguf_field_value, open_source
 
 CONFIG_NAME = "speccompile-config.json"
 STOP_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
@@ -29,11 +31,15 @@ CONV_TEMPLATES = {
 
 def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str = "auto",
                context_window_size: int | None = None, prefill_chunk_size: int | None = None,
-               max_batch_size: int = 8) -> Path:
+               max_batch_size: int = 8, target: Path | None = None, model_type: str = "auto") -> Path:
     quant = get_quantization(quantization)
+    from speccompile.convert_weight import open_any
+
+    source = open_any(Path(src), model_type, target)
+    if isinstance(source, HeadSource):
+        return _gen_head_config(source, quant.name, Path(out_dir), context_window_size, prefill_chunk_size)
     if conv_template not in ("auto", *CONV_TEMPLATES):
         raise SourceError(f"unknown --conv-template {conv_template!r}; choose auto, {', '.join(CONV_TEMPLATES)}")
-    source = open_source(Path(src))
     cfg = source.config
     if context_window_size:
         if context_window_size <= 0:
@@ -84,6 +90,27 @@ def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str =
         "top_k": 0,
         **tok_info,
     }
+    path = out_dir / CONFIG_NAME
+    path.write_text(json.dumps(conf, indent=1))
+    return path
+
+
+def _gen_head_config(source: HeadSource, quant_name: str, out_dir: Path, context_window_size: int | None,
+                     prefill_chunk_size: int | None) -> Path:
+    cfg = source.config
+    layer = getattr(cfg, "layer", cfg)  # EAGLE keeps its window in its decoder config
+    if context_window_size:
+        if context_window_size <= 0:
+            raise SourceError("--context-window-size must be positive")
+        layer.context_window_size = context_window_size
+    if prefill_chunk_size:
+        layer.prefill_chunk_size = prefill_chunk_size
+    layer.prefill_chunk_size = min(layer.prefill_chunk_size, layer.context_window_size)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    conf = {"model_type": cfg.model_type, "quantization": quant_name, "model_config": cfg.to_dict(),
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+            "context_window_size": cfg.context_window_size, "prefill_chunk_size": cfg.prefill_chunk_size,
+            "target": str(Path(source.target_path).resolve())}
     path = out_dir / CONFIG_NAME
     path.write_text(json.dumps(conf, indent=1))
     return path

@@ -8,6 +8,7 @@ rotate-half RoPE order (llama.cpp permutes them on export).
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,13 +55,15 @@ def _check_safetensors_header(path: Path) -> None:
         )
 
 
-class HFSource:
-    def __init__(self, folder: Path):
+class TensorFiles:
+    """The tensors of a folder: ``*.safetensors``, else ``pytorch_model*.bin`` (or Medusa's
+    ``medusa_lm_head.pt``), loaded weights-only; no config is read here."""
+
+    def __init__(self, folder: Path, extra_bin: tuple[str, ...] = ()):
         self.path = Path(folder)
-        self.config = LlamaConfig.from_hf_folder(self.path)
-        self._raw_config = json.loads((self.path / "config.json").read_text())
         st_files = sorted(self.path.glob("*.safetensors"))
-        bin_files = sorted(self.path.glob("pytorch_model*.bin"))
+        bin_files = sorted(self.path.glob("pytorch_model*.bin")) + [self.path / n for n in extra_bin
+                                                                     if (self.path / n).exists()]
         self._index: dict[str, Path] = {}
         self._bin_cache: dict[Path, dict[str, Any]] = {}
         if st_files:
@@ -79,10 +82,6 @@ class HFSource:
                     self._index[k] = f
         else:
             raise SourceError(f"{self.path} has no *.safetensors or pytorch_model*.bin weights")
-        if "lm_head.weight" not in self._index and not self.config.tie_word_embeddings:
-            if "tie_word_embeddings" in self._raw_config:
-                raise SourceError("config says tie_word_embeddings=false but lm_head.weight is missing")
-            self.config.tie_word_embeddings = True
 
     def _load_bin(self, f: Path) -> dict[str, Any]:
         if f not in self._bin_cache:
@@ -100,6 +99,18 @@ class HFSource:
     def names(self) -> list[str]:
         return list(self._index)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape without reading its data (checks run before any long work)."""
+        if name not in self._index:
+            raise SourceError(f"tensor {name!r} is missing from {self.path}")
+        f = self._index[name]
+        if self._kind == "safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="numpy") as h:
+                return tuple(int(d) for d in h.get_slice(name).get_shape())
+        return tuple(int(d) for d in self._load_bin(f)[name].shape)
+
     def get(self, name: str) -> np.ndarray:
         if name not in self._index:
             raise SourceError(f"tensor {name!r} is missing from {self.path}")
@@ -113,6 +124,17 @@ class HFSource:
             except TypeError:  # bf16 is not a numpy dtype: go through torch-free raw bytes
                 return _read_safetensors_bf16(f, name)
         return self._load_bin(f)[name].float().numpy()
+
+
+class HFSource(TensorFiles):
+    def __init__(self, folder: Path):
+        self.config = LlamaConfig.from_hf_folder(Path(folder))
+        super().__init__(folder)
+        self._raw_config = json.loads((self.path / "config.json").read_text())
+        if "lm_head.weight" not in self._index and not self.config.tie_word_embeddings:
+            if "tie_word_embeddings" in self._raw_config:
+                raise SourceError("config says tie_word_embeddings=false but lm_head.weight is missing")
+            self.config.tie_word_embeddings = True
 
 
 def _read_safetensors_bf16(path: Path, name: str) -> np.ndarray:
@@ -204,3 +226,67 @@ def open_source(src: Path) -> Source:
             return GGUFSource(ggufs[0])
         return HFSource(src)
     raise SourceError(f"{src} is neither an HF model folder nor a .gguf file")
+
+
+# ------------------------------------------------------------- draft heads
+class HeadSource:
+    """An EAGLE or Medusa checkpoint folder checked against its target.
+
+    ``config`` is the head's config (models/eagle.py, models/medusa.py), built from the
+    head's config.json plus the target's sizes; a head trained for another target fails
+    here, before any tensor is converted. Medusa's bare ``I.J.*`` keys (its
+    ``medusa_lm_head.pt``) are read as ``medusa_head.I.J.*``."""
+
+    def __init__(self, kind: str, folder: Path, target: Path | None):
+        from speccompile.models import ConfigError, head_config_class
+
+        folder = Path(folder)
+        if target is None:
+            raise SourceError(f"a {kind} head needs its target model: pass --target TARGET (HF folder or .gguf)")
+        if not folder.is_dir():
+            raise SourceError(f"{folder} is not a folder holding a {kind} checkpoint (config.json + weights)")
+        self.path, self.kind, self.target_path = folder, kind, Path(target)
+        self.target_config = open_source(Path(target)).config
+        cfg_path = folder / "config.json"
+        raw = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        if kind == "eagle" and not raw:
+            raise SourceError(f"{cfg_path} not found: an EAGLE head folder needs its (Llama) config.json")
+        self.files = TensorFiles(folder, extra_bin=("medusa_lm_head.pt",) if kind == "medusa" else ())
+        self._alias = {}
+        if kind == "medusa":
+            for n in self.files.names():
+                if re.match(r"\d+\.\d+\.", n):
+                    self._alias["medusa_head." + n] = n
+        try:
+            self.config = head_config_class(kind).from_checkpoint(raw, self.target_config, self.names(), self.shape)
+        except ConfigError as err:
+            raise SourceError(f"{folder}: {err}") from err
+
+    def names(self) -> list[str]:
+        return [n for n in self.files.names() if not re.match(r"\d+\.\d+\.", n)] + list(self._alias)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.files.shape(self._alias.get(name, name))
+
+    def get(self, name: str) -> np.ndarray:
+        return self.files.get(self._alias.get(name, name))
+
+
+def detect_head(src: Path) -> str | None:
+    """``eagle``/``medusa`` when a folder holds such a head (for --model-type auto)."""
+    src = Path(src)
+    if not src.is_dir():
+        return None
+    cfg = src / "config.json"
+    raw = json.loads(cfg.read_text()) if cfg.exists() else {}
+    if "medusa_num_heads" in raw or (src / "medusa_lm_head.pt").exists():
+        return "medusa"
+    try:
+        names = TensorFiles(src).names()
+    except SourceError:
+        return None
+    if "fc.weight" in names and not any(n.startswith("model.") for n in names):
+        return "eagle"
+    if any(n.startswith("medusa_head.") for n in names):
+        return "medusa"
+    return None

@@ -1,0 +1,142 @@
+"""EAGLE-1 draft head (SafeAILab layout) written with the same blocks as the target.
+
+Why it looks like this: EAGLE drafts at the *feature* level. Its input at position i is
+``fc(concat(embed(token[i+1]), f[i]))`` where ``f[i]`` is the target's final-normed last
+hidden state at position i (the input is shifted one token left compared with the
+target's); then N Llama decoder layers (layer 0 without its input RMSNorm, no final norm)
+predict ``f[i+1]``, and the *target's* lm_head turns that into next-token logits. The head
+therefore owns no embedding and no lm_head: the runtime calls the target library's
+``embed`` and ``get_logits`` (runtime/eagle.py).
+
+The decoder layers are models/llama.py's own ``DecoderLayer`` with the same paged KV cache,
+attention kernels and ``META_SPEC`` metadata as the target, so the head drafts chains and
+token trees with the planner the target uses (runtime/kv_cache.py).
+
+One definition drives conversion (``source_map``), compilation (``get_spec``) and the
+library's metadata (``EagleConfig``), as ``hf_source_map`` does for Llama.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from .config import ConfigError, LlamaConfig
+from .llama import META_SPEC, DecoderLayer
+from .quantization import QLinear, Quantization
+
+
+@dataclass
+class EagleConfig:
+    """The head's decoder hyper-parameters (EAGLE's config.json is a Llama config)."""
+
+    layer: LlamaConfig
+    model_type = "eagle"
+
+    # the names build_metadata and the runtime read, delegated to the decoder config
+    hidden_size = property(lambda self: self.layer.hidden_size)
+    vocab_size = property(lambda self: self.layer.vocab_size)
+    num_hidden_layers = property(lambda self: self.layer.num_hidden_layers)
+    num_key_value_heads = property(lambda self: self.layer.num_key_value_heads)
+    head_dim = property(lambda self: self.layer.head_dim)
+    context_window_size = property(lambda self: self.layer.context_window_size)
+    prefill_chunk_size = property(lambda self: self.layer.prefill_chunk_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EagleConfig":
+        if set(data) != {"layer"}:
+            raise ConfigError(f"an EAGLE model config holds only 'layer', got {sorted(data)}")
+        return cls(LlamaConfig.from_dict(data["layer"]))
+
+    def extra_metadata(self) -> dict[str, Any]:
+        return {"head_kind": "eagle"}
+
+    @classmethod
+    def from_checkpoint(cls, raw: dict[str, Any], target: LlamaConfig, names: list[str],
+                        shape: Callable[[str], tuple[int, ...]]) -> "EagleConfig":
+        """Read an EAGLE config.json and check, before any long work, that the head was
+        trained for this target: its hidden size and vocabulary must be the target's."""
+        raw = dict(raw)
+        raw.setdefault("architectures", ["LlamaForCausalLM"])
+        if raw.get("model_type") not in ("llama", "qwen2", "mistral"):
+            raw["model_type"] = "llama"  # EAGLE configs are Llama configs whatever they call themselves
+        for key in ("hidden_size", "vocab_size"):
+            if key in raw and raw[key] != getattr(target, key):
+                raise ConfigError(f"the EAGLE head has {key} {raw[key]} but the target has {getattr(target, key)}: "
+                                  "this head was trained for another model")
+        raw.setdefault("hidden_size", target.hidden_size)
+        raw.setdefault("vocab_size", target.vocab_size)
+        layer = LlamaConfig.from_hf_dict(raw)
+        layer.attention_bias = "layers.0.self_attn.q_proj.bias" in names
+        layer.tie_word_embeddings = False
+        layer.context_window_size = target.context_window_size
+        layer.prefill_chunk_size = target.prefill_chunk_size
+        h = target.hidden_size
+        if "fc.weight" not in names:
+            raise ConfigError("not an EAGLE checkpoint: it has no fc.weight")
+        if tuple(shape("fc.weight")) != (h, 2 * h):
+            raise ConfigError(f"the EAGLE head's fc.weight is {list(shape('fc.weight'))}, a target with hidden size "
+                              f"{h} needs [{h}, {2 * h}]: this head was trained for another model")
+        if "embed_tokens.weight" in names and tuple(shape("embed_tokens.weight")) != (target.vocab_size, h):
+            raise ConfigError(f"the EAGLE head's embed_tokens.weight is {list(shape('embed_tokens.weight'))}, the "
+                              f"target's vocabulary is [{target.vocab_size}, {h}]: this head belongs to another model")
+        layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.split(".")[1].isdigit()}
+        if layers and layers != set(range(layer.num_hidden_layers)):
+            raise ConfigError(f"config.json says {layer.num_hidden_layers} layer(s) but the weights hold "
+                              f"layers {sorted(layers)}")
+        return cls(layer)
+
+
+class EagleHead(nn.Module):
+    """fc over concat(token embedding, target feature) then N decoder layers."""
+
+    def __init__(self, cfg: EagleConfig, quant: Quantization, target=None):
+        super().__init__()
+        self.cfg, self.quant, self.dtype = cfg, quant, quant.model_dtype
+        h = cfg.hidden_size
+        self.fc = QLinear(2 * h, h, quant, bias=True)
+        self.layers = nn.ModuleList([DecoderLayer(cfg.layer, quant, input_norm=i > 0)
+                                     for i in range(cfg.num_hidden_layers)])
+
+    def kv_cache_shape(self, num_slots) -> list:
+        c = self.cfg
+        return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
+
+    def eagle_forward(self, input_embeds: Tensor, hidden: Tensor, kv: Tensor, positions, write_slots, page_table,
+                      token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+        # input_embeds: [n, h] embeddings of token i+1; hidden: [n, h] features f_i -> predicted f_{i+1} [n, h]
+        meta = dict(zip(META_SPEC, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
+                                    extra_len)))
+        x = self.fc(op.concat([input_embeds, hidden], dim=-1))
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, kv, meta, i)
+        return x
+
+    def get_spec(self) -> dict[str, Any]:
+        h, dt = self.cfg.hidden_size, self.dtype
+        meta = {k: nn.spec.Tensor(shape, dtype) for k, (shape, dtype) in META_SPEC.items()}
+        return {"eagle_forward": {"input_embeds": nn.spec.Tensor(["n", h], dt), "hidden": nn.spec.Tensor(["n", h], dt),
+                                  "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **meta,
+                                  "$": {"param_mode": "packed", "effect_mode": "none"}}}
+
+
+def source_map(cfg: EagleConfig) -> dict[str, list[str]]:
+    """Our logical weight name -> the official EAGLE tensors concatenated (axis 0) to form it."""
+    m: dict[str, list[str]] = {"fc.weight": ["fc.weight"], "fc.bias": ["fc.bias"]}
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}"
+        m[f"{p}.self_attn.qkv_proj.weight"] = [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"]
+        if cfg.layer.attention_bias:
+            m[f"{p}.self_attn.qkv_proj.bias"] = [f"{p}.self_attn.{x}_proj.bias" for x in "qkv"]
+        m[f"{p}.self_attn.o_proj.weight"] = [f"{p}.self_attn.o_proj.weight"]
+        m[f"{p}.mlp.gate_up_proj.weight"] = [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"]
+        m[f"{p}.mlp.down_proj.weight"] = [f"{p}.mlp.down_proj.weight"]
+        if i > 0:
+            m[f"{p}.input_layernorm.weight"] = [f"{p}.input_layernorm.weight"]
+        m[f"{p}.post_attention_layernorm.weight"] = [f"{p}.post_attention_layernorm.weight"]
+    return m

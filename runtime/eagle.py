@@ -1,0 +1,209 @@
+"""EAGLE drafting: a feature-level head on the target's hidden states (EAGLE-1 head,
+EAGLE-2 dynamic trees).
+
+Why the bookkeeping looks like this. Head row i holds the pair (target feature f_i,
+token i+1) -- the input is shifted one token left of the target's -- and predicts
+f_{i+1}, which the *target's* lm_head (``get_logits``) turns into logits for token i+2.
+The engine hands over the true features of every token the target forwarded
+(``observe_hidden``): the prompt at prefill, then after each verify the last committed
+token plus the accepted drafts. At the next ``propose`` the head first catches up on the
+rows it could not build before (pairs whose token was only just committed), in one
+chain forward; the output at the last row gives the depth-1 candidates. Draft rows built
+from the head's *own* predicted features are scratch rows of a token tree
+(``plan_tree`` never grows the committed length), so after drafting the head's cache is
+exactly the rows built from true features -- rolling back costs nothing and the next
+catch-up rebuilds the accepted tokens from the target's real hidden states.
+
+Trees (EAGLE-2): the candidates of each depth are scored by cumulative draft
+log-probability; the ``width`` best are expanded (one head forward per depth for all
+sequences), each giving its ``width`` best children. The verified tree is the best
+``max_nodes`` candidates overall (a parent always outscores its child, so it is a tree);
+width 1 is a chain. Draft tokens are deterministic (one-hot q), which keeps rejection
+sampling exact for trees too (runtime/verify.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm.runtime import tensor as to_device
+
+from .kv_cache import PAGE, ForwardBatch
+from .model import Model
+from .verify import Draft
+
+MAX_TREE_NODES = 256
+
+
+class EagleHeadModel(Model):
+    """A compiled EAGLE head and its weights (only ``eagle_forward``)."""
+
+    entry_points = ("eagle_forward",)
+
+    def forward(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
+        """Predicted features [n, hidden] (device) of the pairs (feats[j], tokens[j])."""
+        emb = target.embed(tokens)  # the target's embedding: the head owns none
+        hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+        meta = [to_device(a, self.device) for a in batch.arrays]
+        return self._fn["eagle_forward"](emb, hid, kv.tensor, *meta, self.params)
+
+
+def top_tokens(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``width`` most likely tokens of one logits row (ties: lower id first) and their
+    log-probabilities."""
+    row = np.asarray(row, np.float64)
+    if width == 1:
+        idx = np.asarray([int(np.argmax(row))])
+    else:
+        part = np.argpartition(-row, min(width, row.size) - 1)[:width]
+        idx = np.asarray(sorted(part.tolist(), key=lambda t: (-row[t], t)))
+    m = row.max()
+    lse = m + np.log(np.exp(row - m).sum())
+    return idx, row[idx] - lse
+
+
+class EagleProposer:
+    name = "eagle"
+    has_draft_model = True
+    needs_hidden_states = True
+
+    def __init__(self, head: EagleHeadModel, target: Model, max_total_tokens: int, tree_width: int = 1,
+                 max_nodes: int = 64):
+        if tree_width < 1:
+            raise ValueError("--spec-tree-width must be >= 1 (1 = chain)")
+        if not 1 <= max_nodes <= MAX_TREE_NODES:
+            raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
+        self.head, self.target = head, target
+        self.width, self.max_nodes = tree_width, max_nodes
+        self.kv = head.create_kv_cache(max_total_tokens)
+        self.pending: dict[int, list[np.ndarray]] = {}  # true features not yet in the head's cache
+        self.forwards = 0
+        self.last_catch_up = 0
+
+    # ------------------------------------------------------------ sequences
+    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+        self.kv.add_sequence(seq_id)
+        self.pending[seq_id] = []
+
+    def remove_sequence(self, seq_id: int) -> None:
+        self.kv.remove_sequence(seq_id)
+        self.pending.pop(seq_id, None)
+
+    def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
+        """Target features of the tokens at positions position.. (in order, no gaps)."""
+        if seq_id not in self.pending:  # attached while speculation was disabled
+            return
+        have = self.kv.length(seq_id) + sum(len(p) for p in self.pending[seq_id])
+        if position != have:
+            raise RuntimeError(f"EAGLE: features for position {position} arrived, {have} expected")
+        self.pending[seq_id].append(np.asarray(hidden))
+
+    def accept(self, seq_id: int, history: list[int]) -> None:
+        pass  # the head's cache already holds only rows built from true features
+
+    # -------------------------------------------------------------- drafting
+    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
+        drafts = [Draft() for _ in seq_ids]
+        active = [i for i, k in enumerate(ks) if k > 0]
+        if not active:
+            return drafts
+        ids = [seq_ids[i] for i in active]
+        try:
+            root_feat, root_logits = self._catch_up(ids, [histories[i] for i in active])
+            trees = self._grow(ids, [ks[i] for i in active], root_feat, root_logits)
+        finally:
+            for s in ids:
+                self.kv.popn(s, 0)  # free the pages the scratch tree rows took
+        budget = min(self.max_nodes, node_limit or self.max_nodes)
+        for i, tree in zip(active, trees):
+            drafts[i] = self._select(tree, budget)
+        return drafts
+
+    def _catch_up(self, ids: list[int], histories: list[list[int]]):
+        """Build the head rows of every pending true feature; returns the predicted feature
+        and the logits at each sequence's last row (the depth-1 candidates)."""
+        feats = [np.concatenate(self.pending[s]) for s in ids]
+        starts = [self.kv.length(s) for s in ids]
+        tokens = [h[st + 1: st + 1 + len(f)] for h, st, f in zip(histories, starts, feats)]
+        if any(len(t) != len(f) or not len(f) for t, f in zip(tokens, feats)):
+            raise RuntimeError("EAGLE: the target features and the history disagree")
+        counts = [len(f) for f in feats]
+        batch = self.kv.plan_chain(ids, counts)
+        out = self.head.forward(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
+                                np.concatenate(feats)).numpy()
+        self.forwards += 1
+        self.last_catch_up = max(counts)
+        for s in ids:
+            self.pending[s] = []
+        root = out[np.cumsum(counts) - 1]
+        return root, self.target.get_logits(root).numpy()
+
+    def _grow(self, ids: list[int], depths: list[int], root_feat: np.ndarray, root_logits: np.ndarray) -> list[dict]:
+        """Candidates (token, parent, depth, score) per sequence, expanded EAGLE-2 style."""
+        trees = []
+        for r in range(len(ids)):
+            toks, logp = top_tokens(root_logits[r], self.width)
+            trees.append({"tok": toks.tolist(), "par": [-1] * len(toks), "depth": [1] * len(toks),
+                          "score": logp.tolist(), "row": [-1] * len(toks), "head_par": [], "feat": [],
+                          "frontier": list(range(len(toks)))})
+        for depth in range(1, max(depths)):
+            grow = [r for r in range(len(ids)) if depth < depths[r]]
+            firsts, tokens, feats = [], [], []
+            for r in grow:
+                t = trees[r]
+                best = sorted(t["frontier"], key=lambda n: (-t["score"][n], n))[: self.width]
+                firsts.append(len(t["head_par"]))
+                t["expand"] = best
+                for n in best:
+                    p = t["par"][n]
+                    t["row"][n] = len(t["head_par"])
+                    t["head_par"].append(-1 if p < 0 else t["row"][p])
+                    tokens.append(t["tok"][n])
+                    feats.append(root_feat[r] if p < 0 else t["feat"][t["row"][p]])
+            batch = self._plan_new_rows([ids[r] for r in grow], [trees[r]["head_par"] for r in grow], firsts)
+            out = self.head.forward(self.target, self.kv, batch, np.asarray(tokens, np.int32), np.stack(feats)).numpy()
+            self.forwards += 1
+            logits = self.target.get_logits(out).numpy()
+            row = 0
+            for r in grow:
+                t = trees[r]
+                t["frontier"] = []
+                for n in t["expand"]:
+                    t["feat"].append(out[row])
+                    toks, logp = top_tokens(logits[row], self.width)
+                    row += 1
+                    for tok, lp in zip(toks.tolist(), logp.tolist()):
+                        t["frontier"].append(len(t["tok"]))
+                        t["tok"].append(tok)
+                        t["par"].append(n)
+                        t["depth"].append(depth + 1)
+                        t["score"].append(t["score"][n] + lp)
+                        t["row"].append(-1)
+        return trees
+
+    def _plan_new_rows(self, ids: list[int], head_parents: list[list[int]], firsts: list[int]) -> ForwardBatch:
+        """Tree metadata for the rows added this forward (earlier rows are already written)."""
+        full = self.kv.plan_tree(ids, head_parents)
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in head_parents])])
+        sel = np.concatenate([np.arange(offsets[b] + f, offsets[b + 1]) for b, f in enumerate(firsts)])
+        arrays = [a if k == 2 else a[sel] for k, a in enumerate(full.arrays)]  # [2] is the page table
+        return ForwardBatch(list(ids), [len(p) - f for p, f in zip(head_parents, firsts)], arrays)
+
+    def _select(self, tree: dict, budget: int) -> Draft:
+        """The ``budget`` best candidates by cumulative log-probability, parents first."""
+        order = sorted(range(len(tree["tok"])), key=lambda n: (-tree["score"][n], tree["depth"][n], n))
+        chosen: set[int] = set()
+        for n in order:
+            if len(chosen) >= budget:
+                break
+            if tree["par"][n] < 0 or tree["par"][n] in chosen:
+                chosen.add(n)
+        nodes = sorted(chosen, key=lambda n: (tree["depth"][n], n))
+        local = {n: j for j, n in enumerate(nodes)}
+        tokens = [tree["tok"][n] for n in nodes]
+        if self.width == 1:
+            return Draft(tokens)
+        return Draft(tokens, [local[tree["par"][n]] if tree["par"][n] >= 0 else -1 for n in nodes])
+
+
+def head_kv_tokens(max_total_tokens: int, max_num_sequence: int, width: int, max_depth: int) -> int:
+    """KV capacity of a head: the committed rows plus each sequence's scratch tree rows."""
+    return max_total_tokens + max_num_sequence * (width * max_depth + 2 * PAGE)

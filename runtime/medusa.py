@@ -1,0 +1,152 @@
+"""Medusa drafting: K heads on the target's last hidden state, verified as a sparse tree.
+
+Why: from the feature of the last token the target forwarded (position L-1, whose logits
+gave the pending token L), head j predicts token L+1+j, all heads in one call. A
+candidate is one choice of rank per depth -- (r_1, ..., r_d) takes head j's r_j-th best
+token at depth j -- i.e. the Cartesian product of the heads' top-k. Verifying all of it
+is far too big, so the tree is the ``max_nodes`` most probable rank paths, where the
+probability of a path is the product of the *measured* per-head, per-rank hit rates
+(the Medusa paper's construction): every proposal is scored later against the tokens
+actually committed, so the tree follows how good the heads are on this workload. With
+width 1 it is a chain of each head's top-1. Drafts are deterministic (one-hot q), so
+rejection sampling stays exact (runtime/verify.py).
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from tvm.runtime import tensor as to_device
+
+from .eagle import MAX_TREE_NODES
+from .model import Model
+from .verify import Draft
+
+
+class MedusaHeadsModel(Model):
+    """A compiled set of Medusa heads and its weights (only ``medusa_heads``)."""
+
+    entry_points = ("medusa_heads",)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.meta["medusa_num_heads"])
+
+    def forward(self, feats: np.ndarray) -> np.ndarray:
+        """feats [b, hidden] -> logits [K, b, vocab]."""
+        hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+        return self._fn["medusa_heads"](hid, self.params).numpy()
+
+
+class MedusaProposer:
+    name = "medusa"
+    has_draft_model = True
+    needs_hidden_states = True
+
+    def __init__(self, heads: MedusaHeadsModel, tree_width: int = 1, max_nodes: int = 64,
+                 prior_hits: float = 2.0):
+        if tree_width < 1:
+            raise ValueError("--spec-tree-width must be >= 1 (1 = chain)")
+        if not 1 <= max_nodes <= MAX_TREE_NODES:
+            raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
+        self.heads, self.width, self.max_nodes = heads, tree_width, max_nodes
+        k = heads.num_heads
+        # hits[j, r]: proposals whose head-j rank-r token was the committed one; tries[j]: scored
+        # proposals. A prior that decays with depth and rank seeds the tree before any data.
+        self.tries = np.full(k, prior_hits * 4)
+        self.hits = np.asarray([[prior_hits * 4 * 0.5 ** (j + 1) / (r + 1) ** 2 for r in range(tree_width)]
+                                for j in range(k)])
+        self.last: dict[int, tuple[int, np.ndarray]] = {}  # seq -> (position, its target feature)
+        self.proposed: dict[int, list[tuple[int, list[list[int]]]]] = {}  # seq -> (first position, top lists)
+        self.forwards = 0
+        self.last_catch_up = 0
+        self._tree_cache: tuple | None = None
+
+    # ------------------------------------------------------------ sequences
+    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+        self.proposed[seq_id] = []
+
+    def remove_sequence(self, seq_id: int) -> None:
+        self.last.pop(seq_id, None)
+        self.proposed.pop(seq_id, None)
+
+    def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
+        if seq_id in self.proposed and len(hidden):
+            self.last[seq_id] = (position + len(hidden) - 1, np.asarray(hidden[-1]))
+
+    def accept(self, seq_id: int, history: list[int]) -> None:
+        """Score earlier proposals against the tokens now committed."""
+        keep = []
+        for first, tops in self.proposed.get(seq_id, []):
+            done = True
+            for j, top in enumerate(tops):
+                if top is None:
+                    continue
+                pos = first + j
+                if pos >= len(history):
+                    done = False
+                    continue
+                self.tries[j] += 1
+                if history[pos] in top:
+                    self.hits[j, top.index(history[pos])] += 1
+                tops[j] = None
+            if not done:
+                keep.append((first, tops))
+        self.proposed[seq_id] = keep
+
+    # -------------------------------------------------------------- drafting
+    def accuracy(self) -> np.ndarray:
+        """Estimated P(head j's rank-r token is the committed one) [K, width]."""
+        return self.hits / self.tries[:, None]
+
+    def tree(self, depth: int, budget: int) -> list[tuple[int, ...]]:
+        """The ``budget`` most probable rank paths up to ``depth``, parents before children."""
+        acc = self.accuracy()
+        key = (depth, budget, np.round(acc, 3).tobytes())
+        if self._tree_cache is not None and self._tree_cache[0] == key:
+            return self._tree_cache[1]
+        heap = [(-acc[0, r], (r,)) for r in range(self.width)]
+        heapq.heapify(heap)
+        paths: list[tuple[int, ...]] = []
+        while heap and len(paths) < budget:
+            neg, path = heapq.heappop(heap)
+            paths.append(path)
+            if len(path) < depth:
+                for r in range(self.width):
+                    heapq.heappush(heap, (neg * acc[len(path), r], path + (r,)))
+        paths.sort(key=lambda p: (len(p), p))
+        self._tree_cache = (key, paths)
+        return paths
+
+    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
+        drafts = [Draft() for _ in seq_ids]
+        active = [i for i, k in enumerate(ks) if k > 0 and seq_ids[i] in self.last]
+        if not active:
+            return drafts
+        for i in active:
+            pos, _ = self.last[seq_ids[i]]
+            if pos != len(histories[i]) - 2:
+                raise RuntimeError(f"Medusa: the last feature is at position {pos}, {len(histories[i]) - 2} expected")
+        logits = self.heads.forward(np.stack([self.last[seq_ids[i]][1] for i in active]))  # [K, a, vocab]
+        self.forwards += 1
+        budget = min(self.max_nodes, node_limit or self.max_nodes)
+        for row, i in enumerate(active):
+            depth = min(ks[i], self.heads.num_heads)
+            tops = []
+            for j in range(depth):
+                lj = logits[j, row]
+                if self.width == 1:
+                    tops.append([int(np.argmax(lj))])
+                else:
+                    part = np.argpartition(-lj, self.width - 1)[: self.width]
+                    tops.append(sorted(part.tolist(), key=lambda t: (-lj[t], t)))
+            paths = self.tree(depth, budget)
+            index = {p: n for n, p in enumerate(paths)}
+            tokens = [tops[len(p) - 1][p[-1]] for p in paths]
+            if self.width == 1:
+                drafts[i] = Draft(tokens)
+            else:
+                drafts[i] = Draft(tokens, [index[p[:-1]] if len(p) > 1 else -1 for p in paths])
+            # head j proposed tokens for position len(history) + j
+            self.proposed[seq_ids[i]].append((len(histories[i]), [list(t) for t in tops]))
+        return drafts

@@ -1,0 +1,266 @@
+"""EAGLE and Medusa end to end: official checkpoint layouts -> convert -> gen_config ->
+compile -> greedy speculative decoding that is token-identical to plain decoding.
+
+Heads are built here in the tensor names SafeAILab and FasterDecoding publish. On the tiny
+random target the heads are noisy "repeat" heads (EAGLE: fc mostly passes the feature on
+and every layer adds zero; Medusa: near-identity blocks and the target's lm_head), so
+drafts are partly accepted -- full and partial acceptance, tree branches other than the
+top-1, and the catch-up on accepted tokens are all exercised; on SmolLM2 they are random.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speccompile.models.config import PRESETS
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "List the days of the week.",
+    "Summarize: The cat sat on the mat. The mat was red.",
+    "Translate 'good morning' into French and Spanish.",
+    "Explain what a hash table is in one paragraph.",
+    "Count from one to twenty in words.",
+]
+NEW_TOKENS = 24
+
+
+# ------------------------------------------------------------ official layouts
+def _save(folder: Path, tensors: dict, fmt: str, bin_name: str = "pytorch_model.bin") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        from safetensors.numpy import save_file
+
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    else:
+        import torch
+
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, folder / bin_name)
+
+
+def make_eagle_checkpoint(folder: Path, t: dict, layers: int = 1, seed: int = 0, fmt: str = "bin",
+                          repeat: float | None = None, hidden: int | None = None, vocab: int | None = None) -> None:
+    """SafeAILab EAGLE-1 layout: config.json (a Llama config) + fc.*, layers.N.*;
+    layer 0 has no input_layernorm. ``repeat=noise``: the head returns its input feature
+    plus ``noise`` times a random projection of the token embedding."""
+    rng = np.random.default_rng(seed)
+    h, inter = hidden or t["hidden_size"], t["intermediate_size"]
+    nh, nkv, v = t["num_attention_heads"], t["num_key_value_heads"], vocab or t["vocab_size"]
+    hd = h // nh
+    r = lambda *s: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)
+    repeat_fc = None if repeat is None else np.concatenate([repeat * r(h, h), np.eye(h)], 1).astype(np.float32)
+    w = {"fc.weight": r(h, 2 * h) if repeat is None else repeat_fc,
+         "fc.bias": 0.1 * r(h) if repeat is None else np.zeros(h, np.float32),
+         "embed_tokens.weight": r(v, h)}  # some releases ship it; it is ignored
+    for i in range(layers):
+        p = f"layers.{i}."
+        w.update({p + "self_attn.q_proj.weight": r(nh * hd, h), p + "self_attn.k_proj.weight": r(nkv * hd, h),
+                  p + "self_attn.v_proj.weight": r(nkv * hd, h), p + "mlp.gate_proj.weight": r(inter, h),
+                  p + "mlp.up_proj.weight": r(inter, h),
+                  p + "self_attn.o_proj.weight": r(h, nh * hd) if repeat is None else np.zeros((h, nh * hd), np.float32),
+                  p + "mlp.down_proj.weight": r(h, inter) if repeat is None else np.zeros((h, inter), np.float32),
+                  p + "post_attention_layernorm.weight": np.ones(h, np.float32)})
+        if i:
+            w[p + "input_layernorm.weight"] = np.ones(h, np.float32)
+    _save(folder, w, fmt)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": nh, "num_key_value_heads": nkv, "vocab_size": v,
+        "rms_norm_eps": 1e-5, "rope_theta": t.get("rope_theta", 10000.0), "max_position_embeddings": 2048,
+        "bias": True}))
+
+
+def make_medusa_checkpoint(folder: Path, h: int, v: int, heads: int = 3, layers: int = 1, seed: int = 0,
+                           fmt: str = "safetensors", lm_head: np.ndarray | None = None, noise: float = 0.0,
+                           bare_keys: bool = False) -> None:
+    """FasterDecoding layout: medusa_head.I.J.linear.{weight,bias} and medusa_head.I.{layers}.weight;
+    config.json has only medusa_num_heads / medusa_num_layers. ``lm_head``: blocks that add
+    ``noise`` times SiLU of a random projection, then this output matrix (a head that
+    mostly repeats the target's own prediction)."""
+    rng = np.random.default_rng(seed)
+    w = {}
+    for i in range(heads):
+        for j in range(layers):
+            w[f"medusa_head.{i}.{j}.linear.weight"] = (noise * rng.standard_normal((h, h)) if lm_head is not None
+                                                       else rng.standard_normal((h, h)) / np.sqrt(h)).astype(np.float16)
+            w[f"medusa_head.{i}.{j}.linear.bias"] = np.zeros(h, np.float16)
+        w[f"medusa_head.{i}.{layers}.weight"] = (lm_head if lm_head is not None
+                                                  else rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16)
+    if bare_keys:  # medusa_lm_head.pt holds the ModuleList's own state dict
+        w = {k[len("medusa_head."):]: a for k, a in w.items()}
+    _save(folder, w, fmt, bin_name="medusa_lm_head.pt" if bare_keys else "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": layers,
+                                                    "base_model_name_or_path": "target"}))
+
+
+def build_head(kind: str, ckpt: Path, target_src: Path, quant: str, out: Path) -> tuple[str, str]:
+    from speccompile.compile import compile_model
+    from speccompile.convert_weight import convert_weight
+    from speccompile.gen_config import gen_config
+
+    convert_weight(ckpt, quant, out, kind, progress=False, target=target_src)
+    gen_config(ckpt, quant, out, target=target_src, model_type=kind)
+    lib = out.with_suffix(".so")
+    meta = compile_model(out / "speccompile-config.json", "llvm", lib, verbose=False)
+    assert meta["model_type"] == kind
+    return str(out), str(lib)
+
+
+def check_lossless(model_dir, lib, head, mode: str, prompts, expected, widths=(1, 3), ks=(3,), nodes=16,
+                   batches=(1, 4)) -> list:
+    """Every width/k: batch 1 and batch 4 outputs equal plain greedy; returns the stats seen."""
+    from speccompile.runtime.engine import Engine
+
+    stats = []
+    for width in widths:
+        eng = Engine(model_dir, lib, speculative_mode=mode, additional_models=[head], spec_tree_width=width,
+                     spec_tree_nodes=nodes if width > 1 else 64)
+        for k in ks:
+            eng.set_draft_length(k)
+            if 1 in batches:
+                for i, ids in enumerate(prompts):
+                    res = eng.generate(ids, NEW_TOKENS, ignore_eos=True)
+                    assert res.token_ids == expected[i], f"{mode} width={width} k={k} prompt {i}"
+                    stats.append((width, res.stats.spec))
+            if 4 in batches:
+                for start in range(0, len(prompts), 4):
+                    results = eng.generate_batch(prompts[start:start + 4], NEW_TOKENS, ignore_eos=True)
+                    assert [r.token_ids for r in results] == expected[start:start + 4], \
+                        f"{mode} width={width} k={k} batch at {start}"
+                    stats += [(width, r.stats.spec) for r in results]
+    return stats
+
+
+# ------------------------------------------------------------------ tiny target
+@pytest.fixture(scope="module")
+def tiny(build_tiny, tmp_path_factory):
+    from speccompile.runtime.engine import Engine
+
+    built = build_tiny("tiny-llama", "q0f32")
+    root = tmp_path_factory.mktemp("tinyheads")
+    t = PRESETS["tiny-llama"]
+    make_eagle_checkpoint(root / "eagle-hf", t, layers=2, repeat=0.5)
+    make_medusa_checkpoint(root / "medusa-hf", t["hidden_size"], t["vocab_size"], heads=3,
+                           lm_head=built.weights["model.embed_tokens.weight"], noise=0.2)
+    eagle = build_head("eagle", root / "eagle-hf", built.hf_dir, "q0f32", root / "eagle")
+    medusa = build_head("medusa", root / "medusa-hf", built.hf_dir, "q0f32", root / "medusa")
+    eng = Engine(built.model_dir, built.lib)
+    prompts = [eng.encode_prompt(p) for p in PROMPTS]
+    expected = [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
+    return built, eagle, medusa, prompts, expected, root
+
+
+@pytest.mark.parametrize("mode", ["eagle", "medusa"])
+def test_tiny_target_lossless_chain_and_tree_with_accepted_drafts(tiny, mode):
+    built, eagle, medusa, prompts, expected, _ = tiny
+    stats = check_lossless(built.model_dir, built.lib, eagle if mode == "eagle" else medusa, mode, prompts,
+                           expected, ks=(1, 3))
+    for width in (1, 3):
+        seen = [s for w, s in stats if w == width]
+        assert sum(s.draft_tokens for s in seen) > 0 and sum(s.draft_steps for s in seen) > 0
+        accepted, drafted = sum(s.accepted_tokens for s in seen), sum(s.draft_tokens for s in seen)
+        assert 0 < accepted < drafted, f"{mode} width {width}: {accepted} of {drafted} drafts accepted"
+        assert all(len(s.per_position_accept_rate) >= 1 for s in seen if s.verify_steps)
+    tree = [s.to_dict()["mean_tree_size"] for w, s in stats if w == 3 and s.verify_steps]
+    assert max(tree) > 3  # trees verify more nodes than their depth
+    mean_len = {w: sum(s.emitted_in_verify for v, s in stats if v == w) / sum(s.verify_steps for v, s in stats if v == w)
+                for w in (1, 3)}
+    assert mean_len[3] > mean_len[1], mean_len  # other branches than the top-1 get accepted
+
+
+def test_tiny_target_sampling_and_adaptive_run(tiny):
+    from speccompile.runtime.engine import Engine
+    from speccompile.runtime.sampling import SamplingParams
+
+    built, eagle, medusa, prompts, expected, _ = tiny
+    for mode, head in (("eagle", eagle), ("medusa", medusa)):
+        eng = Engine(built.model_dir, built.lib, speculative_mode=mode, additional_models=[head], spec_tree_width=2)
+        res = eng.generate(prompts[2], NEW_TOKENS, ignore_eos=True)  # adaptive k
+        assert res.token_ids == expected[2]
+        sp = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+        a = eng.generate(prompts[1], 16, sp, ignore_eos=True)
+        b = eng.generate(prompts[1], 16, sp, ignore_eos=True)
+        assert a.token_ids == b.token_ids and len(a.token_ids) == 16 and max(a.token_ids) < 272
+
+
+def test_cli_generate_with_eagle(tiny):
+    from click.testing import CliRunner
+
+    from speccompile.cli import main
+
+    built, eagle, medusa, prompts, expected, _ = tiny
+    res = CliRunner().invoke(main, ["generate", str(built.model_dir), "--model-lib", str(built.lib), "--prompt",
+                                    PROMPTS[2], "--max-tokens", "12", "--json", "--speculative-mode", "eagle",
+                                    "--additional-models", ",".join(eagle), "--spec-draft-length", "3",
+                                    "--spec-tree-width", "2", "--spec-tree-nodes", "8"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["stats"]["draft_tokens"] > 0 and "per_position_accept_rate" in data["stats"]
+
+
+def test_conversion_rejects_heads_of_another_target(tiny, tmp_path):
+    from speccompile.convert_weight import convert_weight
+    from speccompile.gen_config import gen_config
+    from speccompile.sources import SourceError
+
+    built, *_ = tiny
+    t = PRESETS["tiny-llama"]
+    make_eagle_checkpoint(tmp_path / "e32", t, hidden=32)
+    with pytest.raises(SourceError, match="hidden_size 32 but the target has 64"):
+        convert_weight(tmp_path / "e32", "q0f32", tmp_path / "o1", "eagle", progress=False, target=built.hf_dir)
+    make_eagle_checkpoint(tmp_path / "ev", t, vocab=300)
+    with pytest.raises(SourceError, match="vocab_size 300 but the target has 272"):
+        gen_config(tmp_path / "ev", "q0f32", tmp_path / "o2", target=built.hf_dir, model_type="eagle")
+    make_medusa_checkpoint(tmp_path / "mv", 64, 300)
+    with pytest.raises(SourceError, match="predict 300 tokens .* vocabulary has 272"):
+        convert_weight(tmp_path / "mv", "q0f32", tmp_path / "o3", "medusa", progress=False, target=built.hf_dir)
+    make_medusa_checkpoint(tmp_path / "mh", 32, 272, fmt="bin", bare_keys=True)  # medusa_lm_head.pt
+    with pytest.raises(SourceError, match="hidden size 32 .* target has 64"):
+        convert_weight(tmp_path / "mh", "q0f32", tmp_path / "o4", progress=False, target=built.hf_dir)
+    with pytest.raises(SourceError, match="needs its target model"):
+        convert_weight(tmp_path / "mv", "q0f32", tmp_path / "o5", "medusa", progress=False)
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists()
+
+
+@pytest.mark.real_model
+def test_runtime_rejects_wrong_head(tiny, smollm2_q4):
+    from speccompile.runtime.engine import Engine, GenerationError
+
+    built, eagle, medusa, *_ = tiny
+    with pytest.raises(GenerationError, match="needs a eagle head"):
+        Engine(built.model_dir, built.lib, speculative_mode="eagle", additional_models=[medusa])
+    with pytest.raises(GenerationError, match="needs its head"):
+        Engine(built.model_dir, built.lib, speculative_mode="medusa")
+    with pytest.raises(GenerationError, match="apply to --speculative-mode eagle or medusa"):
+        Engine(built.model_dir, built.lib, speculative_mode="ngram", spec_tree_width=2)
+    model_dir, lib = smollm2_q4
+    with pytest.raises(GenerationError, match="hidden_size 64 but the target has 576"):
+        Engine(model_dir, lib, speculative_mode="eagle", additional_models=[eagle])
+
+
+# --------------------------------------------------------------------- SmolLM2
+@pytest.mark.real_model
+def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
+    """Random heads built for SmolLM2-135M's sizes (its GGUF is the --target), q4f32_1."""
+    from speccompile.fetch import fetch
+    from speccompile.runtime.engine import Engine
+
+    model_dir, lib = smollm2_q4
+    gguf = fetch("SmolLM2-135M-Instruct", quiet=True)
+    cfg = json.loads((Path(model_dir) / "speccompile-config.json").read_text())["model_config"]
+    root = tmp_path_factory.mktemp("smolheads")
+    make_eagle_checkpoint(root / "eagle-hf", cfg, layers=1, seed=3, fmt="safetensors")
+    make_medusa_checkpoint(root / "medusa-hf", cfg["hidden_size"], cfg["vocab_size"], heads=2, seed=4)
+    eagle = build_head("eagle", root / "eagle-hf", gguf, "q4f32_1", root / "eagle")
+    medusa = build_head("medusa", root / "medusa-hf", gguf, "q4f32_1", root / "medusa")
+    eng = Engine(model_dir, lib)
+    prompts = [eng.encode_prompt(p) for p in PROMPTS]
+    expected = [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
+    for mode, head in (("eagle", eagle), ("medusa", medusa)):
+        stats = check_lossless(model_dir, lib, head, mode, prompts, expected, widths=(1, 2), ks=(2,), nodes=6)
+        assert sum(s.draft_tokens for _, s in stats) > 0
