@@ -30,7 +30,7 @@ from .model import Model
 from .proposers import NGramProposer, Proposer, SmallDraftProposer, load_head
 from .sampling import SamplingParams, sample
 from .tokenizer import StreamDecoder, load_tokenizer, render_chat
-from .verify import Draft, Verdict, verify
+from .verify import Draft, Verdict
 
 CONFIG_NAME = "speccompile-config.json"
 SPECULATIVE_MODES = ("disable", "small_draft", "ngram", "eagle", "medusa")
@@ -410,20 +410,11 @@ class Engine:
         else:
             draft_forwards = 0
         t1 = time.perf_counter()
-        greedy = all(s.sampling.greedy for s in active)
-        logits, hidden = self._target_forward(active, drafts, on_device=greedy)
+        logits, hidden = self._target_forward(active, drafts)
         if logits is None:  # the KV cache could not hold the drafts: verify none of them
             drafts = [Draft() for _ in active]
-            logits, hidden = self._target_forward(active, drafts, on_device=greedy)
-        if greedy:  # the library's TensorIR kernel: argmax and tree walk on device
-            kernel = self.model.greedy_verify(logits, [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)],
-                                              [d.verify_parents() for d in drafts])
-            verdicts = [Verdict(path, [d.tokens[j] for j in path] + [bonus]) for (path, bonus), d in zip(kernel, drafts)]
-        else:  # rejection sampling: the numpy routine
-            verdicts, offset = [], 0
-            for s, d in zip(active, drafts):
-                verdicts.append(verify(logits[offset: offset + len(d) + 1], d, s.sampling, s.rng))
-                offset += len(d) + 1
+            logits, hidden = self._target_forward(active, drafts)
+        verdicts = self._verify_on_device(active, drafts, logits)
         t2 = time.perf_counter()
         # verify cost is keyed by draft depth (= length for chains), the k the controller picks
         self.controller.observe_verify(b, max(max(_depths(d.parent_list()), default=0) for d in drafts), t2 - t1)
@@ -461,8 +452,35 @@ class Engine:
                 s.result.stats.spec.other_seconds += rest
             self.totals.spec.other_seconds += rest
 
-    def _target_forward(self, active: list[_Seq], drafts: list[Draft], on_device: bool = False):
-        """(logits [n, vocab] of [last] + drafts for every sequence, their hidden states
+    def _verify_on_device(self, active: list[_Seq], drafts: list[Draft], logits) -> list[Verdict]:
+        """The one verification routine, run by the library's TensorIR kernels on the device
+        logits (runtime/verify.py is their numpy reference): greedy -- argmax and tree walk
+        -- when every sequence is greedy, else temperature/top-k/top-p probabilities and
+        recursive rejection sampling for the whole batch (a greedy row's probabilities are
+        one-hot at its argmax, so it follows the greedy rule there too)."""
+        tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
+        parents = [d.verify_parents() for d in drafts]
+        if all(s.sampling.greedy for s in active):
+            res = self.model.greedy_verify(logits, tokens, parents)
+        else:
+            per_row = [s.sampling for s, d in zip(active, drafts) for _ in range(len(d) + 1)]
+            p = self.model.sampling_probs(logits, [x.temperature for x in per_row], [x.top_k for x in per_row],
+                                          [x.top_p for x in per_row])
+            one_hot = [d.probs is None for d in drafts]
+            q = None
+            if not all(one_hot):  # row 0 of each sequence (its last token) has no draft distribution
+                q = np.zeros((len(per_row), self.model.vocab_size), np.float32)
+                row = 0
+                for d in drafts:
+                    if d.probs is not None:
+                        q[row + 1: row + 1 + len(d)] = d.probs
+                    row += len(d) + 1
+            uniforms = [s.rng.random(len(d) + 1) for s, d in zip(active, drafts)]  # each node's test, then the bonus
+            res = self.model.verify_sampling(p, q, one_hot, tokens, parents, uniforms)
+        return [Verdict(path, [d.tokens[j] for j in path] + [last]) for (path, last), d in zip(res, drafts)]
+
+    def _target_forward(self, active: list[_Seq], drafts: list[Draft]):
+        """(device logits [n, vocab] of [last] + drafts for every sequence, their hidden states
         [n, hidden] on the host when the proposer reads them, else None); logits None if
         the KV cache is full. With hidden states the forward stops at the final norm and
         ``get_logits`` finishes it: the same kernels, so the same logits bit for bit."""
@@ -476,13 +494,13 @@ class Engine:
             except KVCacheFull:
                 return None, None
             logits = self.model.get_logits(hidden)
-            return (logits if on_device else logits.numpy()), hidden.numpy()
+            return logits, hidden.numpy()
         if all(len(d) == 0 for d in drafts):
-            return self.model.decode(self.kv, ids, [s.history[-1] for s in active], on_device=on_device), None
+            return self.model.decode(self.kv, ids, [s.history[-1] for s in active], on_device=True), None
         try:
             if tree:
-                return self.model.verify(self.kv, ids, tokens, parents, on_device), None
-            return self.model.verify(self.kv, ids, tokens, on_device=on_device), None
+                return self.model.verify(self.kv, ids, tokens, parents, True), None
+            return self.model.verify(self.kv, ids, tokens, on_device=True), None
         except KVCacheFull:
             return None, None
 

@@ -47,31 +47,63 @@ def tiny(build_tiny):
     return build_tiny("tiny-qwen2", "q4f16_1")
 
 
-def test_opencl(tiny, tmp_path):
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+def model_dir(request, tiny, smollm2_q4):
+    return tiny.model_dir if request.param == "tiny" else smollm2_q4[0]
+
+
+def test_opencl(model_dir, tmp_path):
     lib, src = tmp_path / "m-opencl.so", tmp_path / "m.cl"
-    compile_model(tiny.model_dir / "speccompile-config.json", "opencl", lib, verbose=False, dump_source=src)
+    compile_model(model_dir / "speccompile-config.json", "opencl", lib, verbose=False, dump_source=src)
     _, data = _check_common(lib, "opencl", "opencl")
     text = src.read_text()
-    assert "__kernel void greedy_verify_kernel(" in text and "__kernel void q4_matmul_kernel(" in text
+    for kernel in ("greedy_verify_kernel", "q4_matmul_kernel", "sampling_probs1_kernel", "verify_sampling1_kernel"):
+        assert f"__kernel void {kernel}(" in text, kernel
     assert b"greedy_verify_kernel" in data and b"__kernel" in data  # the OpenCL C rides inside the .so
-    _refused(tiny.model_dir, lib, "built for opencl")
+    _refused(model_dir, lib, "built for opencl")
 
 
 @pytest.mark.parametrize("device, host", [("metal", "arm64-apple-macos"), ("iphone", "arm64-apple-ios"),
                                           ("android", "aarch64-linux-android")])
-def test_archives(tiny, tmp_path, device, host):
+def test_archives(model_dir, tmp_path, device, host):
     lib = tmp_path / f"m-{device}.tar"
-    compile_model(tiny.model_dir / "speccompile-config.json", device, lib, verbose=False)
+    compile_model(model_dir / "speccompile-config.json", device, lib, verbose=False)
     meta, data = _check_common(lib, device, "opencl" if device == "android" else "metal")
     assert host in meta["host"] and meta["system_lib_prefix"] == f"m_{device}_"
     with tarfile.open(lib) as tar:
         names = tar.getnames()
     assert "lib0.o" in names and any(n.endswith("devc.o") for n in names)
     # the kernel source (Metal, or OpenCL C for android), its names carrying the library prefix
-    kernel = rb"__kernel void \w*greedy_verify_kernel\(" if device == "android" else rb"kernel void \w*greedy_verify_kernel\("
-    assert re.search(kernel, data)
+    for kernel in ("greedy_verify_kernel", "verify_sampling1_kernel"):
+        pattern = (rb"__kernel void \w*" if device == "android" else rb"kernel void \w*") + kernel.encode() + rb"\("
+        assert re.search(pattern, data), kernel
     assert f"m_{device}_append_kv".encode() in data  # system-library symbols carry the prefix
-    _refused(tiny.model_dir, lib, "archive of objects")
+    _refused(model_dir, lib, "archive of objects")
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("device, suffix", [("cuda", ".so"), ("opencl", ".so"), ("metal", ".tar")])
+def test_draft_heads(build_tiny, tmp_path, kind, device, suffix):
+    """EAGLE and Medusa heads (official layouts, converted against their target) build for GPUs too."""
+    from speccompile.convert_weight import convert_weight
+    from speccompile.gen_config import gen_config
+    from speccompile.models.config import PRESETS
+    from test_eagle_medusa import make_eagle_checkpoint, make_medusa_checkpoint
+
+    target = build_tiny("tiny-llama", "q0f32")
+    t = PRESETS["tiny-llama"]
+    ckpt, out = tmp_path / f"{kind}-hf", tmp_path / kind
+    if kind == "eagle":
+        make_eagle_checkpoint(ckpt, t, layers=1)
+    else:
+        make_medusa_checkpoint(ckpt, t["hidden_size"], t["vocab_size"], heads=2)
+    convert_weight(ckpt, "q4f16_1", out, kind, progress=False, target=target.hf_dir)
+    gen_config(ckpt, "q4f16_1", out, target=target.hf_dir, model_type=kind)
+    lib = tmp_path / f"{kind}-{device}{suffix}"
+    meta = compile_model(out / "speccompile-config.json", device, lib, verbose=False)
+    assert meta["model_type"] == kind and meta["device"] == device
+    entry = "eagle_forward" if kind == "eagle" else "medusa_heads"
+    assert entry in meta["entry_points"] and entry.encode() in _payload(lib)
 
 
 def test_tar_needed_for_apple(tiny, tmp_path):
@@ -106,16 +138,15 @@ def _nvcc_resources(src: Path, arch: str) -> dict[str, str]:
     return usage
 
 
-@pytest.mark.parametrize("which", ["tiny", "smollm2"])
-def test_cuda(which, tiny, smollm2_q4, tmp_path):
-    model_dir = tiny.model_dir if which == "tiny" else smollm2_q4[0]
+def test_cuda(model_dir, tmp_path):
     lib, src = tmp_path / "m-cuda.so", tmp_path / "m.cu"
     out = compile_model(model_dir / "speccompile-config.json", "cuda", lib, verbose=False,
                         cuda_archs=["sm_80", "sm_89"], dump_source=src)
     meta, data = _check_common(lib, "cuda", "cuda")
     assert meta["cuda_archs"] == ["sm_80", "sm_89"]
     text = src.read_text()
-    for kernel in ("greedy_verify_kernel", "greedy_verify_kernel_1", "q4_matmul_kernel", "attention_kernel"):
+    for kernel in ("greedy_verify_kernel", "greedy_verify_kernel_1", "q4_matmul_kernel", "attention_kernel",
+                   "sampling_probs1_kernel", "verify_sampling1_kernel"):
         assert f"void __launch_bounds__" in text and f" {kernel}(" in text, kernel
     if shutil.which("nvcc"):
         assert meta["cuda_binary"] == "fatbin" and out["build"]["fatbin_bytes"] > 0
@@ -124,7 +155,7 @@ def test_cuda(which, tiny, smollm2_q4, tmp_path):
         assert b"greedy_verify_kernel" in data[start:]  # kernel symbols live in the fatbin's cubins
         assert b"__global__" not in data  # no CUDA source shipped: the device needs no compiler
         usage = _nvcc_resources(src, "sm_80")
-        assert "greedy_verify_kernel" in usage and "q4_matmul_kernel" in usage
+        assert {"greedy_verify_kernel", "sampling_probs1_kernel", "verify_sampling1_kernel", "q4_matmul_kernel"} <= set(usage)
     else:
         assert meta["cuda_binary"] == "source" and b"__global__" in data
     _refused(model_dir, lib, "built for cuda")

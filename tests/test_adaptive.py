@@ -1,0 +1,51 @@
+"""The adaptive draft-length controller on synthetic costs and acceptance."""
+from speccompile.runtime.adaptive import DraftLengthController
+
+
+def _run(ctrl: DraftLengthController, verify_ms, accept_prob: float, steps: int = 400) -> list[int]:
+    """Feed the controller a deterministic world: verify of k drafts costs verify_ms[k], each
+    draft position is accepted with ``accept_prob`` (as an exact long-run fraction)."""
+    chosen, credit = [], 0.0
+    for _ in range(steps):
+        k = ctrl.choose(1, 8)
+        chosen.append(k)
+        ctrl.observe_verify(1, k, verify_ms[min(k, len(verify_ms) - 1)] / 1e3)
+        if k:
+            accepted = 0
+            for _ in range(k):
+                credit += accept_prob
+                if credit >= 1.0:
+                    credit -= 1.0
+                    accepted += 1
+                else:
+                    break
+            ctrl.observe_acceptance(k, accepted)
+    return chosen
+
+
+def test_speculates_deeper_when_acceptance_is_high_and_verify_is_cheap():
+    ctrl = DraftLengthController(draft_is_free=True)
+    chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95)
+    assert sum(k >= 3 for k in chosen[-100:]) > 80
+
+
+def test_plain_decoding_when_verify_is_nearly_linear():
+    ctrl = DraftLengthController(draft_is_free=True)
+    chosen = _run(ctrl, [10, 19, 28, 37, 46, 55, 64, 73, 82], 0.6)
+    assert chosen[-100:].count(0) == 100  # not even perfect acceptance pays: no probes either
+
+
+def test_marginal_gain_is_not_taken_and_probes_are_rare():
+    # k = 1 would promise 1.3 tokens per 1.25 steps (1.04x): inside the noise margin
+    ctrl = DraftLengthController(draft_is_free=True)
+    chosen = _run(ctrl, [10, 12.5, 15, 17.5, 20, 22.5, 25, 27.5, 30], 0.3)
+    tail = chosen[-200:]
+    assert tail.count(0) >= 185 and max(tail) == 1  # at most a few probe steps
+
+
+def test_probe_one_longer_refreshes_a_stale_cost():
+    ctrl = DraftLengthController(draft_is_free=True)
+    # a noisy first measurement makes k = 2 look expensive; probes must re-measure it
+    ctrl.observe_verify(1, 2, 0.050)
+    chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95, steps=600)
+    assert sum(k >= 2 for k in chosen[-100:]) > 80
