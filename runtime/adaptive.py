@@ -12,16 +12,23 @@ its time = k * draft_cost + verify_cost[k]. k = 0 is plain decoding and is chose
 whenever speculation does not pay. Every ``probe_every`` steps one step drafts one token
 longer than the best k (k = 1 while plain decoding wins), so that a change in acceptance
 or a stale cost is noticed; each probe that does not change the decision doubles the
-interval (up to 256 steps). No probe runs when
+interval (up to 256 steps). When even perfect acceptance could not pay at the measured
+costs, probes are rarer (every 64 steps, doubling to 1024): a draft model has to catch up on
+the skipped tokens, but a cost measured while another process held the CPU must not switch
+speculation off for good. Costs are medians of the last 9 forwards, robust to such spikes. No probe runs when
 speculation could not pay even if every draft were accepted (measured costs alone rule
 it out): a draft model would have to catch up on every skipped token for nothing.
 """
 from __future__ import annotations
 
+import statistics
+
 # A longer draft must promise this much more throughput to be chosen: step times on a busy
 # 2-core machine jitter by several percent, and a marginal "win" measured on noise was a
 # 0.92x loss in practice (Qwen 1.5B, n-gram, coding prompts).
 MARGIN = 1.08
+COST_WINDOW = 9  # recent forwards per (batch, k) whose median is the cost estimate
+IDLE_PROBE_EVERY, IDLE_PROBE_MAX = 64, 1024  # probes when even perfect acceptance looks unprofitable
 
 
 class DraftLengthController:
@@ -30,16 +37,22 @@ class DraftLengthController:
         self.max_k, self.fixed_k, self.ema, self.probe_every = max_k, fixed_k, ema, probe_every
         self.alpha = [prior_alpha] * max_k
         self.draft_cost = 0.0 if draft_is_free else None
-        self.verify_cost: dict[tuple[int, int], float] = {}  # (batch, k) -> seconds
+        self.verify_samples: dict[tuple[int, int], list[float]] = {}  # (batch, k) -> recent seconds
         self.since_probe = 0
         self.probe_interval = probe_every
         self.last_best = 0
 
     # ------------------------------------------------------------ estimates
     def observe_verify(self, batch: int, k: int, seconds: float) -> None:
-        key = (batch, k)
-        old = self.verify_cost.get(key)
-        self.verify_cost[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        samples = self.verify_samples.setdefault((batch, k), [])
+        samples.append(seconds)
+        del samples[:-COST_WINDOW]
+
+    @property
+    def verify_cost(self) -> dict[tuple[int, int], float]:
+        """(batch, k) -> median of the recent forwards: one step slowed by another process
+        must not decide the next hundreds (a mean or EMA would carry it)."""
+        return {key: statistics.median(v) for key, v in self.verify_samples.items()}
 
     def observe_draft(self, forwards: int, seconds: float) -> None:
         if forwards <= 0 or self.draft_cost == 0.0:
@@ -55,25 +68,26 @@ class DraftLengthController:
             if not hit:
                 break  # later positions were not reached: no evidence about them
 
-    def _verify_time(self, batch: int, k: int) -> float | None:
-        known = sorted(kk for (b, kk) in self.verify_cost if b == batch)
+    def _verify_time(self, batch: int, k: int, cost: dict | None = None) -> float | None:
+        cost = self.verify_cost if cost is None else cost
+        known = sorted(kk for (b, kk) in cost if b == batch)
         if not known:
             return None
         if k in known:
-            return self.verify_cost[(batch, k)]
+            return cost[(batch, k)]
         lo = max((kk for kk in known if kk < k), default=None)
         hi = min((kk for kk in known if kk > k), default=None)
         if lo is not None and hi is not None:
-            t_lo, t_hi = self.verify_cost[(batch, lo)], self.verify_cost[(batch, hi)]
+            t_lo, t_hi = cost[(batch, lo)], cost[(batch, hi)]
             return t_lo + (t_hi - t_lo) * (k - lo) / (hi - lo)
-        base = self.verify_cost[(batch, known[0])]
+        base = cost[(batch, known[0])]
         # extrapolate: each extra token costs at least 10% of a base step (CPU verify is not free)
         slope = 0.1 * base
         if len(known) >= 2:
             a, b = known[-2], known[-1]
-            slope = max(slope, (self.verify_cost[(batch, b)] - self.verify_cost[(batch, a)]) / (b - a))
+            slope = max(slope, (cost[(batch, b)] - cost[(batch, a)]) / (b - a))
         ref = known[-1] if k > known[-1] else known[0]
-        return self.verify_cost[(batch, ref)] + slope * (k - ref)
+        return cost[(batch, ref)] + slope * (k - ref)
 
     def expected_tokens(self, k: int, perfect: bool = False) -> float:
         total, run = 1.0, 1.0
@@ -82,10 +96,10 @@ class DraftLengthController:
             total += run
         return total
 
-    def _best(self, batch: int, cap: int, t0: float, perfect: bool = False) -> int:
+    def _best(self, batch: int, cap: int, t0: float, cost: dict, perfect: bool = False) -> int:
         best_k, best_rate = 0, 1.0 / t0
         for k in range(1, cap + 1):
-            tv = self._verify_time(batch, k)
+            tv = self._verify_time(batch, k, cost)
             if tv is None:
                 continue
             rate = self.expected_tokens(k, perfect) / (k * self.draft_cost + tv)
@@ -101,19 +115,21 @@ class DraftLengthController:
             return min(self.fixed_k, cap)
         if cap == 0:
             return 0
-        t0 = self._verify_time(batch, 0)
+        cost = self.verify_cost
+        t0 = self._verify_time(batch, 0, cost)
         if t0 is None or self.draft_cost is None:
             return 1 if t0 is not None else 0  # measure plain first, then one probe
-        best_k = self._best(batch, cap, t0)
-        if best_k == 0 and self._best(batch, cap, t0, perfect=True) == 0:
-            return 0  # not even perfect acceptance would pay at these costs
-        if best_k != self.last_best:  # the decision moved: probe at the base rate again
-            self.last_best, self.since_probe, self.probe_interval = best_k, 0, self.probe_every
+        best_k = self._best(batch, cap, t0, cost)
+        hopeless = best_k == 0 and self._best(batch, cap, t0, cost, perfect=True) == 0
+        state = -1 if hopeless else best_k  # not even perfect acceptance would pay at these costs
+        if state != self.last_best:  # the decision moved: probe at the base rate again
+            self.last_best, self.since_probe = state, 0
+            self.probe_interval = IDLE_PROBE_EVERY if hopeless else self.probe_every
         self.since_probe += 1
         if self.since_probe >= self.probe_interval and best_k < cap:
             # one step one draft longer refreshes that length's cost and the next position's
             # acceptance; otherwise a cost measured in a noisy moment would stick forever
             self.since_probe = 0
-            self.probe_interval = min(2 * self.probe_interval, 256)
+            self.probe_interval = min(2 * self.probe_interval, IDLE_PROBE_MAX if hopeless else 256)
             return best_k + 1
         return best_k

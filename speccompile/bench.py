@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,11 @@ def _aggregate(rows: list[dict], key_tokens: str, key_seconds: str) -> float:
 
 def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None, max_tokens: int = 128,
               limit: int | None = None, out_json: Path | None = None, quiet: bool = False, spec: dict | None = None,
-              categories: list[str] | None = None, per_category: int | None = None) -> dict:
+              categories: list[str] | None = None, per_category: int | None = None,
+              llama_bench: tuple[Path, Path] | None = None) -> dict:
     """Plain decoding of every prompt, and -- with a speculative mode -- the same prompts with
-    speculation, in the same process and the same build, greedy, batch 1."""
+    speculation, in the same process and the same build, greedy, batch 1. ``llama_bench``
+    (binary, gguf): llama.cpp's own benchmark runs right after, in the same run."""
     from speccompile.cli import _engine
 
     spec = spec or {"speculative_mode": "disable"}
@@ -160,6 +163,9 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     overall["roofline_tokens_per_s"] = roofline
     overall["plain_share_of_roofline"] = overall["plain_tokens_per_s"] / roofline
     overall["prefill_tokens_per_s_mean"] = statistics.fmean(r["prefill_tokens_per_s"] for r in rows)
+    if llama_bench:
+        overall["llama_cpp"] = run_llama_bench(*llama_bench)
+        overall["llama_cpp"]["ours_over_llama_cpp_decode"] = overall["plain_tokens_per_s"] / overall["llama_cpp"]["tg_tokens_per_s"]
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "measured_bandwidth_GBps": round(bandwidth, 2)},
@@ -183,11 +189,31 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     return report
 
 
+def run_llama_bench(binary: Path, gguf: Path, threads: int | None = None) -> dict:
+    """llama.cpp's llama-bench (pp64 / tg64, all cores) on the same machine, for comparison
+    only: it is never a dependency."""
+    threads = threads or os.cpu_count() or 1
+    cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "64", "-n", "64", "-o", "json"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ValueError(f"llama-bench failed: {res.stderr[-500:]}")
+    runs = json.loads(res.stdout)
+    out = {"binary": str(binary), "gguf": str(gguf), "threads": threads}
+    for r in runs:
+        key = "pp_tokens_per_s" if r.get("n_prompt", 0) > 0 else "tg_tokens_per_s"
+        out[key] = float(r["avg_ts"])
+    return out
+
+
 def _print_summary(report: dict, speculative: bool, bandwidth: float, per_token: int) -> None:
     s = report["summary"]
     print(f"\nplain decode {s['plain_tokens_per_s']:.1f} tok/s, prefill {s['prefill_tokens_per_s_mean']:.1f} tok/s; "
           f"bandwidth {bandwidth:.1f} GB/s, {per_token / 1e6:.1f} MB/token -> roofline "
           f"{s['roofline_tokens_per_s']:.1f} tok/s, plain at {100 * s['plain_share_of_roofline']:.0f}% of it")
+    if "llama_cpp" in s:
+        lc = s["llama_cpp"]
+        print(f"llama.cpp (same run): decode {lc['tg_tokens_per_s']:.1f} tok/s, prefill {lc['pp_tokens_per_s']:.1f} "
+              f"tok/s; ours / llama.cpp decode = {lc['ours_over_llama_cpp_decode']:.2f}")
     if speculative:
         print(f"{'category':<12} {'plain':>7} {'spec':>7} {'speedup':>8} {'accept':>7} {'len':>5}")
         for c, g in list(report["per_category"].items()) + [("overall", s)]:

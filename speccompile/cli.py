@@ -277,8 +277,11 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
 @click.option("--api-key", envvar="SPECCOMPILE_API_KEY", default=None, help="with --endpoint")
 @click.option("--compare", type=click.Path(path_type=Path), default=None,
               help="with --endpoint: an earlier report (e.g. speculation off) to print throughput ratios against")
+@click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path), default=None,
+              help="also run llama.cpp's llama-bench binary in the same run, on --gguf (or --model's GGUF)")
+@click.option("--gguf", type=click.Path(path_type=Path), default=None, help="with --llama-bench")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              per_category, spec, endpoint, concurrency, api_key, compare):
+              per_category, spec, endpoint, concurrency, api_key, compare, llama_bench, gguf):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
@@ -297,13 +300,18 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
         return
     try:
         if model_name:
-            from speccompile.fetch import prepare
+            from speccompile.fetch import fetch, prepare
 
             model_dir, model_lib = prepare(model_name, quantization)
+            if llama_bench and gguf is None:
+                gguf = fetch(model_name, quiet=True)
         if model_dir is None or model_lib is None:
             raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+        if llama_bench and (gguf is None or not Path(llama_bench).exists()):
+            raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")
         run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,
-                  categories=list(categories) or None, per_category=per_category)
+                  categories=list(categories) or None, per_category=per_category,
+                  llama_bench=(llama_bench, gguf) if llama_bench else None)
     except USER_ERRORS as err:
         _fail(err)
 

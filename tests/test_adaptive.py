@@ -32,7 +32,7 @@ def test_speculates_deeper_when_acceptance_is_high_and_verify_is_cheap():
 def test_plain_decoding_when_verify_is_nearly_linear():
     ctrl = DraftLengthController(draft_is_free=True)
     chosen = _run(ctrl, [10, 19, 28, 37, 46, 55, 64, 73, 82], 0.6)
-    assert chosen[-100:].count(0) == 100  # not even perfect acceptance pays: no probes either
+    assert chosen[-100:].count(0) >= 99  # not even perfect acceptance pays: only rare probes
 
 
 def test_marginal_gain_is_not_taken_and_probes_are_rare():
@@ -48,4 +48,12 @@ def test_probe_one_longer_refreshes_a_stale_cost():
     # a noisy first measurement makes k = 2 look expensive; probes must re-measure it
     ctrl.observe_verify(1, 2, 0.050)
     chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95, steps=600)
+    assert sum(k >= 2 for k in chosen[-100:]) > 80
+
+
+def test_a_cost_spike_does_not_switch_speculation_off_for_good():
+    ctrl = DraftLengthController(draft_is_free=True)
+    ctrl.observe_verify(1, 0, 0.010)
+    ctrl.observe_verify(1, 1, 0.100)  # measured while another process held the CPU
+    chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95, steps=800)
     assert sum(k >= 2 for k in chosen[-100:]) > 80
