@@ -24,9 +24,9 @@ from __future__ import annotations
 import statistics
 
 # A longer draft must promise this much more throughput to be chosen: step times on a busy
-# 2-core machine jitter by several percent, and a marginal "win" measured on noise was a
-# 0.92x loss in practice (Qwen 1.5B, n-gram, coding prompts).
-MARGIN = 1.08
+# 2-core machine jitter by several percent, and a marginal "win" measured on noise (2%
+# margin, EMA costs) was a 0.92x loss in practice (Qwen 1.5B, n-gram, coding prompts).
+MARGIN = 1.05
 COST_WINDOW = 9  # recent forwards per (batch, k) whose median is the cost estimate
 IDLE_PROBE_EVERY, IDLE_PROBE_MAX = 64, 1024  # probes when even perfect acceptance looks unprofitable
 
@@ -38,12 +38,16 @@ class DraftLengthController:
         self.alpha = [prior_alpha] * max_k
         self.draft_cost = 0.0 if draft_is_free else None
         self.verify_samples: dict[tuple[int, int], list[float]] = {}  # (batch, k) -> recent seconds
+        self.seen_shapes: set[tuple[int, int]] = set()
         self.since_probe = 0
         self.probe_interval = probe_every
         self.last_best = 0
 
     # ------------------------------------------------------------ estimates
     def observe_verify(self, batch: int, k: int, seconds: float) -> None:
+        if (batch, k) not in self.seen_shapes:  # the first forward of a shape allocates its buffers
+            self.seen_shapes.add((batch, k))
+            return
         samples = self.verify_samples.setdefault((batch, k), [])
         samples.append(seconds)
         del samples[:-COST_WINDOW]
