@@ -214,13 +214,7 @@ class Model:
 
         Chains are appended (roll back with ``kv.popn``); trees are written to scratch rows
         and need :meth:`commit_tree` afterwards."""
-        flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
-        self.check_token_ids(flat)
-        if tree_parents is None:
-            batch = kv.plan_chain(seq_ids, [len(t) for t in token_lists])
-        else:
-            batch = kv.plan_tree(seq_ids, tree_parents)
-        return self._run("verify", flat, kv, batch, on_device=on_device)
+        return self._run("verify", *self._plan(kv, seq_ids, token_lists, tree_parents), on_device=on_device)
 
     def forward_hidden(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
                        tree_parents: list[list[int]] | None = None):
@@ -228,13 +222,17 @@ class Model:
         every token on device [n, hidden] (draft heads read them); :meth:`get_logits` turns
         them into the very logits the fused entry points give. Chains are appended, trees
         planned as in :meth:`verify`."""
+        return self._run("verify_to_last_hidden_states", *self._plan(kv, seq_ids, token_lists, tree_parents),
+                         on_device=True)
+
+    def _plan(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
+              tree_parents: list[list[int]] | None) -> tuple[np.ndarray, PagedKV, ForwardBatch]:
+        """(checked flat token ids, kv, the chain or tree plan) of a multi-token forward."""
         flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
         self.check_token_ids(flat)
         if tree_parents is None:
-            batch = kv.plan_chain(seq_ids, [len(t) for t in token_lists])
-        else:
-            batch = kv.plan_tree(seq_ids, tree_parents)
-        return self._run("verify_to_last_hidden_states", flat, kv, batch, on_device=True)
+            return flat, kv, kv.plan_chain(seq_ids, [len(t) for t in token_lists])
+        return flat, kv, kv.plan_tree(seq_ids, tree_parents)
 
     def get_logits(self, hidden):
         """Device hidden states [n, hidden] (device tensor or numpy) -> device logits [n, vocab]."""
