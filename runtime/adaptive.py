@@ -4,20 +4,18 @@ Estimated online, per engine:
 - alpha[i]: probability that draft position i+1 is accepted given position i was
   (exponential moving average over verify steps that drafted that far);
 - draft_cost: seconds per draft forward (0 for n-gram);
-- verify_cost[k]: seconds of a target forward over k+1 tokens per sequence at the current
-  batch size (measured per k; unmeasured k interpolate linearly from measured ones).
+- verify_cost[n]: seconds of a target forward over n tokens in all (batch * (k + 1) for
+  chains), measured per n; unmeasured n interpolate linearly from measured ones.
 
 Expected tokens of a k-chain = 1 + sum_{i<=k} prod_{j<=i} alpha[j] (the bonus included);
-its time = k * draft_cost + verify_cost[k]. k = 0 is plain decoding and is chosen
+its time = k * draft_cost + verify_cost[batch * (k + 1)]. k = 0 is plain decoding and is chosen
 whenever speculation does not pay. Every ``probe_every`` steps one step drafts one token
 longer than the best k (k = 1 while plain decoding wins), so that a change in acceptance
 or a stale cost is noticed; each probe that does not change the decision doubles the
 interval (up to 256 steps). When even perfect acceptance could not pay at the measured
 costs, probes are rarer (every 64 steps, doubling to 1024): a draft model has to catch up on
 the skipped tokens, but a cost measured while another process held the CPU must not switch
-speculation off for good. Costs are medians of the last 9 forwards, robust to such spikes. No probe runs when
-speculation could not pay even if every draft were accepted (measured costs alone rule
-it out): a draft model would have to catch up on every skipped token for nothing.
+speculation off for good. Costs are medians of the last 9 forwards, robust to such spikes.
 """
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ import statistics
 # 2-core machine jitter by several percent, and a marginal "win" measured on noise (2%
 # margin, EMA costs) was a 0.92x loss in practice (Qwen 1.5B, n-gram, coding prompts).
 MARGIN = 1.05
-COST_WINDOW = 9  # recent forwards per (batch, k) whose median is the cost estimate
+COST_WINDOW = 9  # recent forwards per forward size whose median is the cost estimate
 IDLE_PROBE_EVERY, IDLE_PROBE_MAX = 64, 1024  # probes when even perfect acceptance looks unprofitable
 
 
@@ -37,26 +35,31 @@ class DraftLengthController:
         self.max_k, self.fixed_k, self.ema, self.probe_every = max_k, fixed_k, ema, probe_every
         self.alpha = [prior_alpha] * max_k
         self.draft_cost = 0.0 if draft_is_free else None
-        self.verify_samples: dict[tuple[int, int], list[float]] = {}  # (batch, k) -> recent seconds
-        self.seen_shapes: set[tuple[int, int]] = set()
+        self.verify_samples: dict[int, list[float]] = {}  # forward rows -> recent seconds
+        self.seen_shapes: set[int] = set()
         self.since_probe = 0
         self.probe_interval = probe_every
         self.last_best = 0
 
     # ------------------------------------------------------------ estimates
-    def observe_verify(self, batch: int, k: int, seconds: float) -> None:
-        if (batch, k) not in self.seen_shapes:  # the first forward of a shape allocates its buffers
-            self.seen_shapes.add((batch, k))
+    def observe_verify(self, batch: int, k: int, seconds: float, rows: int | None = None) -> None:
+        """A target forward of ``rows`` tokens in all (default batch * (k + 1), a chain each)."""
+        rows = rows if rows is not None else batch * (k + 1)
+        if rows not in self.seen_shapes:  # the first forward of a shape allocates its buffers
+            self.seen_shapes.add(rows)
             return
-        samples = self.verify_samples.setdefault((batch, k), [])
+        samples = self.verify_samples.setdefault(rows, [])
         samples.append(seconds)
         del samples[:-COST_WINDOW]
 
     @property
-    def verify_cost(self) -> dict[tuple[int, int], float]:
-        """(batch, k) -> median of the recent forwards: one step slowed by another process
-        must not decide the next hundreds (a mean or EMA would carry it)."""
-        return {key: statistics.median(v) for key, v in self.verify_samples.items()}
+    def verify_cost(self) -> dict[int, float]:
+        """rows -> median of the recent forwards: one step slowed by another process must
+        not decide the next hundreds (a mean or EMA would carry it). Keyed by the forward's
+        total rows, not (batch, k): a forward's time depends on how many tokens it carries,
+        so what plain batches of 4 and 8 cost also tells what a batch of 4 drafting one token
+        each would, and a server whose batch size keeps changing need not relearn it."""
+        return {rows: statistics.median(v) for rows, v in self.verify_samples.items()}
 
     def observe_draft(self, forwards: int, seconds: float) -> None:
         if forwards <= 0 or self.draft_cost == 0.0:
@@ -74,24 +77,23 @@ class DraftLengthController:
 
     def _verify_time(self, batch: int, k: int, cost: dict | None = None) -> float | None:
         cost = self.verify_cost if cost is None else cost
-        known = sorted(kk for (b, kk) in cost if b == batch)
+        n = batch * (k + 1)
+        known = sorted(cost)
         if not known:
             return None
-        if k in known:
-            return cost[(batch, k)]
-        lo = max((kk for kk in known if kk < k), default=None)
-        hi = min((kk for kk in known if kk > k), default=None)
+        if n in cost:
+            return cost[n]
+        lo = max((r for r in known if r < n), default=None)
+        hi = min((r for r in known if r > n), default=None)
         if lo is not None and hi is not None:
-            t_lo, t_hi = cost[(batch, lo)], cost[(batch, hi)]
-            return t_lo + (t_hi - t_lo) * (k - lo) / (hi - lo)
-        base = cost[(batch, known[0])]
-        # extrapolate: each extra token costs at least 10% of a base step (CPU verify is not free)
-        slope = 0.1 * base
+            return cost[lo] + (cost[hi] - cost[lo]) * (n - lo) / (hi - lo)
+        # extrapolate: each extra row costs at least 10% of a one-row step (CPU verify is not free)
+        slope = 0.1 * cost[known[0]] / known[0]
         if len(known) >= 2:
-            a, b = known[-2], known[-1]
-            slope = max(slope, (cost[(batch, b)] - cost[(batch, a)]) / (b - a))
-        ref = known[-1] if k > known[-1] else known[0]
-        return cost[(batch, ref)] + slope * (k - ref)
+            a, b = (known[-2], known[-1]) if n > known[-1] else (known[0], known[1])
+            slope = max(slope, (cost[b] - cost[a]) / (b - a))
+        ref = known[-1] if n > known[-1] else known[0]
+        return max(cost[ref] + slope * (n - ref), 0.0)
 
     def expected_tokens(self, k: int, perfect: bool = False) -> float:
         total, run = 1.0, 1.0

@@ -417,7 +417,8 @@ class Engine:
         verdicts = self._verify_on_device(active, drafts, logits)
         t2 = time.perf_counter()
         # verify cost is keyed by draft depth (= length for chains), the k the controller picks
-        self.controller.observe_verify(b, max(max(_depths(d.parent_list()), default=0) for d in drafts), t2 - t1)
+        self.controller.observe_verify(b, max(max(_depths(d.parent_list()), default=0) for d in drafts), t2 - t1,
+                                       rows=sum(len(d) + 1 for d in drafts))
         row = 0
         tree = any(d.parents is not None for d in drafts)  # as _target_forward planned the forward
         for s, d, verdict in zip(active, drafts, verdicts):

@@ -57,3 +57,16 @@ def test_a_cost_spike_does_not_switch_speculation_off_for_good():
     ctrl.observe_verify(1, 1, 0.100)  # measured while another process held the CPU
     chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95, steps=800)
     assert sum(k >= 2 for k in chosen[-100:]) > 80
+
+
+def test_costs_learned_at_one_batch_size_inform_another():
+    """Forward time depends on the rows it carries: plain batches of 4 and 8 that cost
+    nearly 2x apart (compute-bound) keep a batch of 8 from drafting at all."""
+    ctrl = DraftLengthController(draft_is_free=True)
+    for rows, ms in ((1, 10), (2, 12), (4, 20), (8, 40)):
+        for _ in range(3):
+            ctrl.observe_verify(rows, 0, ms / 1e3)
+    for _ in range(3):
+        ctrl.observe_acceptance(1, 1)
+    assert ctrl.choose(1, 8) >= 1  # one sequence: a 2-row forward is nearly free
+    assert [ctrl.choose(8, 8) for _ in range(20)].count(0) == 20  # 16 rows would cost ~2x
