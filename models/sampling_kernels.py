@@ -30,6 +30,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from .attention import scratch_scope
+from .verification import block_argmax
 
 INT32_MIN = -(2**31)
 BISECT_STEPS = 33  # the key range spans at most 2**32 + 1 values
@@ -265,29 +266,7 @@ def sampling_probs_gpu(vocab: int):
                 acc = T.decl_buffer((1,), "float32", scope="local")  # block-reduced count or mass
                 at = T.decl_buffer((2,), "int32", scope="local")  # argmax, rival's index
                 k = T.decl_buffer((4,), "int64", scope="local")  # lo, hi, mid, top-k key
-                f[0] = T.float32(-3.4e38)
-                at[0] = vocab
-                for i in range(steps):  # first maximum, as in greedy_verify_gpu
-                    if i * nt + tx < vocab:
-                        f[1] = logits[row, i * nt + tx]
-                        if f[1] > f[0]:
-                            f[0] = f[1]
-                            at[0] = T.Cast("int32", i * nt + tx)
-                val[tx] = f[0]
-                idx[tx] = at[0]
-                for step in T.unroll(_LOG_THREADS):
-                    T.tvm_storage_sync("shared")
-                    if tx < T.shift_right(nt // 2, step):
-                        f[1] = val[tx + T.shift_right(nt // 2, step)]
-                        at[1] = idx[tx + T.shift_right(nt // 2, step)]
-                        if f[1] > f[0] or (f[1] == f[0] and at[1] < at[0]):
-                            f[0] = f[1]
-                            at[0] = at[1]
-                    T.tvm_storage_sync("shared")
-                    if tx < T.shift_right(nt // 2, step):
-                        val[tx] = f[0]
-                        idx[tx] = at[0]
-                T.tvm_storage_sync("shared")
+                block_argmax(logits, row, tx, val, idx, f, at, vocab, nt)  # the first maximum
                 f[0] = val[0]
                 at[0] = idx[0]
                 T.tvm_storage_sync("shared")

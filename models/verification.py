@@ -68,12 +68,44 @@ def greedy_verify(vocab: int):
 ARGMAX_THREADS = 256  # threads per logits row in the GPU kernel
 
 
+@T.macro
+def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
+    """GPU: the first maximum of logits[row] over one block of ``nt`` (a power of two)
+    threads. Each thread scans a stride (indices rise, so ">" keeps the first), then a
+    fixed tree in shared val/idx (nt floats and ints) halves them, the lower index winning
+    ties; every step reads into registers, syncs, then writes (the sync planner refuses a
+    sync inside a branch). Afterwards mine[0]/at[0] of thread 0, and val[0]/idx[0] for all
+    threads, hold the maximum and its index (vocab if the row has no finite value)."""
+    mine[0] = T.float32(-3.4e38)
+    at[0] = vocab
+    for i in range((vocab + nt - 1) // nt):
+        if i * nt + tx < vocab:
+            mine[1] = logits[row, i * nt + tx]
+            if mine[1] > mine[0]:
+                mine[0] = mine[1]
+                at[0] = T.Cast("int32", i * nt + tx)
+    val[tx] = mine[0]
+    idx[tx] = at[0]
+    for step in T.unroll(nt.bit_length() - 1):
+        T.tvm_storage_sync("shared")
+        if tx < T.shift_right(nt // 2, step):
+            mine[1] = val[tx + T.shift_right(nt // 2, step)]
+            at[1] = idx[tx + T.shift_right(nt // 2, step)]
+            if mine[1] > mine[0] or (mine[1] == mine[0] and at[1] < at[0]):
+                mine[0] = mine[1]
+                at[0] = at[1]
+        T.tvm_storage_sync("shared")
+        if tx < T.shift_right(nt // 2, step):
+            val[tx] = mine[0]
+            idx[tx] = at[0]
+    T.tvm_storage_sync("shared")
+
+
 def greedy_verify_gpu(vocab: int):
     """The same contract on GPU threads: one block per row for the argmax, one thread per
     sequence for the tree walk (two kernel launches). The argmax reduction breaks ties
     toward the lower index, so it returns the first maximum like the CPU kernel."""
     nt = ARGMAX_THREADS
-    steps = (vocab + nt - 1) // nt
 
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
@@ -94,29 +126,7 @@ def greedy_verify_gpu(vocab: int):
                 idx = T.decl_buffer((nt,), "int32", scope="shared")
                 mine = T.decl_buffer((2,), "float32", scope="local")  # this thread's max, a rival's
                 at = T.decl_buffer((2,), "int32", scope="local")  # and their indices
-                mine[0] = T.float32(-3.4e38)
-                at[0] = vocab
-                for i in range(steps):  # strided scan: indices rise, so ">" keeps the first maximum
-                    if i * nt + tx < vocab:
-                        mine[1] = logits[row, i * nt + tx]
-                        if mine[1] > mine[0]:
-                            mine[0] = mine[1]
-                            at[0] = T.Cast("int32", i * nt + tx)
-                val[tx] = mine[0]
-                idx[tx] = at[0]
-                for step in T.unroll(8):  # 256 -> 1, lower index wins ties; read, sync, write
-                    T.tvm_storage_sync("shared")
-                    if tx < T.shift_right(nt // 2, step):
-                        mine[1] = val[tx + T.shift_right(nt // 2, step)]
-                        at[1] = idx[tx + T.shift_right(nt // 2, step)]
-                        if mine[1] > mine[0] or (mine[1] == mine[0] and at[1] < at[0]):
-                            mine[0] = mine[1]
-                            at[0] = at[1]
-                    T.tvm_storage_sync("shared")
-                    if tx < T.shift_right(nt // 2, step):
-                        val[tx] = mine[0]
-                        idx[tx] = at[0]
-                T.tvm_storage_sync("shared")
+                block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt)
                 if tx == 0:
                     best[row] = T.if_then_else(at[0] < vocab, at[0], 0)
         for sb in T.thread_binding((b1 + 63) // 64, thread="blockIdx.x"):

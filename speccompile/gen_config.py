@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speccompile.models import get_quantization
-from speccompile.sources import GGUFSource, HeadSource, SourceError, gguf_field_value, open_source
+from speccompile.sources import GGUFSource, HeadSource, SourceError, gguf_field_value
 
 CONFIG_NAME = "speccompile-config.json"
 STOP_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")

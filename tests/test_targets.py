@@ -147,7 +147,7 @@ def test_cuda(model_dir, tmp_path):
     text = src.read_text()
     for kernel in ("greedy_verify_kernel", "greedy_verify_kernel_1", "q4_matmul_kernel", "attention_kernel",
                    "sampling_probs1_kernel", "verify_sampling1_kernel"):
-        assert f"void __launch_bounds__" in text and f" {kernel}(" in text, kernel
+        assert "void __launch_bounds__" in text and f" {kernel}(" in text, kernel
     if shutil.which("nvcc"):
         assert meta["cuda_binary"] == "fatbin" and out["build"]["fatbin_bytes"] > 0
         start = data.find(FATBIN_MAGIC)
