@@ -20,20 +20,37 @@ from tvm.script import tirx as T
 PAGE = 16
 
 
-def scratch_scope() -> str:
-    """Storage scope of per-thread scratch: registers on GPUs ("local"); on the CPU a
-    "local" buffer is a heap workspace call per task while a "global" one declared inside
-    the parallel body is a stack alloca that LLVM keeps in registers. Kernels are built
-    while the model is exported, under the compile target."""
+def building_for_cpu() -> bool:
+    """Kernels are built while the model is exported, under the compile target."""
     import tvm
 
     target = tvm.target.Target.current(allow_none=True)
-    return "global" if target is None or target.kind.name == "llvm" else "local"
+    return target is None or target.kind.name == "llvm"
+
+
+def scratch_scope() -> str:
+    """Storage scope of per-thread scratch: registers on GPUs ("local"); on the CPU a
+    "local" buffer is a heap workspace call per task while a "global" one declared inside
+    the parallel body is a stack alloca that LLVM keeps in registers."""
+    return "global" if building_for_cpu() else "local"
+
+
+# On the CPU a parallel region costs ~6 us to launch (TVM's thread pool, 2 cores); a
+# per-token kernel with fewer rows than this runs on the calling thread instead.
+SERIAL_BELOW = 8
 
 
 def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half)."""
     half = head_dim // 2
+    scratch, cpu = scratch_scope(), building_for_cpu()
+
+    @T.macro
+    def token(qkv, pos, out, t):
+        cs = T.decl_buffer((2, half), "float32", scope=scratch)
+        _rope_angles(cs, pos[t], half, head_dim, theta)
+        for h, i in T.grid(num_heads, head_dim):
+            out[t, h, i] = _rope_elem(qkv, t, h, i, cs, half, dtype)
 
     @T.prim_func(private=True)
     def kernel(var_qkv: T.handle, var_pos: T.handle, var_out: T.handle):
@@ -42,23 +59,43 @@ def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str)
         qkv = T.match_buffer(var_qkv, (n, num_heads + 2 * num_kv, head_dim), dtype)
         pos = T.match_buffer(var_pos, (n,), "int32")
         out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
-        for t in T.parallel(n):
-            for h, i in T.grid(num_heads, head_dim):
-                out[t, h, i] = _rope_elem(qkv, t, h, i, pos[t], half, head_dim, theta, dtype)
+        if cpu and n < SERIAL_BELOW:
+            for t in range(n):
+                token(qkv, pos, out, t)
+        else:
+            for t in T.parallel(n):
+                token(qkv, pos, out, t)
 
     return kernel
 
 
-def _rope_elem(buf, t, h, i, p, half, head_dim, theta, dtype):
-    freq = T.Cast("float32", p) / T.pow(T.float32(theta), T.Cast("float32", (i % half) * 2) / T.float32(head_dim))
+@T.macro
+def _rope_angles(cs, p, half, head_dim, theta):
+    """cs[0/1, i] = cos/sin(p * theta^(-2i/d)): once per token, shared by all heads (the
+    transcendental calls dominated the kernel when made per element)."""
+    for i in range(half):
+        cs[0, i] = T.cos(T.Cast("float32", p) / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(head_dim)))
+        cs[1, i] = T.sin(T.Cast("float32", p) / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(head_dim)))
+
+
+def _rope_elem(buf, t, h, i, cs, half, dtype):
     x = T.Cast("float32", buf[t, h, i])
     rot = T.if_then_else(i < half, -T.Cast("float32", buf[t, h, i + half]), T.Cast("float32", buf[t, h, i - half]))
-    return T.Cast(dtype, x * T.cos(freq) + rot * T.sin(freq))
+    return T.Cast(dtype, x * cs[0, i % half] + rot * cs[1, i % half])
 
 
 def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] (in place)."""
     half = head_dim // 2
+    scratch, cpu = scratch_scope(), building_for_cpu()
+
+    @T.macro
+    def token(kv, qkv, pos, slot, layer, t):
+        cs = T.decl_buffer((2, half), "float32", scope=scratch)
+        _rope_angles(cs, pos[t], half, head_dim, theta)
+        for h, i in T.grid(num_kv, head_dim):
+            kv[layer, 0, slot[t], h, i] = _rope_elem(qkv, t, num_heads + h, i, cs, half, dtype)
+            kv[layer, 1, slot[t], h, i] = qkv[t, num_heads + num_kv + h, i]
 
     @T.prim_func(private=True)
     def kernel(var_kv: T.handle, var_qkv: T.handle, var_pos: T.handle, var_slot: T.handle, layer: T.int64):
@@ -69,10 +106,12 @@ def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta
         qkv = T.match_buffer(var_qkv, (n, num_heads + 2 * num_kv, head_dim), dtype)
         pos = T.match_buffer(var_pos, (n,), "int32")
         slot = T.match_buffer(var_slot, (n,), "int32")
-        for t in T.parallel(n):
-            for h, i in T.grid(num_kv, head_dim):
-                kv[layer, 0, slot[t], h, i] = _rope_elem(qkv, t, num_heads + h, i, pos[t], half, head_dim, theta, dtype)
-                kv[layer, 1, slot[t], h, i] = qkv[t, num_heads + num_kv + h, i]
+        if cpu and n < SERIAL_BELOW:
+            for t in range(n):
+                token(kv, qkv, pos, slot, layer, t)
+        else:
+            for t in T.parallel(n):
+                token(kv, qkv, pos, slot, layer, t)
 
     return kernel
 
@@ -82,6 +121,10 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
 
     seq[t]: row of the page table; prefix[t]: rows 0..prefix-1 of that sequence;
     extra[t, 0:extra_len[t]]: further absolute slots (tree ancestors, then the node itself).
+
+    One task per (token, KV head) serves the ``group`` query heads that share it, so each
+    K/V row is fetched once for all of them and their independent dot products overlap.
+    Each head's arithmetic is still one fixed sequence over its rows.
     """
     group = num_heads // num_kv
     scratch = scratch_scope()
@@ -106,44 +149,53 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
         extra = T.match_buffer(var_extra, (n, e), "int32")
         extra_len = T.match_buffer(var_extra_len, (n,), "int32")
         out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
-        for th in T.parallel(n * num_heads):
-            acc = T.decl_buffer((lanes,), "float32", scope=scratch)
-            o = T.decl_buffer((head_dim,), "float32", scope=scratch)
-            st = T.decl_buffer((5,), "float32", scope=scratch)  # m, denom, s, rescale, p
-            for i in T.vectorized(head_dim):
-                o[i] = T.float32(0)
-            st[0] = T.float32(-3.0e38)
-            st[1] = T.float32(0)
-            for r in range(prefix[th // num_heads] + extra_len[th // num_heads]):
-                # one row: its slot, score, and the online-softmax update
-                s: T.let[T.int32] = T.if_then_else(
-                    r < prefix[th // num_heads],
-                    pt[seq[th // num_heads], T.min(r // PAGE, T.Cast("int32", pages) - 1)] * PAGE + r % PAGE,
-                    extra[th // num_heads, T.max(r - prefix[th // num_heads], 0)])
-                for l in T.vectorized(lanes):
-                    acc[l] = T.float32(0)
-                for c in range(chunks):
-                    for l in T.vectorized(lanes):
-                        acc[l] = acc[l] + T.Cast("float32", q[th // num_heads, th % num_heads, c * lanes + l]) * T.Cast("float32", kv[layer, 0, s, (th % num_heads) // group, c * lanes + l])
-                st[2] = T.float32(0)
-                for l in range(lanes):
-                    st[2] = st[2] + acc[l]
-                st[2] = st[2] * T.float32(scale)
-                # rescale = exp(m - max), p = exp(s - max): one of the two is exp(0) = 1
-                if st[2] > st[0]:
-                    st[3] = T.exp(st[0] - st[2])
-                    st[4] = T.float32(1)
-                    st[0] = st[2]
-                else:
-                    st[3] = T.float32(1)
-                    st[4] = T.exp(st[2] - st[0])
-                st[1] = st[1] * st[3] + st[4]
+        for tk in T.parallel(n * num_kv):
+            acc = T.decl_buffer((group, lanes), "float32", scope=scratch)
+            o = T.decl_buffer((group, head_dim), "float32", scope=scratch)
+            st = T.decl_buffer((group, 5), "float32", scope=scratch)  # per head: m, denom, s, rescale, p
+            for g in range(group):
                 for i in T.vectorized(head_dim):
-                    o[i] = o[i] * st[3] + st[4] * T.Cast("float32", kv[layer, 1, s, (th % num_heads) // group, i])
-            for i in T.vectorized(head_dim):
-                out[th // num_heads, th % num_heads, i] = T.Cast(dtype, o[i] / st[1])
+                    o[g, i] = T.float32(0)
+                st[g, 0] = T.float32(-3.0e38)
+                st[g, 1] = T.float32(0)
+            for r in range(prefix[tk // num_kv] + extra_len[tk // num_kv]):
+                # one row: its slot, then per head the score and the online-softmax update
+                s: T.let[T.int32] = T.if_then_else(
+                    r < prefix[tk // num_kv],
+                    pt[seq[tk // num_kv], T.min(r // PAGE, T.Cast("int32", pages) - 1)] * PAGE + r % PAGE,
+                    extra[tk // num_kv, T.max(r - prefix[tk // num_kv], 0)])
+                for g in T.unroll(group):
+                    for l in T.vectorized(lanes):
+                        acc[g, l] = T.float32(0)
+                    for c in range(chunks):
+                        for l in T.vectorized(lanes):
+                            acc[g, l] = acc[g, l] + T.Cast("float32", q[tk // num_kv, (tk % num_kv) * group + g, c * lanes + l]) * T.Cast("float32", kv[layer, 0, s, tk % num_kv, c * lanes + l])
+                    st[g, 2] = _tree_sum(acc, g, lanes) * T.float32(scale)
+                for g in T.unroll(group):
+                    # rescale = exp(m - max), p = exp(s - max): one of the two is exp(0) = 1
+                    if st[g, 2] > st[g, 0]:
+                        st[g, 3] = T.exp(st[g, 0] - st[g, 2])
+                        st[g, 4] = T.float32(1)
+                        st[g, 0] = st[g, 2]
+                    else:
+                        st[g, 3] = T.float32(1)
+                        st[g, 4] = T.exp(st[g, 2] - st[g, 0])
+                    st[g, 1] = st[g, 1] * st[g, 3] + st[g, 4]
+                    for i in T.vectorized(head_dim):
+                        o[g, i] = o[g, i] * st[g, 3] + st[g, 4] * T.Cast("float32", kv[layer, 1, s, tk % num_kv, i])
+            for g in range(group):
+                for i in T.vectorized(head_dim):
+                    out[tk // num_kv, (tk % num_kv) * group + g, i] = T.Cast(dtype, o[g, i] / st[g, 1])
 
     return kernel
+
+
+def _tree_sum(acc, g, lanes):
+    """acc[g, 0] + ... + acc[g, lanes-1] added pairwise, a fixed order with short latency."""
+    vals = [acc[g, l] for l in range(lanes)]
+    while len(vals) > 1:
+        vals = [vals[i] + vals[i + len(vals) // 2] for i in range(len(vals) // 2)]
+    return vals[0]
 
 
 def copy_slots(num_layers: int, num_kv: int, head_dim: int, dtype: str):

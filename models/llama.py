@@ -13,6 +13,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from . import attention as A
+from .activation import swiglu
 from .sampling_kernels import sampling_probs, verify_sampling
 from .verification import greedy_verify
 from .config import LlamaConfig
@@ -67,8 +68,11 @@ class MLP(nn.Module):
         self.down_proj = QLinear(cfg.intermediate_size, cfg.hidden_size, quant)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)
-        return self.down_proj(op.silu(gate) * up)
+        # x: [n, hidden] -> [n, hidden]; gate_up: [n, 2 * inter]
+        gu = self.gate_up_proj(x)
+        act = op.tensor_ir_op(swiglu(self.inter, gu.dtype), "swiglu", [gu, gu],
+                              Tensor.placeholder((gu.shape[0], self.inter), gu.dtype))
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):

@@ -231,7 +231,7 @@ def _dot4(acc, bytes_u8, x4):
                                    T.reinterpret("int8x64", bytes_u8), T.reinterpret("int8x64", T.broadcast(x4, 16)))
 
 
-def q4_matmul_vnni(n: int, k: int, dtype: str):
+def q4_matmul_vnni(n: int, k: int, dtype: str, PF: int = 512, QUAD: bool = True):
     """The q4 matmul with activations quantized to int8 per 32-wide group (as llama.cpp does).
 
     Why: the float kernel spends 4 instructions decoding each 16-nibble vector and is
@@ -248,28 +248,43 @@ def q4_matmul_vnni(n: int, k: int, dtype: str):
     kw, groups, L = k // 8, k // 32, TILE
     lo_mask = T.broadcast(T.uint32(0x0F0F0F0F), L)
 
+    def word(wf, t, g, wd):  # the 16 packed words (16 output rows) of word wd of group g
+        return wf[T.ramp((t * kw + g * 4 + wd) * L, 1, L)]
+
+    def nibbles(w, half):  # even (half 0) or odd (half 1) nibbles of each word, as bytes
+        return T.bitwise_and(w if half == 0 else T.shift_right(w, T.broadcast(T.uint32(4), L)), lo_mask)
+
     @T.macro
-    def rows(wf, sf, xp, xs, y, t, base, mb):
+    def rows(wf, sf, xp, xs, y, t, base, mb, chains):
+        # `chains` independent integer accumulators per row hide vpdpbusd's latency (one row
+        # alone would otherwise wait on a single 8-long chain); integer sums are exact, so
+        # the split cannot change any result.
         acc = T.decl_buffer((mb, L), "float32", scope=STACK)
-        dot = T.decl_buffer((mb, L), "int32", scope=STACK)
+        dot = T.decl_buffer((mb, chains, L), "int32", scope=STACK)
         for mi in T.unroll(mb):
             for l in T.vectorized(L):
                 acc[mi, l] = T.float32(0)
         for g in range(groups):
+            if PF > 0:
+                T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(wf[(t * kw + g * 4) * L + PF]),
+                                              T.int32(0), T.int32(3), T.int32(1)))
             for mi in T.unroll(mb):
-                for l in T.vectorized(L):
-                    dot[mi, l] = 0
+                for c in T.unroll(chains):
+                    for l in T.vectorized(L):
+                        dot[mi, c, l] = 0
             for wd in T.unroll(4):
                 for mi in T.unroll(mb):
-                    word = wf[T.ramp((t * kw + g * 4 + wd) * L, 1, L)]
-                    dot[mi, T.ramp(0, 1, L)] = _dot4(dot[mi, T.ramp(0, 1, L)], T.bitwise_and(word, lo_mask),
-                                                     xp[base + mi, g * 4 + wd, 0])
-                    dot[mi, T.ramp(0, 1, L)] = _dot4(dot[mi, T.ramp(0, 1, L)],
-                                                     T.bitwise_and(T.shift_right(word, T.broadcast(T.uint32(4), L)), lo_mask),
-                                                     xp[base + mi, g * 4 + wd, 1])
+                    for half in T.unroll(2):
+                        dot[mi, (wd * 2 + half) % chains, T.ramp(0, 1, L)] = _dot4(
+                            dot[mi, (wd * 2 + half) % chains, T.ramp(0, 1, L)],
+                            T.bitwise_and(T.shift_right(word(wf, t, g, wd), T.broadcast(T.Cast("uint32", half * 4), L)), lo_mask),
+                            xp[base + mi, g * 4 + wd, half])
             for mi in T.unroll(mb):
+                for c in T.unroll(1, chains):
+                    for l in T.vectorized(L):
+                        dot[mi, 0, l] = dot[mi, 0, l] + dot[mi, c, l]
                 for l in T.vectorized(L):
-                    acc[mi, l] = acc[mi, l] + (T.Cast("float32", dot[mi, l]) - xs[base + mi, g, 1]) * (
+                    acc[mi, l] = acc[mi, l] + (T.Cast("float32", dot[mi, 0, l]) - xs[base + mi, g, 1]) * (
                         xs[base + mi, g, 0] * T.Cast("float32", sf[(t * groups + g) * L + l]))
         for mi in T.unroll(mb):
             for l in T.vectorized(L):
@@ -322,9 +337,15 @@ def q4_matmul_vnni(n: int, k: int, dtype: str):
             for mg in range(m_dim * groups):
                 quantize_group(x, xp, xs, mg)
         for t in T.parallel(n // L):  # phase 2: 16-row tiles, rows of x in pairs
-            for mo in range(m_dim // 2):
-                rows(wf, sf, xp, xs, y, t, mo * 2, 2)
+            if QUAD:
+                for mo in range(m_dim // 4):
+                    rows(wf, sf, xp, xs, y, t, mo * 4, 4, 1)
+                if m_dim % 4 >= 2:
+                    rows(wf, sf, xp, xs, y, t, m_dim // 4 * 4, 2, 2)
+            else:
+                for mo in range(m_dim // 2):
+                    rows(wf, sf, xp, xs, y, t, mo * 2, 2, 2)
             if m_dim % 2 == 1:
-                rows(wf, sf, xp, xs, y, t, m_dim - 1, 1)
+                rows(wf, sf, xp, xs, y, t, m_dim - 1, 1, 4)
 
     return kernel

@@ -164,8 +164,12 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     overall["plain_share_of_roofline"] = overall["plain_tokens_per_s"] / roofline
     overall["prefill_tokens_per_s_mean"] = statistics.fmean(r["prefill_tokens_per_s"] for r in rows)
     if llama_bench:
-        overall["llama_cpp"] = run_llama_bench(*llama_bench)
-        overall["llama_cpp"]["ours_over_llama_cpp_decode"] = overall["plain_tokens_per_s"] / overall["llama_cpp"]["tg_tokens_per_s"]
+        # llama-bench's tg starts from an empty context, ours from each prompt; it also runs at
+        # our mean decode context (prompt + half the new tokens) so attention costs compare.
+        depth = round(statistics.fmean(r["prompt_tokens"] + r["decode_tokens"] / 2 for r in rows))
+        lc = overall["llama_cpp"] = run_llama_bench(*llama_bench, depth=depth)
+        lc["ours_over_llama_cpp_decode"] = overall["plain_tokens_per_s"] / lc["tg_tokens_per_s"]
+        lc["ours_over_llama_cpp_decode_at_depth"] = overall["plain_tokens_per_s"] / lc["tg_tokens_per_s_at_depth"]
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "measured_bandwidth_GBps": round(bandwidth, 2)},
@@ -189,18 +193,23 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     return report
 
 
-def run_llama_bench(binary: Path, gguf: Path, threads: int | None = None) -> dict:
+def run_llama_bench(binary: Path, gguf: Path, threads: int | None = None, depth: int = 0) -> dict:
     """llama.cpp's llama-bench (pp64 / tg64, all cores) on the same machine, for comparison
-    only: it is never a dependency."""
+    only: it is never a dependency. With ``depth``, tg64 also runs after that many context
+    tokens (``tg_tokens_per_s_at_depth``)."""
     threads = threads or os.cpu_count() or 1
     cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "64", "-n", "64", "-o", "json"]
+    if depth:
+        cmd += ["-d", f"0,{depth}"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise ValueError(f"llama-bench failed: {res.stderr[-500:]}")
     runs = json.loads(res.stdout)
-    out = {"binary": str(binary), "gguf": str(gguf), "threads": threads}
+    out = {"binary": str(binary), "gguf": str(gguf), "threads": threads, "depth": depth}
     for r in runs:
         key = "pp_tokens_per_s" if r.get("n_prompt", 0) > 0 else "tg_tokens_per_s"
+        if r.get("n_depth", 0) > 0:
+            key += "_at_depth"
         out[key] = float(r["avg_ts"])
     return out
 
@@ -214,6 +223,10 @@ def _print_summary(report: dict, speculative: bool, bandwidth: float, per_token:
         lc = s["llama_cpp"]
         print(f"llama.cpp (same run): decode {lc['tg_tokens_per_s']:.1f} tok/s, prefill {lc['pp_tokens_per_s']:.1f} "
               f"tok/s; ours / llama.cpp decode = {lc['ours_over_llama_cpp_decode']:.2f}")
+        if "tg_tokens_per_s_at_depth" in lc:
+            print(f"llama.cpp decode after {lc['depth']} context tokens (our mean decode context): "
+                  f"{lc['tg_tokens_per_s_at_depth']:.1f} tok/s; ours / llama.cpp = "
+                  f"{lc['ours_over_llama_cpp_decode_at_depth']:.2f}")
     if speculative:
         print(f"{'category':<12} {'plain':>7} {'spec':>7} {'speedup':>8} {'accept':>7} {'len':>5}")
         for c, g in list(report["per_category"].items()) + [("overall", s)]:
