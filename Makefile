@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo bench heads clean
 
 install:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,12 @@ demo:
 bench:
 	$(BIN)/python -m speccompile.cli bench --model SmolLM2-135M-Instruct --quantization q4f32_1 \
 		--speculative-mode ngram --per-category 3 --max-tokens 128 --json bench-results/smollm2-ngram.json
+
+# Train our EAGLE head for SmolLM2-135M-Instruct by self-distillation (speccompile/heads.py):
+# an hour or more on 2 cores; resumable (data and checkpoints in ~/.cache/speccompile/train);
+# the head lands in heads/. HEAD_STEPS / HEAD_PROMPTS override the defaults.
+heads:
+	$(BIN)/python -m speccompile.heads
 
 # The C API for embedding (runtime/capi): libspeccompile_capi.so + build/capi/spc_generate,
 # built with CMake against the TVM runtime in the venv's wheel.

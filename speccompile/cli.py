@@ -316,5 +316,35 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
         _fail(err)
 
 
+@main.command("train-draft")
+@click.argument("target_dir", type=click.Path(path_type=Path))
+@click.option("--method", type=click.Choice(["eagle", "medusa"]), required=True)
+@click.option("--model-lib", type=click.Path(path_type=Path), required=True, help="the target's compiled library")
+@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
+              help="folder for the head (official layout), its data and checkpoints")
+@click.option("--num-prompts", type=int, default=600, show_default=True, help="self-distillation conversations")
+@click.option("--max-tokens", type=int, default=384, show_default=True, help="answer length cap")
+@click.option("--gen-batch", type=int, default=8, show_default=True, help="sequences generated together")
+@click.option("--steps", type=int, default=3000, show_default=True, help="training steps (resumes from a checkpoint)")
+@click.option("--train-batch", type=int, default=4, show_default=True, help="conversations per step")
+@click.option("--draft-vocab", type=int, default=16384, show_default=True,
+              help="tokens in the training loss's vocabulary, counted from the target's answers")
+@click.option("--work-dir", type=click.Path(path_type=Path), default=None,
+              help="data and checkpoints (default OUTPUT/work); reuse it to resume")
+def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_tokens, gen_batch, steps, train_batch,
+                    draft_vocab, work_dir):
+    """Train a draft head for TARGET_DIR by self-distillation (resumable; needs torch)."""
+    from speccompile.train_draft import run_train_draft
+
+    try:
+        report = run_train_draft(method, target_dir, model_lib, output, num_prompts, max_tokens, gen_batch, steps,
+                                 train_batch, draft_vocab, work_dir=work_dir)
+    except USER_ERRORS as err:
+        _fail(err)
+    click.echo(json.dumps(report, indent=1))
+    click.echo(f"wrote {output}/config.json and model.safetensors; next: speccompile convert_weight {output} "
+               f"--model-type {method} --target <the target's HF folder or GGUF> ...")
+
+
 if __name__ == "__main__":
     main()

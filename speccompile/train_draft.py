@@ -1,0 +1,334 @@
+"""``speccompile train-draft --method eagle``: train an EAGLE head for a converted target.
+
+The pipeline (every stage resumable, so ``make heads`` can run for hours across sessions):
+
+1. self-distillation with our own compiled engine, batched (speccompile/distill.py);
+2. the target's final-normed features of every token (the same forward the runtime uses);
+3. training with torch on the CPU, checkpointing every few hundred steps;
+4. export in the official SafeAILab EAGLE layout (``config.json`` + ``model.safetensors``
+   with ``fc.*`` and ``layers.N.*``), so ``convert_weight --model-type eagle`` reads a
+   trained head exactly as it would read a downloaded one.
+
+Training choices, and why (``../shared/DRAFT_TRAINING.md`` measured them):
+- features *after* the final norm are the regression target, and the frozen target
+  ``lm_head`` turns predictions into logits -- as the runtime does;
+- the classification loss uses a draft vocabulary: the ``draft_vocab`` tokens most
+  frequent in the target's own answers (5x cheaper than the full vocabulary); the loss
+  only shapes training, the runtime still drafts over the full vocabulary;
+- a second, unrolled pass feeds the head its *own* predicted features (EAGLE-3's
+  training-time test) plus feature noise, so chains survive their own errors;
+- loss only on answer positions; one conversation per row (no packing across them).
+
+Torch is an optional extra: ``pip install '.[train]'``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as err:
+        raise SystemExit("train-draft needs torch: pip install '.[train]' (or make install, which includes it)") from err
+    return torch
+
+
+# ------------------------------------------------------------------ the head
+def build_head(layer_cfg, torch):
+    """The EAGLE-1 head in torch, named as SafeAILab names it."""
+    nn, F = torch.nn, torch.nn.functional
+    h, nh, nkv, hd = layer_cfg.hidden_size, layer_cfg.num_attention_heads, layer_cfg.num_key_value_heads, layer_cfg.head_dim
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(h))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer_cfg.rms_norm_eps) * self.weight
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            bias = layer_cfg.attention_bias
+            self.q_proj = nn.Linear(h, nh * hd, bias=bias)
+            self.k_proj = nn.Linear(h, nkv * hd, bias=bias)
+            self.v_proj = nn.Linear(h, nkv * hd, bias=bias)
+            self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, n, _ = x.shape
+            q = self.q_proj(x).view(b, n, nh, hd).transpose(1, 2)
+            k = self.k_proj(x).view(b, n, nkv, hd).transpose(1, 2)
+            v = self.v_proj(x).view(b, n, nkv, hd).transpose(1, 2)
+            q, k = _rope(q, cos, sin, torch), _rope(k, cos, sin, torch)
+            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            inter = layer_cfg.intermediate_size
+            self.gate_proj = nn.Linear(h, inter, bias=False)
+            self.up_proj = nn.Linear(h, inter, bias=False)
+            self.down_proj = nn.Linear(inter, h, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Layer(nn.Module):
+        def __init__(self, first: bool):
+            super().__init__()
+            self.self_attn, self.mlp = Attn(), MLP()
+            if not first:
+                self.input_layernorm = RMSNorm()
+            self.post_attention_layernorm = RMSNorm()
+
+        def forward(self, x, cos, sin):
+            a = x if not hasattr(self, "input_layernorm") else self.input_layernorm(x)
+            x = x + self.self_attn(a, cos, sin)
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Eagle(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2 * h, h, bias=True)
+            self.layers = nn.ModuleList([Layer(i == 0) for i in range(layer_cfg.num_hidden_layers)])
+
+        def forward(self, emb, feat, cos, sin):
+            # emb, feat: [b, n, h] (embedding of token i+1, feature f_i) -> predicted f_{i+1}
+            x = self.fc(torch.cat([emb, feat], -1))
+            for layer in self.layers:
+                x = layer(x, cos, sin)
+            return x
+
+    return Eagle()
+
+
+def _rope(x, cos, sin, torch):
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin
+
+
+def _rope_tables(n: int, head_dim: int, theta: float, torch):
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None]
+    cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
+    sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
+    return torch.from_numpy(cos)[None, None], torch.from_numpy(sin)[None, None]
+
+
+# ------------------------------------------------------------------ data
+class Features:
+    """Conversations from the feature shards: (tokens [L], feats [L, h] fp16, answer start)."""
+
+    def __init__(self, paths: list[Path]):
+        self.items = []
+        for p in paths:
+            z = np.load(p)
+            toks, feats, starts, ans = z["tokens"], z["feats"], z["starts"], z["answer_start"]
+            ends = list(starts[1:]) + [len(toks)]
+            for s, e, a in zip(starts, ends, ans):
+                self.items.append((toks[s:e], feats[s:e], int(a)))
+
+    def answer_tokens(self) -> np.ndarray:
+        return np.concatenate([t[a:] for t, _, a in self.items])
+
+
+def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int) -> np.ndarray:
+    """The ``size`` ids most frequent in the target's answers (ties: lower id)."""
+    counts = np.bincount(tokens, minlength=vocab_size)
+    order = np.lexsort((np.arange(vocab_size), -counts))
+    return np.sort(order[:min(size, vocab_size)])
+
+
+def _batch(items, idx, max_len, torch):
+    """Right-padded [b, n] rows of one conversation each: input pairs (f_i, t_{i+1}),
+    regression targets f_{i+1}, labels t_{i+2}, and a mask of answer positions."""
+    rows = [items[i] for i in idx]
+    n = min(max_len, max(len(t) for t, _, _ in rows) - 2)
+    b, h = len(rows), rows[0][1].shape[1]
+    feat = np.zeros((b, n, h), np.float32)
+    nxt_feat = np.zeros((b, n, h), np.float32)
+    tok_in = np.zeros((b, n), np.int64)
+    label = np.full((b, n), -1, np.int64)
+    mask = np.zeros((b, n), np.float32)
+    for r, (t, f, a) in enumerate(rows):
+        m = min(n, len(t) - 2)
+        feat[r, :m] = f[:m]
+        nxt_feat[r, :m] = f[1:m + 1]
+        tok_in[r, :m] = t[1:m + 1]
+        label[r, :m] = t[2:m + 2]
+        mask[r, max(0, a - 2):m] = 1.0  # rows whose predicted token t_{i+2} is part of the answer
+    return [torch.from_numpy(x) for x in (feat, nxt_feat, tok_in, label, mask)]
+
+
+# ------------------------------------------------------------------ training
+def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, steps: int, batch: int = 4,
+                max_len: int = 512, lr: float = 3e-4, draft_vocab: int = 16384, noise: float = 0.1,
+                unroll: int = 2, seed: int = 0, checkpoint_every: int = 200, progress: bool = True,
+                checkpoint: Path | None = None) -> dict:
+    torch = _torch()
+    from tqdm import tqdm
+
+    from .compile import read_config
+    from .models import config_from_dict
+    from .runtime.tensor_cache import load_params
+    from .models.quantization import dequantize_q4
+
+    torch.manual_seed(seed)
+    conf = read_config(target_dir / "speccompile-config.json")
+    tcfg = config_from_dict(conf["model_type"], conf["model_config"])
+    layer_cfg = _head_layer_config(tcfg)
+    emb_w, head_w = _target_embedding_and_head(target_dir, tcfg, load_params, dequantize_q4)
+    data = Features(feature_paths)
+    if not any(len(t) >= 3 and len(t) - a >= 1 for t, _, a in data.items):
+        raise ValueError("no conversation has an answer to train on: raise --max-tokens or --num-prompts")
+    vocab = draft_vocabulary(data.answer_tokens(), draft_vocab, tcfg.vocab_size)
+    remap = np.full(tcfg.vocab_size, -1, np.int64)
+    remap[vocab] = np.arange(len(vocab))
+    emb = torch.from_numpy(emb_w)
+    lm = torch.from_numpy(head_w[vocab])  # [dv, h] frozen
+    remap_t = torch.from_numpy(remap)
+    model = build_head(layer_cfg, torch)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ckpt = Path(checkpoint) if checkpoint else out_dir / "checkpoint.pt"
+    step, log = 0, []
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, log = state["step"], state["log"]
+    cos, sin = _rope_tables(max_len, layer_cfg.head_dim, layer_cfg.rope_theta, torch)
+    rng = np.random.default_rng(seed + step)
+    fstd = float(np.std(data.items[0][1].astype(np.float32)))
+    bar = tqdm(total=steps, initial=step, desc="train eagle", unit="step", disable=not progress)
+    t0, seen = time.time(), 0
+    while step < steps:
+        for g in opt.param_groups:  # linear warm-up then cosine decay
+            g["lr"] = lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        feat, nxt, tok_in, label, mask = _batch(data.items, rng.integers(0, len(data.items), batch), max_len, torch)
+        n = feat.shape[1]
+        if n < 1 or float(mask.sum()) == 0:
+            continue  # conversations too short to hold a training row
+        e = emb[tok_in]
+        inp = feat + torch.randn_like(feat) * (noise * fstd)
+        total, stats = 0.0, {}
+        for u in range(unroll):
+            pred = model(e, inp, cos[..., :n, :], sin[..., :n, :])
+            reg = (torch.nn.functional.smooth_l1_loss(pred, nxt, reduction="none").mean(-1) * mask).sum() / mask.sum()
+            lab = remap_t[label.clamp(min=0)].masked_fill(label < 0, -1)
+            lab = lab.masked_fill(mask == 0, -1)
+            logits = pred @ lm.T
+            total = total + reg
+            if bool((lab >= 0).any()):
+                total = total + 0.1 * torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-1)
+            with torch.no_grad():
+                hit = ((logits.argmax(-1) == lab) & (lab >= 0)).float().sum() / (lab >= 0).float().sum().clamp(min=1)
+            stats[f"top1_{u}"] = float(hit)
+            stats[f"reg_{u}"] = float(reg.detach())
+            # training-time test: the next pass sees the head's own features for f_1..f_{n-1}
+            inp = torch.cat([feat[:, :1], pred[:, :-1]], 1)
+        opt.zero_grad()
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        step += 1
+        seen += int(mask.sum())
+        stats.update(step=step, loss=float(total.detach()))
+        log.append(stats)
+        bar.set_postfix(loss=f"{float(total):.3f}", top1=f"{stats['top1_0']:.2f}", tok_s=f"{seen / (time.time() - t0):.0f}")
+        bar.update(1)
+        if step % checkpoint_every == 0 or step == steps:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}, tmp)
+            tmp.rename(ckpt)
+    bar.close()
+    export_eagle(model, layer_cfg, out_dir, torch)
+    recent = log[-50:]
+    return {"steps": step, "draft_vocab": len(vocab),
+            "recent_top1_true_features": float(np.mean([r["top1_0"] for r in recent])),
+            "recent_top1_own_features": float(np.mean([r[f"top1_{unroll - 1}"] for r in recent]))}
+
+
+def _head_layer_config(tcfg):
+    """One decoder layer shaped like the target's (EAGLE-1 for a Llama-family target)."""
+    import copy
+
+    cfg = copy.deepcopy(tcfg)
+    cfg.num_hidden_layers = 1
+    cfg.tie_word_embeddings = False
+    return cfg
+
+
+def _target_embedding_and_head(target_dir: Path, tcfg, load_params, dequantize_q4):
+    """The target's token embedding and lm_head as float32 [vocab, h] (tied or not)."""
+    from .runtime.tensor_cache import read_index, records
+
+    names = {r["name"] for r in records(read_index(target_dir))}
+
+    def get(base: str) -> np.ndarray:
+        if f"{base}.q_weight" in names:
+            p = load_params(target_dir, [f"{base}.q_weight", f"{base}.q_scale"], verify_md5=False)
+            return dequantize_q4(p[f"{base}.q_weight"], p[f"{base}.q_scale"]).astype(np.float32)
+        return load_params(target_dir, [f"{base}.weight"], verify_md5=False)[f"{base}.weight"].astype(np.float32)
+
+    emb = get("embed_tokens")
+    head = emb if tcfg.tie_word_embeddings else get("lm_head")
+    return np.ascontiguousarray(emb), np.ascontiguousarray(head)
+
+
+def export_eagle(model, layer_cfg, out_dir: Path, torch) -> None:
+    """config.json + model.safetensors in SafeAILab's layout (fp16)."""
+    from safetensors.numpy import save_file
+
+    tensors = {k: v.detach().to(torch.float16).numpy() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out_dir / "model.safetensors"))
+    c = layer_cfg
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+           "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+           "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": c.num_hidden_layers,
+           "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "vocab_size": c.vocab_size,
+           "max_position_embeddings": c.context_window_size, "head_dim": c.head_dim,
+           "torch_dtype": "float16", "bias": True}
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+
+
+# ------------------------------------------------------------------ the command
+def run_train_draft(method: str, target_dir: Path, model_lib: Path, out_dir: Path, num_prompts: int = 600,
+                    max_tokens: int = 384, gen_batch: int = 8, steps: int = 3000, train_batch: int = 4,
+                    draft_vocab: int = 16384, progress: bool = True, work_dir: Path | None = None) -> dict:
+    """Every stage skips the work already on disk, so an interrupted run resumes. The head
+    goes to ``out_dir``; data and checkpoints to ``work_dir`` (default ``out_dir/work``)."""
+    if method != "eagle":
+        raise ValueError(f"train-draft --method {method} is not supported yet: only eagle is; Medusa heads "
+                         "must be trained elsewhere and converted with convert_weight --model-type medusa")
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    if not (target_dir / "speccompile-config.json").exists():
+        raise FileNotFoundError(f"{target_dir} is not a converted model (no speccompile-config.json): "
+                                "run convert_weight and gen_config first")
+    _torch()  # fail before hours of generation if torch is missing
+    from . import distill
+    from .runtime.engine import Engine
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(work_dir) if work_dir else out_dir / "work"
+    data_dir = work / "data"
+    engine = Engine(target_dir, model_lib, max_num_sequence=gen_batch)
+    rows = distill.generate_answers(engine, data_dir, num_prompts, max_tokens, gen_batch, progress)
+    paths = distill.extract_features(engine.model, data_dir, rows, progress=progress)
+    del engine
+    report = train_eagle(paths, target_dir, out_dir, steps, batch=train_batch, draft_vocab=draft_vocab,
+                         progress=progress, checkpoint=work / "checkpoint.pt")
+    report.update(conversations=len(rows), answer_tokens=int(sum(len(r["answer_ids"]) for r in rows)))
+    (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
+    return report
