@@ -16,6 +16,14 @@ interval (up to 256 steps). When even perfect acceptance could not pay at the me
 costs, probes are rarer (every 64 steps, doubling to 1024): a draft model has to catch up on
 the skipped tokens, but a cost measured while another process held the CPU must not switch
 speculation off for good. Costs are medians of the last 9 forwards, robust to such spikes.
+
+The model above cannot see every cost: a draft model catching up on a new request's prompt
+inside a decode step, n-gram drafts that exist for only some sequences of a batch, Python
+work around the forwards. So the controller also keeps the *realized* throughput of recent
+whole steps at each batch size, with and without drafts; when drafting has measurably
+delivered fewer tokens per second than plain steps at this batch size, it decodes plainly
+(still probing now and then, so that a change -- an extraction prompt joining -- is seen).
+While drafting, one step in 64 (16 until there are enough) is plain, as the reference.
 """
 from __future__ import annotations
 
@@ -27,6 +35,8 @@ import statistics
 MARGIN = 1.05
 COST_WINDOW = 9  # recent forwards per forward size whose median is the cost estimate
 IDLE_PROBE_EVERY, IDLE_PROBE_MAX = 64, 1024  # probes when even perfect acceptance looks unprofitable
+REALIZED_WINDOW, REALIZED_MIN = 16, 6  # recent whole steps per (batch, drafted) kept / needed to judge
+PLAIN_PROBE_EVERY, PLAIN_PROBE_RARE = 16, 64  # drafting steps between plain reference steps
 
 
 class DraftLengthController:
@@ -40,6 +50,8 @@ class DraftLengthController:
         self.since_probe = 0
         self.probe_interval = probe_every
         self.last_best = 0
+        self.realized: dict[tuple[int, bool], list[tuple[int, float]]] = {}  # (batch, drafted) -> (tokens, s)
+        self.since_plain: dict[int, int] = {}  # drafting steps since the last plain one, per batch size
 
     # ------------------------------------------------------------ estimates
     def observe_verify(self, batch: int, k: int, seconds: float, rows: int | None = None) -> None:
@@ -66,6 +78,22 @@ class DraftLengthController:
             return
         per = seconds / forwards
         self.draft_cost = per if self.draft_cost is None else (1 - self.ema) * self.draft_cost + self.ema * per
+
+    def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A whole decode step (drafting, verify, bookkeeping) of ``batch`` sequences that
+        emitted ``tokens``; ``drafted``: whether any draft token was verified."""
+        steps = self.realized.setdefault((batch, drafted), [])
+        steps.append((tokens, seconds))
+        del steps[:-REALIZED_WINDOW]
+
+    def drafting_loses(self, batch: int) -> bool:
+        """True when recent drafting steps at this batch size delivered fewer tokens per
+        second than recent plain ones (both with enough samples)."""
+        spec, plain = self.realized.get((batch, True), []), self.realized.get((batch, False), [])
+        if len(spec) < REALIZED_MIN or len(plain) < REALIZED_MIN:
+            return False
+        rate = lambda steps: sum(t for t, _ in steps) / max(sum(s for _, s in steps), 1e-9)
+        return rate(spec) < rate(plain)
 
     def observe_acceptance(self, drafted: int, accepted: int) -> None:
         """drafted: chain length proposed; accepted: how many of them were accepted."""
@@ -126,6 +154,14 @@ class DraftLengthController:
         if t0 is None or self.draft_cost is None:
             return 1 if t0 is not None else 0  # measure plain first, then one probe
         best_k = self._best(batch, cap, t0, cost)
+        if best_k > 0 and self.drafting_loses(batch):
+            best_k = 0  # the estimate promises a gain the realized steps do not show
+        if best_k > 0:  # now and then a plain step, the reference drafting is judged against
+            self.since_plain[batch] = self.since_plain.get(batch, 0) + 1
+            few = len(self.realized.get((batch, False), [])) < REALIZED_MIN
+            if self.since_plain[batch] >= (PLAIN_PROBE_EVERY if few else PLAIN_PROBE_RARE):
+                self.since_plain[batch] = 0
+                return 0
         hopeless = best_k == 0 and self._best(batch, cap, t0, cost, perfect=True) == 0
         state = -1 if hopeless else best_k  # not even perfect acceptance would pay at these costs
         if state != self.last_best:  # the decision moved: probe at the base rate again

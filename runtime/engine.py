@@ -378,15 +378,18 @@ class Engine:
         """One batched decode (draft + verify) step for these prefilled, unfinished sequences."""
         t0 = time.perf_counter()
         before = sum(len(s.result.token_ids) for s in active)
-        self._step(active)
+        drafted = self._step(active)
         dt = time.perf_counter() - t0
+        emitted = sum(len(s.result.token_ids) for s in active) - before
+        if self.proposer:
+            self.controller.observe_step(len(active), drafted, emitted, dt)
         for s in active:
             s.result.stats.decode_seconds += dt
         self.totals.decode_seconds += dt
-        self.totals.decode_tokens += sum(len(s.result.token_ids) for s in active) - before
+        self.totals.decode_tokens += emitted
 
-    def _step(self, active: list[_Seq]) -> None:
-        """One draft + verify step for every active sequence."""
+    def _step(self, active: list[_Seq]) -> bool:
+        """One draft + verify step for every active sequence; True if any draft was verified."""
         b = len(active)
         ids = [s.seq_id for s in active]
         # k: adaptive (or fixed), capped by the token budget per forward and the context
@@ -452,6 +455,7 @@ class Engine:
             for s in active:
                 s.result.stats.spec.other_seconds += rest
             self.totals.spec.other_seconds += rest
+        return any(len(d) for d in drafts)
 
     def _verify_on_device(self, active: list[_Seq], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, run by the library's TensorIR kernels on the device

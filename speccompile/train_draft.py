@@ -246,7 +246,7 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
         seen += int(mask.sum())
         stats.update(step=step, loss=float(total.detach()))
         log.append(stats)
-        bar.set_postfix(loss=f"{float(total):.3f}", top1=f"{stats['top1_0']:.2f}", tok_s=f"{seen / (time.time() - t0):.0f}")
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", top1=f"{stats['top1_0']:.2f}", tok_s=f"{seen / (time.time() - t0):.0f}")
         bar.update(1)
         if step % checkpoint_every == 0 or step == steps:
             tmp = ckpt.with_suffix(".tmp")

@@ -70,3 +70,27 @@ def test_costs_learned_at_one_batch_size_inform_another():
         ctrl.observe_acceptance(1, 1)
     assert ctrl.choose(1, 8) >= 1  # one sequence: a 2-row forward is nearly free
     assert [ctrl.choose(8, 8) for _ in range(20)].count(0) == 20  # 16 rows would cost ~2x
+
+
+def test_realized_step_throughput_overrules_a_promising_estimate():
+    """The cost model promises a gain (cheap verify, good acceptance), but whole drafting
+    steps carry a cost it cannot see (say a draft model catching up inside the step): once
+    drafting steps have delivered fewer tokens per second than plain ones at this batch
+    size, the controller decodes plainly, apart from rare probes; at another batch size
+    where drafting wins, it keeps drafting."""
+    ctrl = DraftLengthController(draft_is_free=True)
+    hidden_cost = {4: 0.050, 2: 0.0}  # seconds added to every drafting step, per batch size
+    chosen = {4: [], 2: []}
+    for step in range(600):
+        for batch in (4, 2):
+            k = ctrl.choose(batch, 8)
+            chosen[batch].append(k)
+            verify = 0.010 * batch * (1 + 0.05 * k)
+            ctrl.observe_verify(batch, k, verify)
+            accepted = min(k, 1)
+            if k:
+                ctrl.observe_acceptance(k, accepted)
+            tokens = batch * (1 + accepted)
+            ctrl.observe_step(batch, k > 0, tokens, verify + (hidden_cost[batch] if k else 0.0))
+    assert sum(k > 0 for k in chosen[4][-200:]) <= 6  # plain, but for probes
+    assert sum(k > 0 for k in chosen[2][-200:]) >= 190  # drafting pays here and continues
