@@ -252,9 +252,6 @@ def q4_matmul_vnni(n: int, k: int, dtype: str):
     def word(wf, t, g, wd):  # the 16 packed words (16 output rows) of word wd of group g
         return wf[T.ramp((t * kw + g * 4 + wd) * L, 1, L)]
 
-    def nibbles(w, half):  # even (half 0) or odd (half 1) nibbles of each word, as bytes
-        return T.bitwise_and(w if half == 0 else T.shift_right(w, T.broadcast(T.uint32(4), L)), lo_mask)
-
     @T.macro
     def rows(wf, sf, xp, xs, y, t, base, mb, chains):
         # `chains` independent integer accumulators per row hide vpdpbusd's latency (one row
