@@ -89,6 +89,18 @@ def _aggregate(rows: list[dict], key_tokens: str, key_seconds: str) -> float:
     return toks / secs if secs else 0.0
 
 
+def select_prompts(prompts: list[dict], categories: list[str] | None = None, per_category: int | None = None,
+                   limit: int | None = None) -> list[dict]:
+    """Only these categories, at most ``per_category`` of each, at most ``limit`` in all."""
+    if categories:
+        prompts = [p for p in prompts if p["category"] in categories]
+    if per_category:
+        seen: dict[str, int] = {}
+        prompts = [p for p in prompts if seen.setdefault(p["category"], 0) < per_category
+                   and not seen.__setitem__(p["category"], seen[p["category"]] + 1)]
+    return prompts[:limit] if limit else prompts
+
+
 def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None, max_tokens: int = 128,
               limit: int | None = None, out_json: Path | None = None, quiet: bool = False, spec: dict | None = None,
               categories: list[str] | None = None, per_category: int | None = None,
@@ -99,14 +111,7 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     from speccompile.cli import _engine
 
     spec = spec or {"speculative_mode": "disable"}
-    prompts = load_prompts(prompts_file or DEFAULT_PROMPTS)
-    if categories:
-        prompts = [p for p in prompts if p["category"] in categories]
-    if per_category:
-        seen: dict[str, int] = {}
-        prompts = [p for p in prompts if seen.setdefault(p["category"], 0) < per_category
-                   and not seen.__setitem__(p["category"], seen[p["category"]] + 1)]
-    prompts = prompts[:limit] if limit else prompts
+    prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     speculative = spec.get("speculative_mode", "disable") != "disable"
     engine = _engine(model_dir, model_lib, spec)
     bandwidth = measure_bandwidth()
@@ -307,7 +312,8 @@ def _scrape(client, base: str) -> dict[str, float]:
 
 def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path | None = None, max_tokens: int = 128,
                        limit: int | None = None, out_json: Path | None = None, api_key: str | None = None,
-                       model: str | None = None, compare: Path | None = None, quiet: bool = False) -> dict:
+                       model: str | None = None, compare: Path | None = None, quiet: bool = False,
+                       categories: list[str] | None = None, per_category: int | None = None) -> dict:
     """Drive a running ``speccompile serve`` (or any OpenAI-compatible server) with the prompt
     set at each concurrency level: greedy, ``ignore_eos`` so every request generates
     ``max_tokens``. Reports output tokens/s, requests/s and percentiles of TTFT, of the gap
@@ -325,9 +331,7 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
     base = endpoint.rstrip("/")
     base = base.removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    prompts = load_prompts(prompts_file or DEFAULT_PROMPTS)
-    if limit:
-        prompts = prompts[:limit]
+    prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     with httpx.Client(headers=headers, timeout=600) as client:
         try:
             models = client.get(base + "/v1/models")

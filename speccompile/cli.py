@@ -294,7 +294,7 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             if not levels or min(levels) < 1:
                 raise ValueError("--concurrency takes positive integers, e.g. 1,4,8,16")
             run_endpoint_bench(endpoint, levels, prompts, max_tokens, num_prompts, out_json, api_key,
-                               compare=compare)
+                               compare=compare, categories=list(categories) or None, per_category=per_category)
         except USER_ERRORS as err:
             _fail(err)
         return
