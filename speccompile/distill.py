@@ -11,7 +11,7 @@ Two resumable stages, both on our compiled engine (no torch needed):
 1. ``generate_answers``: batched greedy generation; one JSON line per conversation in
    ``conversations.jsonl`` (prompt ids, answer ids). Re-running skips what is there.
 2. ``extract_features``: one forward per conversation returning the final-normed hidden
-   state of every token (``forward_hidden``), stored as fp16 shards ``feats_NNNN.npy``
+   state of every token (``forward_hidden``), stored as fp16 shards ``feats_NNNN.npz``
    with the token ids beside them. These are what EAGLE regresses and Medusa reads.
 """
 from __future__ import annotations
@@ -116,13 +116,13 @@ def extract_features(model, out_dir: Path, rows: list[dict], shard_tokens: int =
     ``starts``/``answer_start`` per conversation."""
     from tqdm import tqdm
 
-    shards, cur, done_rows = [], [], 0
-    for i, r in enumerate(rows):
+    shards, cur, size = [], [], 0
+    for i, r in enumerate(rows):  # conversations in order, ~shard_tokens tokens per shard
         cur.append(i)
-        size = sum(len(rows[j]["prompt_ids"]) + len(rows[j]["answer_ids"]) for j in cur)
+        size += len(r["prompt_ids"]) + len(r["answer_ids"])
         if size >= shard_tokens or i == len(rows) - 1:
             shards.append(cur)
-            cur = []
+            cur, size = [], 0
     paths = []
     bar = tqdm(total=len(rows), desc="features", unit="conv", disable=not progress)
     for s, members in enumerate(shards):
@@ -147,6 +147,5 @@ def extract_features(model, out_dir: Path, rows: list[dict], shard_tokens: int =
         np.savez(tmp, tokens=np.concatenate(toks), feats=np.concatenate(feats),
                  starts=np.asarray(starts, np.int64), answer_start=np.asarray(ans, np.int64))
         tmp.rename(path)
-        done_rows += len(members)
     bar.close()
     return paths
