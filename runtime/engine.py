@@ -359,6 +359,8 @@ class Engine:
                 self.proposer.observe_hidden(s.seq_id, st, hidden[end - len(c): end])
         else:
             logits = self.model.prefill(self.kv, [s.seq_id for s in batch], chunks)
+        if self.proposer:
+            self.proposer.prefill([s.seq_id for s in batch], chunks)
         dt = time.perf_counter() - t0
         total = sum(len(c) for c in chunks)
         done = []

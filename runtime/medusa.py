@@ -70,6 +70,9 @@ class MedusaProposer:
         self.last.pop(seq_id, None)
         self.proposed.pop(seq_id, None)
 
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
+        pass  # the head works from the features observe_hidden receives
+
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         if seq_id in self.proposed and len(hidden):
             self.last[seq_id] = (position + len(hidden) - 1, np.asarray(hidden[-1]))

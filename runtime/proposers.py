@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .kv_cache import KVCacheFull
 from .model import Model, read_metadata
 from .sampling import SamplingParams, probs_from_logits
 from .verify import Draft
@@ -33,6 +34,12 @@ class Proposer(Protocol):
         """histories[i]: every committed token of sequence i, the last one not yet forwarded
         by the target. Returns one draft per sequence: a chain of at most ks[i] tokens, or a
         token tree at most ks[i] deep with at most node_limit nodes."""
+        ...
+
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
+        """The target just prefilled these prompt chunks (in order, per sequence). A draft
+        model prefills them too, in the same bounded chunk, so that no decode step of a
+        running batch ever stalls on a new request's whole prompt."""
         ...
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
@@ -67,6 +74,9 @@ class NGramProposer:
         pass
 
     def accept(self, seq_id: int, history: list[int]) -> None:
+        pass
+
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
         pass
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
@@ -126,6 +136,18 @@ class SmallDraftProposer:
             agreed += 1
         self.kv.popn(seq_id, len(cached) - agreed)
         del cached[agreed:]
+
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
+        pairs = [(s, c) for s, c in zip(seq_ids, chunks) if s in self.cached]  # attached while enabled
+        if not pairs:
+            return
+        seq_ids, chunks = [s for s, _ in pairs], [c for _, c in pairs]
+        try:
+            self.model.prefill(self.kv, seq_ids, chunks)
+        except KVCacheFull:
+            return  # nothing was written; propose catches up later
+        for sid, chunk in zip(seq_ids, chunks):
+            self.cached[sid].extend(chunk)
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         pass

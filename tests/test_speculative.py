@@ -118,3 +118,24 @@ def test_sampling_with_speculation_is_reproducible_and_valid(target):
     b = eng.generate(ids, 24, sp, ignore_eos=True)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 24
     assert np.all(np.asarray(a.token_ids) < 49152)
+
+
+def test_draft_model_prefills_with_the_target(target, reference):
+    """The draft model's KV cache is filled in the target's prefill chunks, so the first
+    decode step catches up on one token, not on the whole prompt (a server's running
+    batch would stall on it), and the output is still the target's."""
+    prompts, expected = reference
+    eng = _engine(target, "self")
+    eng.set_draft_length(3)
+    seq = eng.new_sequence(prompts[4], NEW_TOKENS, ignore_eos=True)
+    eng.attach(seq)
+    while seq.to_prefill:
+        eng.prefill([seq], 7)  # small chunks: the draft follows chunk by chunk
+    assert eng.proposer.cached[seq.seq_id] == prompts[4]
+    assert eng.proposer.kv.length(seq.seq_id) == len(prompts[4])
+    eng.step([seq])
+    assert eng.proposer.last_catch_up == 1
+    while not seq.done:
+        eng.step([seq])
+    eng.detach(seq)
+    assert seq.result.token_ids == expected[4]
