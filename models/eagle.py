@@ -5,8 +5,15 @@ Why it looks like this: EAGLE drafts at the *feature* level. Its input at positi
 hidden state at position i (the input is shifted one token left compared with the
 target's); then N Llama decoder layers (layer 0 without its input RMSNorm, no final norm)
 predict ``f[i+1]``, and the *target's* lm_head turns that into next-token logits. The head
-therefore owns no embedding and no lm_head: the runtime calls the target library's
-``embed`` and ``get_logits`` (runtime/eagle.py).
+therefore owns no embedding: the runtime calls the target library's ``embed``.
+
+On a CPU the target's lm_head would dominate a draft step (21% of SmolLM2's weights
+against 3% for the decoder layer), so a head may instead carry an EAGLE-3 style *reduced
+draft vocabulary*: its own ``lm_head.weight`` [draft_vocab, h] and ``d2t`` [draft_vocab]
+(draft id j is target token ``j + d2t[j]``, the published layout). Its ``draft_logits``
+then scores only those tokens; without them the runtime uses the target's ``get_logits``
+(runtime/eagle.py). Drafts are still verified by the target, so this changes speed, never
+the output.
 
 The decoder layers are models/llama.py's own ``DecoderLayer`` with the same paged KV cache,
 attention kernels and ``META_SPEC`` metadata as the target, so the head drafts chains and
@@ -33,6 +40,7 @@ class EagleConfig:
     """The head's decoder hyper-parameters (EAGLE's config.json is a Llama config)."""
 
     layer: LlamaConfig
+    draft_vocab_size: int = 0  # 0: draft with the target's lm_head; else own lm_head + d2t
     model_type = "eagle"
 
     # the names build_metadata and the runtime read, delegated to the decoder config
@@ -45,16 +53,16 @@ class EagleConfig:
     prefill_chunk_size = property(lambda self: self.layer.prefill_chunk_size)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer.to_dict()}
+        return {"layer": self.layer.to_dict(), "draft_vocab_size": self.draft_vocab_size}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EagleConfig":
-        if set(data) != {"layer"}:
-            raise ConfigError(f"an EAGLE model config holds only 'layer', got {sorted(data)}")
-        return cls(LlamaConfig.from_dict(data["layer"]))
+        if "layer" not in data or not set(data) <= {"layer", "draft_vocab_size"}:
+            raise ConfigError(f"an EAGLE model config holds 'layer' (and 'draft_vocab_size'), got {sorted(data)}")
+        return cls(LlamaConfig.from_dict(data["layer"]), int(data.get("draft_vocab_size", 0)))
 
     def extra_metadata(self) -> dict[str, Any]:
-        return {"head_kind": "eagle"}
+        return {"head_kind": "eagle", "draft_vocab_size": self.draft_vocab_size}
 
     @classmethod
     def from_checkpoint(cls, raw: dict[str, Any], target: LlamaConfig, names: list[str],
@@ -85,11 +93,32 @@ class EagleConfig:
         if "embed_tokens.weight" in names and tuple(shape("embed_tokens.weight")) != (target.vocab_size, h):
             raise ConfigError(f"the EAGLE head's embed_tokens.weight is {list(shape('embed_tokens.weight'))}, the "
                               f"target's vocabulary is [{target.vocab_size}, {h}]: this head belongs to another model")
+        draft_vocab = _draft_vocabulary(raw, target, names, shape)
         layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.split(".")[1].isdigit()}
         if layers and layers != set(range(layer.num_hidden_layers)):
             raise ConfigError(f"config.json says {layer.num_hidden_layers} layer(s) but the weights hold "
                               f"layers {sorted(layers)}")
-        return cls(layer)
+        return cls(layer, draft_vocab)
+
+
+def _draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, names: list[str],
+                      shape: Callable[[str], tuple[int, ...]]) -> int:
+    """The size of an EAGLE-3 style reduced draft vocabulary (0 when the head has none)."""
+    has = [n for n in ("lm_head.weight", "d2t") if n in names]
+    if not has:
+        return 0
+    if len(has) == 1:
+        raise ConfigError(f"the EAGLE head has {has[0]} without {({'lm_head.weight', 'd2t'} - set(has)).pop()}: a "
+                          "reduced draft vocabulary needs both (lm_head.weight [draft_vocab, hidden], d2t [draft_vocab])")
+    lm, d2t = tuple(shape("lm_head.weight")), tuple(shape("d2t"))
+    if len(lm) != 2 or lm[1] != target.hidden_size or not 0 < lm[0] <= target.vocab_size:
+        raise ConfigError(f"the EAGLE head's lm_head.weight is {list(lm)}; with this target it must be "
+                          f"[draft_vocab <= {target.vocab_size}, {target.hidden_size}]")
+    if d2t != (lm[0],):
+        raise ConfigError(f"the EAGLE head's d2t is {list(d2t)}, its lm_head has {lm[0]} rows")
+    if raw.get("draft_vocab_size", lm[0]) != lm[0]:
+        raise ConfigError(f"config.json says draft_vocab_size {raw['draft_vocab_size']}, lm_head.weight has {lm[0]}")
+    return int(lm[0])
 
 
 class EagleHead(nn.Module):
@@ -102,6 +131,9 @@ class EagleHead(nn.Module):
         self.fc = QLinear(2 * h, h, quant, bias=True)
         self.layers = nn.ModuleList([DecoderLayer(cfg.layer, quant, input_norm=i > 0)
                                      for i in range(cfg.num_hidden_layers)])
+        if cfg.draft_vocab_size:
+            self.lm_head = QLinear(h, cfg.draft_vocab_size, quant)
+            self.d2t = nn.Parameter((cfg.draft_vocab_size,), "int32")  # read by the runtime at load
 
     def kv_cache_shape(self, num_slots) -> list:
         c = self.cfg
@@ -117,12 +149,20 @@ class EagleHead(nn.Module):
             x, kv = layer(x, kv, meta, i)
         return x
 
+    def draft_logits(self, hidden: Tensor) -> Tensor:
+        # hidden: [n, h] predicted features -> [n, draft_vocab] logits over the reduced vocabulary
+        logits = self.lm_head(hidden)
+        return logits if logits.dtype == "float32" else logits.astype("float32")
+
     def get_spec(self) -> dict[str, Any]:
         h, dt = self.cfg.hidden_size, self.dtype
         meta = {k: nn.spec.Tensor(shape, dtype) for k, (shape, dtype) in META_SPEC.items()}
-        return {"eagle_forward": {"input_embeds": nn.spec.Tensor(["n", h], dt), "hidden": nn.spec.Tensor(["n", h], dt),
-                                  "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **meta,
-                                  "$": {"param_mode": "packed", "effect_mode": "none"}}}
+        mode = {"param_mode": "packed", "effect_mode": "none"}
+        spec = {"eagle_forward": {"input_embeds": nn.spec.Tensor(["n", h], dt), "hidden": nn.spec.Tensor(["n", h], dt),
+                                  "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **meta, "$": mode}}
+        if self.cfg.draft_vocab_size:
+            spec["draft_logits"] = {"hidden": nn.spec.Tensor(["n", h], dt), "$": mode}
+        return spec
 
 
 def source_map(cfg: EagleConfig) -> dict[str, list[str]]:
@@ -139,4 +179,7 @@ def source_map(cfg: EagleConfig) -> dict[str, list[str]]:
         if i > 0:
             m[f"{p}.input_layernorm.weight"] = [f"{p}.input_layernorm.weight"]
         m[f"{p}.post_attention_layernorm.weight"] = [f"{p}.post_attention_layernorm.weight"]
+    if cfg.draft_vocab_size:
+        m["lm_head.weight"] = ["lm_head.weight"]
+        m["d2t"] = ["d2t"]
     return m

@@ -34,9 +34,28 @@ MAX_TREE_NODES = 256
 
 
 class EagleHeadModel(Model):
-    """A compiled EAGLE head and its weights (only ``eagle_forward``)."""
+    """A compiled EAGLE head and its weights: ``eagle_forward``, and ``draft_logits`` when the
+    head has a reduced draft vocabulary (``vocab_ids`` maps its rows to target tokens)."""
 
     entry_points = ("eagle_forward",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.vocab_ids = None
+        if int(self.meta.get("draft_vocab_size", 0)):
+            self._fn["draft_logits"] = self.vm["draft_logits"]
+            names = [p["name"] for p in self.meta["params"]]
+            d2t = self.params[names.index("d2t")].numpy().astype(np.int64)
+            self.vocab_ids = np.arange(d2t.size) + d2t  # draft row j -> target token j + d2t[j]
+
+    def logits(self, target: Model, feats) -> np.ndarray:
+        """Draft logits of predicted features: over the reduced vocabulary (rows of
+        ``vocab_ids``) when the head has one, else the target's full lm_head."""
+        if self.vocab_ids is None:
+            return target.get_logits(feats).numpy()
+        if isinstance(feats, np.ndarray):
+            feats = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+        return self._fn["draft_logits"](feats, self.params).numpy()
 
     def forward(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
         """Predicted features [n, hidden] (device) of the pairs (feats[j], tokens[j])."""
@@ -71,6 +90,10 @@ class EagleProposer:
             raise ValueError("--spec-tree-width must be >= 1 (1 = chain)")
         if not 1 <= max_nodes <= MAX_TREE_NODES:
             raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
+        ids = head.vocab_ids
+        if ids is not None and (ids.min() < 0 or ids.max() >= target.vocab_size or np.unique(ids).size != ids.size):
+            raise ValueError("the EAGLE head's d2t maps its draft vocabulary outside the target's vocabulary "
+                             f"(size {target.vocab_size}) or twice onto one token: it was trained for another model")
         self.head, self.target = head, target
         self.width, self.max_nodes = tree_width, max_nodes
         self.kv = head.create_kv_cache(max_total_tokens)
@@ -86,6 +109,9 @@ class EagleProposer:
     def remove_sequence(self, seq_id: int) -> None:
         self.kv.remove_sequence(seq_id)
         self.pending.pop(seq_id, None)
+
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
+        pass  # the head works from the features observe_hidden receives
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         """Target features of the tokens at positions position.. (in order, no gaps)."""
@@ -134,13 +160,13 @@ class EagleProposer:
         for s in ids:
             self.pending[s] = []
         root = out[np.cumsum(counts) - 1]
-        return root, self.target.get_logits(root).numpy()
+        return root, self.head.logits(self.target, root)
 
     def _grow(self, ids: list[int], depths: list[int], root_feat: np.ndarray, root_logits: np.ndarray) -> list[dict]:
         """Candidates (token, parent, depth, score) per sequence, expanded EAGLE-2 style."""
         trees = []
         for r in range(len(ids)):
-            toks, logp = top_tokens(root_logits[r], self.width)
+            toks, logp = self._top(root_logits[r])
             trees.append({"tok": toks.tolist(), "par": [-1] * len(toks), "depth": [1] * len(toks),
                           "score": logp.tolist(), "row": [-1] * len(toks), "head_par": [], "feat": [],
                           "frontier": list(range(len(toks)))})
@@ -161,14 +187,14 @@ class EagleProposer:
             batch = self._plan_new_rows([ids[r] for r in grow], [trees[r]["head_par"] for r in grow], firsts)
             out = self.head.forward(self.target, self.kv, batch, np.asarray(tokens, np.int32), np.stack(feats)).numpy()
             self.forwards += 1
-            logits = self.target.get_logits(out).numpy()
+            logits = self.head.logits(self.target, out)
             row = 0
             for r in grow:
                 t = trees[r]
                 t["frontier"] = []
                 for n in t["expand"]:
                     t["feat"].append(out[row])
-                    toks, logp = top_tokens(logits[row], self.width)
+                    toks, logp = self._top(logits[row])
                     row += 1
                     for tok, lp in zip(toks.tolist(), logp.tolist()):
                         t["frontier"].append(len(t["tok"]))
@@ -178,6 +204,11 @@ class EagleProposer:
                         t["score"].append(t["score"][n] + lp)
                         t["row"].append(-1)
         return trees
+
+    def _top(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ``width`` best target tokens of one draft logits row, with log-probabilities."""
+        toks, logp = top_tokens(row, self.width)
+        return (toks if self.head.vocab_ids is None else self.head.vocab_ids[toks]), logp
 
     def _plan_new_rows(self, ids: list[int], head_parents: list[list[int]], firsts: list[int]) -> ForwardBatch:
         """Tree metadata for the rows added this forward (earlier rows are already written)."""

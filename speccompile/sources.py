@@ -120,10 +120,12 @@ class TensorFiles:
 
             try:
                 with safe_open(str(f), framework="numpy") as h:
-                    return np.asarray(h.get_tensor(name), dtype=np.float32)
+                    t = h.get_tensor(name)
+                    return t if t.dtype.kind in "iu" else np.asarray(t, dtype=np.float32)  # d2t stays integer
             except TypeError:  # bf16 is not a numpy dtype: go through torch-free raw bytes
                 return _read_safetensors_bf16(f, name)
-        return self._load_bin(f)[name].float().numpy()
+        t = self._load_bin(f)[name]
+        return t.numpy() if not t.is_floating_point() else t.float().numpy()
 
 
 class HFSource(TensorFiles):

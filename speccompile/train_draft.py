@@ -253,7 +253,7 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}, tmp)
             tmp.rename(ckpt)
     bar.close()
-    export_eagle(model, layer_cfg, out_dir, torch)
+    export_eagle(model, layer_cfg, out_dir, torch, vocab, head_w[vocab])
     recent = log[-50:]
     return {"steps": step, "draft_vocab": len(vocab),
             "recent_top1_true_features": float(np.mean([r["top1_0"] for r in recent])),
@@ -287,11 +287,18 @@ def _target_embedding_and_head(target_dir: Path, tcfg, load_params, dequantize_q
     return np.ascontiguousarray(emb), np.ascontiguousarray(head)
 
 
-def export_eagle(model, layer_cfg, out_dir: Path, torch) -> None:
-    """config.json + model.safetensors in SafeAILab's layout (fp16)."""
+def export_eagle(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray | None = None,
+                 lm_rows: np.ndarray | None = None) -> None:
+    """config.json + model.safetensors in SafeAILab's layout (fp16). With ``vocab`` (the
+    draft vocabulary's target ids, sorted) the head also carries the EAGLE-3 style reduced
+    vocabulary it was trained on: ``lm_head.weight`` (those rows of the target's lm_head)
+    and ``d2t`` (target id minus draft id), so that a draft step need not run the full lm_head."""
     from safetensors.numpy import save_file
 
     tensors = {k: v.detach().to(torch.float16).numpy() for k, v in model.state_dict().items()}
+    if vocab is not None:
+        tensors["lm_head.weight"] = np.ascontiguousarray(lm_rows, np.float16)
+        tensors["d2t"] = (np.asarray(vocab, np.int64) - np.arange(len(vocab))).astype(np.int64)
     save_file(tensors, str(out_dir / "model.safetensors"))
     c = layer_cfg
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
@@ -300,6 +307,8 @@ def export_eagle(model, layer_cfg, out_dir: Path, torch) -> None:
            "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "vocab_size": c.vocab_size,
            "max_position_embeddings": c.context_window_size, "head_dim": c.head_dim,
            "torch_dtype": "float16", "bias": True}
+    if vocab is not None:
+        cfg["draft_vocab_size"] = int(len(vocab))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
 
 

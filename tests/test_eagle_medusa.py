@@ -44,10 +44,12 @@ def _save(folder: Path, tensors: dict, fmt: str, bin_name: str = "pytorch_model.
 
 
 def make_eagle_checkpoint(folder: Path, t: dict, layers: int = 1, seed: int = 0, fmt: str = "bin",
-                          repeat: float | None = None, hidden: int | None = None, vocab: int | None = None) -> None:
+                          repeat: float | None = None, hidden: int | None = None, vocab: int | None = None,
+                          draft_vocab: tuple | None = None) -> None:
     """SafeAILab EAGLE-1 layout: config.json (a Llama config) + fc.*, layers.N.*;
     layer 0 has no input_layernorm. ``repeat=noise``: the head returns its input feature
-    plus ``noise`` times a random projection of the token embedding."""
+    plus ``noise`` times a random projection of the token embedding. ``draft_vocab=(ids,
+    rows)``: an EAGLE-3 style reduced vocabulary, lm_head.weight = rows and d2t = ids - arange."""
     rng = np.random.default_rng(seed)
     h, inter = hidden or t["hidden_size"], t["intermediate_size"]
     nh, nkv, v = t["num_attention_heads"], t["num_key_value_heads"], vocab or t["vocab_size"]
@@ -67,12 +69,18 @@ def make_eagle_checkpoint(folder: Path, t: dict, layers: int = 1, seed: int = 0,
                   p + "post_attention_layernorm.weight": np.ones(h, np.float32)})
         if i:
             w[p + "input_layernorm.weight"] = np.ones(h, np.float32)
+    extra = {}
+    if draft_vocab is not None:
+        ids, rows = draft_vocab
+        w["lm_head.weight"] = np.asarray(rows, np.float32)
+        w["d2t"] = np.asarray(ids, np.int64) - np.arange(len(ids))
+        extra["draft_vocab_size"] = len(ids)
     _save(folder, w, fmt)
     (folder / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
         "num_hidden_layers": layers, "num_attention_heads": nh, "num_key_value_heads": nkv, "vocab_size": v,
         "rms_norm_eps": 1e-5, "rope_theta": t.get("rope_theta", 10000.0), "max_position_embeddings": 2048,
-        "bias": True}))
+        "bias": True, **extra}))
 
 
 def make_medusa_checkpoint(folder: Path, h: int, v: int, heads: int = 3, layers: int = 1, seed: int = 0,
@@ -203,6 +211,25 @@ def test_cli_generate_with_eagle(tiny):
     assert data["stats"]["draft_tokens"] > 0 and "per_position_accept_rate" in data["stats"]
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_tiny_eagle_with_reduced_draft_vocabulary(tiny, fmt):
+    """An EAGLE-3 style head drafting from a quarter of the vocabulary plus the tokens the
+    target emits: drafts are mapped back to target ids through d2t, get accepted, and the
+    output is still the target's own, chain and tree."""
+    from speccompile.runtime.eagle import EagleHeadModel
+
+    built, _, _, prompts, expected, root = tiny
+    t = PRESETS["tiny-llama"]
+    used = {tok for e in expected for tok in e}
+    ids = np.array(sorted(used | set(range(0, t["vocab_size"], 4))))
+    rows = built.weights["model.embed_tokens.weight"][ids]  # tied: these are the lm_head rows
+    make_eagle_checkpoint(root / f"eagle3-{fmt}", t, layers=1, repeat=0.5, draft_vocab=(ids, rows), fmt=fmt)
+    head = build_head("eagle", root / f"eagle3-{fmt}", built.hf_dir, "q0f32", root / f"eagle3-{fmt}-out")
+    assert EagleHeadModel(*head).vocab_ids.tolist() == ids.tolist()
+    stats = check_lossless(built.model_dir, built.lib, head, "eagle", prompts, expected, widths=(1, 3))
+    assert sum(s.accepted_tokens for _, s in stats) > 0
+
+
 def test_conversion_rejects_heads_of_another_target(tiny, tmp_path):
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
@@ -216,6 +243,9 @@ def test_conversion_rejects_heads_of_another_target(tiny, tmp_path):
     make_eagle_checkpoint(tmp_path / "ev", t, vocab=300)
     with pytest.raises(SourceError, match="vocab_size 300 but the target has 272"):
         gen_config(tmp_path / "ev", "q0f32", tmp_path / "o2", target=built.hf_dir, model_type="eagle")
+    make_eagle_checkpoint(tmp_path / "ed", t, draft_vocab=(np.arange(8), np.zeros((8, 32), np.float32)))
+    with pytest.raises(SourceError, match=r"lm_head.weight is \[8, 32\]"):
+        convert_weight(tmp_path / "ed", "q0f32", tmp_path / "o6", "eagle", progress=False, target=built.hf_dir)
     make_medusa_checkpoint(tmp_path / "mv", 64, 300)
     with pytest.raises(SourceError, match="predict 300 tokens .* vocabulary has 272"):
         convert_weight(tmp_path / "mv", "q0f32", tmp_path / "o3", "medusa", progress=False, target=built.hf_dir)

@@ -55,6 +55,11 @@ def test_head_in_official_layout_converts_compiles_and_decodes_losslessly(traine
     assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
             "layers.0.post_attention_layernorm.weight"} <= names
     assert "layers.0.input_layernorm.weight" not in names  # EAGLE-1: layer 0 reads fc directly
+    tensors = load_file(str(out / "model.safetensors"))
+    dv = json.loads((out / "config.json").read_text())["draft_vocab_size"]
+    assert tensors["lm_head.weight"].shape == (dv, 64) and tensors["d2t"].dtype == np.int64
+    ids = np.arange(dv) + tensors["d2t"]  # the reduced vocabulary it trained on, as target ids
+    assert np.all(np.diff(ids) > 0) and ids[-1] < 272
     assert report["steps"] == 6 and 0.0 <= report["recent_top1_true_features"] <= 1.0
     head = build_head("eagle", out, built.hf_dir, "q0f32", tmp_path / "eagle")
     eng = Engine(built.model_dir, built.lib)
