@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -104,11 +103,14 @@ def select_prompts(prompts: list[dict], categories: list[str] | None = None, per
 def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None, max_tokens: int = 128,
               limit: int | None = None, out_json: Path | None = None, quiet: bool = False, spec: dict | None = None,
               categories: list[str] | None = None, per_category: int | None = None,
-              llama_bench: tuple[Path, Path] | None = None) -> dict:
+              llama_bench: tuple[Path, Path] | None = None, llama_speculative: dict | None = None) -> dict:
     """Plain decoding of every prompt, and -- with a speculative mode -- the same prompts with
     speculation, in the same process and the same build, greedy, batch 1. ``llama_bench``
-    (binary, gguf): llama.cpp's own benchmark runs right after, in the same run."""
+    (binary, gguf): llama.cpp's own benchmark runs right after, in the same run.
+    ``llama_speculative`` (binary, gguf, draft_gguf, draft_max): llama.cpp's speculative
+    decoding of the same rendered prompts in the same mode, also in the same run."""
     from speccompile.cli import _engine
+    from speccompile.llama_cpp import run_llama_bench, run_llama_speculative, summarize_llama_speculative
 
     spec = spec or {"speculative_mode": "disable"}
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
@@ -147,6 +149,17 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
         rows.append(row)
         if not quiet:
             print(line, flush=True)
+    if llama_speculative and speculative:
+        lrows = run_llama_speculative(
+            llama_speculative["binary"], llama_speculative["gguf"],
+            [engine.render([{"role": "user", "content": p["prompt"]}]) for p in prompts], max_tokens,
+            spec["speculative_mode"], llama_speculative.get("draft_gguf"), llama_speculative.get("draft_max", 3))
+        for row, lr in zip(rows, lrows):
+            row.update({f"llama_cpp_{k}": v for k, v in lr.items()})
+            row["ours_over_llama_cpp_spec"] = row["spec_tokens_per_s"] / lr["tokens_per_s"]
+            if not quiet:
+                print(f"llama.cpp {row['category']:<11} spec {lr['tokens_per_s']:6.1f} tok/s accept "
+                      f"{lr['accept_rate']:.2f} | ours {row['spec_tokens_per_s']:6.1f}", flush=True)
     by_cat: dict[str, list[dict]] = {}
     for r in rows:
         by_cat.setdefault(r["category"], []).append(r)
@@ -162,6 +175,9 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
             out["mean_accepted_length"] = (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
                                            if steps else 0.0)
             out["identical_outputs"] = sum(r["identical_output"] for r in group)
+            if "llama_cpp_tokens_per_s" in group[0]:
+                out["llama_cpp_spec_tokens_per_s"] = _aggregate(group, "llama_cpp_decode_tokens", "llama_cpp_seconds")
+                out["ours_over_llama_cpp_spec"] = out["spec_tokens_per_s"] / out["llama_cpp_spec_tokens_per_s"]
         return out
 
     overall = summarize(rows)
@@ -175,6 +191,10 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
         lc = overall["llama_cpp"] = run_llama_bench(*llama_bench, depth=depth)
         lc["ours_over_llama_cpp_decode"] = overall["plain_tokens_per_s"] / lc["tg_tokens_per_s"]
         lc["ours_over_llama_cpp_decode_at_depth"] = overall["plain_tokens_per_s"] / lc["tg_tokens_per_s_at_depth"]
+    if llama_speculative and speculative:
+        overall["llama_cpp_speculative"] = summarize_llama_speculative(
+            [{k[len("llama_cpp_"):]: v for k, v in r.items() if k.startswith("llama_cpp_")} for r in rows],
+            llama_speculative["binary"], spec["speculative_mode"], llama_speculative.get("draft_max", 3))
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "measured_bandwidth_GBps": round(bandwidth, 2)},
@@ -198,27 +218,6 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     return report
 
 
-def run_llama_bench(binary: Path, gguf: Path, threads: int | None = None, depth: int = 0) -> dict:
-    """llama.cpp's llama-bench (pp64 / tg64, all cores) on the same machine, for comparison
-    only: it is never a dependency. With ``depth``, tg64 also runs after that many context
-    tokens (``tg_tokens_per_s_at_depth``)."""
-    threads = threads or os.cpu_count() or 1
-    cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "64", "-n", "64", "-o", "json"]
-    if depth:
-        cmd += ["-d", f"0,{depth}"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise ValueError(f"llama-bench failed: {res.stderr[-500:]}")
-    runs = json.loads(res.stdout)
-    out = {"binary": str(binary), "gguf": str(gguf), "threads": threads, "depth": depth}
-    for r in runs:
-        key = "pp_tokens_per_s" if r.get("n_prompt", 0) > 0 else "tg_tokens_per_s"
-        if r.get("n_depth", 0) > 0:
-            key += "_at_depth"
-        out[key] = float(r["avg_ts"])
-    return out
-
-
 def _print_summary(report: dict, speculative: bool, bandwidth: float, per_token: int) -> None:
     s = report["summary"]
     print(f"\nplain decode {s['plain_tokens_per_s']:.1f} tok/s, prefill {s['prefill_tokens_per_s_mean']:.1f} tok/s; "
@@ -233,10 +232,17 @@ def _print_summary(report: dict, speculative: bool, bandwidth: float, per_token:
                   f"{lc['tg_tokens_per_s_at_depth']:.1f} tok/s; ours / llama.cpp = "
                   f"{lc['ours_over_llama_cpp_decode_at_depth']:.2f}")
     if speculative:
-        print(f"{'category':<12} {'plain':>7} {'spec':>7} {'speedup':>8} {'accept':>7} {'len':>5}")
+        lcpp = "llama_cpp_speculative" in s
+        print(f"{'category':<12} {'plain':>7} {'spec':>7} {'speedup':>8} {'accept':>7} {'len':>5}"
+              + (f" {'llama.cpp spec':>15} {'ours/llama.cpp':>15}" if lcpp else ""))
         for c, g in list(report["per_category"].items()) + [("overall", s)]:
             print(f"{c:<12} {g['plain_tokens_per_s']:7.1f} {g['spec_tokens_per_s']:7.1f} {g['speedup']:8.2f} "
-                  f"{g['accept_rate']:7.2f} {g['mean_accepted_length']:5.2f}")
+                  f"{g['accept_rate']:7.2f} {g['mean_accepted_length']:5.2f}"
+                  + (f" {g['llama_cpp_spec_tokens_per_s']:15.1f} {g['ours_over_llama_cpp_spec']:15.2f}" if lcpp else ""))
+        if lcpp:
+            lc = s["llama_cpp_speculative"]
+            print(f"llama.cpp speculative (same run, {lc['mode']}, draft-max {lc['draft_max']}): "
+                  f"accept {lc['accept_rate']:.2f}")
 
 
 def write_chart(report: dict, path: Path) -> Path:

@@ -279,9 +279,18 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
               help="with --endpoint: an earlier report (e.g. speculation off) to print throughput ratios against")
 @click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path), default=None,
               help="also run llama.cpp's llama-bench binary in the same run, on --gguf (or --model's GGUF)")
-@click.option("--gguf", type=click.Path(path_type=Path), default=None, help="with --llama-bench")
+@click.option("--gguf", type=click.Path(path_type=Path), default=None,
+              help="with --llama-bench / --llama-speculative: the target's GGUF file")
+@click.option("--llama-speculative", "llama_spec", type=click.Path(path_type=Path), default=None,
+              help="also run llama.cpp's llama-speculative-simple binary on the same prompts, in the same mode "
+                   "(small_draft with --draft-gguf, or ngram)")
+@click.option("--draft-gguf", type=click.Path(path_type=Path), default=None,
+              help="with --llama-speculative in small_draft mode: the draft's GGUF file")
+@click.option("--llama-draft-max", type=int, default=3, show_default=True,
+              help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              per_category, spec, endpoint, concurrency, api_key, compare, llama_bench, gguf):
+              per_category, spec, endpoint, concurrency, api_key, compare, llama_bench, gguf, llama_spec, draft_gguf,
+              llama_draft_max):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
@@ -303,15 +312,25 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             from speccompile.fetch import fetch, prepare
 
             model_dir, model_lib = prepare(model_name, quantization)
-            if llama_bench and gguf is None:
+            if (llama_bench or llama_spec) and gguf is None:
                 gguf = fetch(model_name, quiet=True)
         if model_dir is None or model_lib is None:
             raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
         if llama_bench and (gguf is None or not Path(llama_bench).exists()):
             raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")
+        lspec = None
+        if llama_spec:
+            mode = spec.get("speculative_mode", "disable")
+            if mode not in ("small_draft", "ngram"):
+                raise ValueError("--llama-speculative compares --speculative-mode small_draft or ngram")
+            if gguf is None or not Path(llama_spec).exists():
+                raise ValueError("--llama-speculative needs an existing llama-speculative-simple binary and --gguf")
+            if mode == "small_draft" and (draft_gguf is None or not Path(draft_gguf).exists()):
+                raise ValueError("--llama-speculative in small_draft mode needs the draft's --draft-gguf file")
+            lspec = {"binary": llama_spec, "gguf": gguf, "draft_gguf": draft_gguf, "draft_max": llama_draft_max}
         run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,
                   categories=list(categories) or None, per_category=per_category,
-                  llama_bench=(llama_bench, gguf) if llama_bench else None)
+                  llama_bench=(llama_bench, gguf) if llama_bench else None, llama_speculative=lspec)
     except USER_ERRORS as err:
         _fail(err)
 
