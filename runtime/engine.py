@@ -383,7 +383,10 @@ class Engine:
         drafted = self._step(active)
         dt = time.perf_counter() - t0
         emitted = sum(len(s.result.token_ids) for s in active) - before
-        if self.proposer:
+        # a draft model catching up on tokens decoded plainly (after a plain stretch) is the
+        # price of switching back, not of drafting: such a step would make drafting look
+        # slow for the next window and keep the controller plain for good
+        if self.proposer and not (drafted and getattr(self.proposer, "last_catch_up", 0) > 2):
             self.controller.observe_step(len(active), drafted, emitted, dt)
         for s in active:
             s.result.stats.decode_seconds += dt
