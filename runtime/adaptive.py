@@ -8,7 +8,7 @@ Estimated online, per engine:
   fixed prior instead, a controller that starts at k = 1 believes position 2 is worse than
   position 1 and never finds out that k = 3 pays (Qwen 1.5B + 0.5B draft, coding: adaptive
   settled on k = 1 at 1.25x while k = 3 ran at 1.5-2.1x);
-- draft_cost: seconds per draft forward (0 for n-gram);
+- draft_cost: seconds per draft forward (0 for n-gram), the median of recent draft steps;
 - verify_cost[n]: seconds of a target forward over n tokens in all (batch * (k + 1) for
   chains), measured per n; unmeasured n interpolate linearly from measured ones.
 
@@ -46,6 +46,12 @@ REALIZED_WINDOW, REALIZED_MIN = 16, 6  # recent whole steps per (batch, drafted)
 PLAIN_PROBE_EVERY, PLAIN_PROBE_RARE = 16, 64  # drafting steps between plain reference steps
 REALIZED_TOLERANCE = 0.92  # drafting "loses" below this share of the plain steps' realized rate
 MIN_TRIALS = 2.0  # decayed trials a draft position needs before its own estimate is used
+# A draft *model* also prefills every new request's prompt and catches up after plain
+# stretches, costs that grow with the number of sequences coming and going and that the
+# per-step model does not see: served with 4 and 8 concurrent requests, Qwen 1.5B + 0.5B
+# drafting that the step model called a 5-9% win measured 0.84-0.90x (A/B in one server).
+# So a draft model must promise this much more per extra sequence in the batch.
+DRAFT_MODEL_BATCH_MARGIN = 0.05
 
 
 class DraftLengthController:
@@ -56,6 +62,7 @@ class DraftLengthController:
         self.hits = [0.0] * max_k  # exponentially decayed accepted / tried counts per position
         self.trials = [0.0] * max_k
         self.draft_cost = 0.0 if draft_is_free else None
+        self.draft_samples: list[float] = []  # recent seconds per draft forward
         self.verify_samples: dict[int, list[float]] = {}  # forward rows -> recent seconds
         self.seen_shapes: set[int] = set()
         self.since_probe = 0
@@ -63,6 +70,8 @@ class DraftLengthController:
         self.last_best = 0
         self.realized: dict[tuple[int, bool], list[tuple[int, float]]] = {}  # (batch, drafted) -> (tokens, s)
         self.since_plain: dict[int, int] = {}  # drafting steps since the last plain one, per batch size
+        self.state_by_batch: dict[int, int] = {}  # last decision per batch size (-1: hopeless)
+        self.probing = False  # the last choose() returned a probe, not a length it believes in
 
     # ------------------------------------------------------------ estimates
     def observe_verify(self, batch: int, k: int, seconds: float, rows: int | None = None) -> None:
@@ -85,10 +94,15 @@ class DraftLengthController:
         return {rows: statistics.median(v) for rows, v in self.verify_samples.items()}
 
     def observe_draft(self, forwards: int, seconds: float) -> None:
+        """Seconds of a draft step of ``forwards`` forwards. The cost is the median per forward
+        of the recent steps, like verify costs: a first call that allocated buffers, or one
+        slowed by another process, once made drafting look hopeless, and with probes that
+        rare an average would have kept it so for the rest of a server's life."""
         if forwards <= 0 or self.draft_cost == 0.0:
             return
-        per = seconds / forwards
-        self.draft_cost = per if self.draft_cost is None else (1 - self.ema) * self.draft_cost + self.ema * per
+        self.draft_samples.append(seconds / forwards)
+        del self.draft_samples[:-COST_WINDOW]
+        self.draft_cost = statistics.median(self.draft_samples)
 
     def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A whole decode step (drafting, verify, bookkeeping) of ``batch`` sequences that
@@ -165,12 +179,16 @@ class DraftLengthController:
             rate = self.expected_tokens(k, perfect) / (k * self.draft_cost + tv)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        return best_k if best_rate > MARGIN / t0 else 0
+        margin = MARGIN
+        if self.draft_cost:  # a draft model: per-request costs the step model does not see
+            margin *= 1 + DRAFT_MODEL_BATCH_MARGIN * (batch - 1)
+        return best_k if best_rate > margin / t0 else 0
 
     # ---------------------------------------------------------------- choose
     def choose(self, batch: int = 1, limit: int | None = None) -> int:
         """Draft length for the next step (limit: the most the token budget allows)."""
         cap = self.max_k if limit is None else max(0, min(self.max_k, limit))
+        self.probing = False
         if self.fixed_k is not None:
             return min(self.fixed_k, cap)
         if cap == 0:
@@ -190,6 +208,7 @@ class DraftLengthController:
                 return 0
         hopeless = best_k == 0 and self._best(batch, cap, t0, cost, perfect=True) == 0
         state = -1 if hopeless else best_k  # not even perfect acceptance would pay at these costs
+        self.state_by_batch[batch] = state
         if state != self.last_best:  # the decision moved: probe at the base rate again
             self.last_best, self.since_probe = state, 0
             self.probe_interval = IDLE_PROBE_EVERY if hopeless else self.probe_every
@@ -199,5 +218,15 @@ class DraftLengthController:
             # acceptance; otherwise a cost measured in a noisy moment would stick forever
             self.since_probe = 0
             self.probe_interval = min(2 * self.probe_interval, IDLE_PROBE_MAX if hopeless else 256)
+            self.probing = True
             return best_k + 1
         return best_k
+
+    def drafting_at(self, batch: int) -> bool:
+        """Drafting was chosen at this batch size the last time (or it was never decided)."""
+        return self.state_by_batch.get(batch, 1) > 0
+
+    def new_sequence(self) -> None:
+        """A new request may draft very differently (code after prose): probe at the base rate."""
+        if self.probe_interval > self.probe_every:
+            self.probe_interval, self.since_probe = self.probe_every, 0

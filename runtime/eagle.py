@@ -110,8 +110,11 @@ class EagleProposer:
         self.kv.remove_sequence(seq_id)
         self.pending.pop(seq_id, None)
 
-    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
+
+    def backlog(self, seq_id: int, history: list[int]) -> int:
+        return 0  # catching up runs one small head layer over the pending features
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         """Target features of the tokens at positions position.. (in order, no gaps)."""

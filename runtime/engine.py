@@ -35,6 +35,7 @@ from .verify import Draft, Verdict
 CONFIG_NAME = "speccompile-config.json"
 SPECULATIVE_MODES = ("disable", "small_draft", "ngram", "eagle", "medusa")
 HEAD_MODES = ("eagle", "medusa")  # drafting heads that read the target's hidden states
+MAX_BACKLOG = 256  # tokens a draft model may catch up on in one step, shared by the batch
 
 
 class GenerationError(ValueError):
@@ -89,6 +90,7 @@ class _Seq:
     decoder: StreamDecoder
     pending_text: str = ""
     to_prefill: list[int] = field(default_factory=list)  # history not yet in the target's KV (besides history[-1])
+    speculative: bool = True  # False: never drafted for (a server's per-request A/B)
 
     @property
     def done(self) -> bool:
@@ -188,6 +190,7 @@ class Engine:
             self.proposer = MedusaProposer(head, spec_tree_width, spec_tree_nodes)
         self.set_draft_length(spec_draft_length)
         self._next_seq = 0
+        self._attached: set[int] = set()  # sequences holding KV pages
         # totals over every step this engine ran (the server exports them as metrics)
         self.totals = Stats(spec=SpecMetrics())
 
@@ -207,6 +210,19 @@ class Engine:
             raise GenerationError(f"draft length {k} does not fit the token budget {self.max_batch_tokens}")
         self.controller = DraftLengthController(
             max_k=max(k, 8), fixed_k=k or None, draft_is_free=not (self.proposer and self.proposer.has_draft_model))
+
+    def warm_up(self) -> None:
+        """A short greedy generation without and with speculation, then fresh draft-length
+        estimates and totals. The first forward of each shape allocates its buffers; measured
+        by the controller, such a step made drafting look hopeless to a fresh server, which
+        then drafted almost nothing for its first hundreds of requests."""
+        ids = self.encode_prompt("Count from one to ten.")
+        with self.speculation_disabled():
+            self.generate(ids, max_tokens=16, ignore_eos=True)
+        if self.proposer is not None:
+            self.generate(ids, max_tokens=16, ignore_eos=True)
+            self.set_draft_length(self.controller.fixed_k or 0)
+        self.totals = Stats(spec=SpecMetrics())
 
     @contextmanager
     def speculation_disabled(self):
@@ -297,7 +313,8 @@ class Engine:
 
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
-                     stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None) -> _Seq:
+                     stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None,
+                     speculative: bool = True) -> _Seq:
         """A validated sequence, not yet holding KV pages. ``max_len`` caps prompt + output
         (a server passes its KV capacity so that one sequence alone always fits)."""
         if max_tokens <= 0:
@@ -311,7 +328,8 @@ class Engine:
         seq = _Seq(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
                    np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
                    GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer))
-        seq.result.stats.spec = SpecMetrics() if self.proposer else None
+        seq.speculative = speculative
+        seq.result.stats.spec = SpecMetrics() if self.proposer and speculative else None
         self._next_seq += 1
         return seq
 
@@ -321,13 +339,17 @@ class Engine:
         but its last token, which the next step feeds as usual: prefill and decode give
         bit-identical logits, so a resumed sequence continues exactly as if never paused."""
         self.kv.add_sequence(seq.seq_id)
+        self._attached.add(seq.seq_id)
         if self.proposer:
             self.proposer.add_sequence(seq.seq_id, seq.history)
+            if seq.speculative:
+                self.controller.new_sequence()
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
 
     def detach(self, seq: _Seq) -> None:
         """Free the sequence's KV pages (target and draft); safe to call twice."""
         self.kv.remove_sequence(seq.seq_id)
+        self._attached.discard(seq.seq_id)
         if self.proposer:
             self.proposer.remove_sequence(seq.seq_id)
         seq.to_prefill = []
@@ -350,8 +372,8 @@ class Engine:
         if not batch:
             return []
         t0 = time.perf_counter()
+        starts = [self.kv.length(s.seq_id) for s in batch]  # where each chunk begins
         if self._wants_hidden:  # the head needs every prompt token's feature, not only logits
-            starts = [self.kv.length(s.seq_id) for s in batch]
             hidden = self.model.forward_hidden(self.kv, [s.seq_id for s in batch], chunks).numpy()
             ends = np.cumsum([len(c) for c in chunks])
             logits = self.model.get_logits(hidden[ends - 1]).numpy()
@@ -359,8 +381,13 @@ class Engine:
                 self.proposer.observe_hidden(s.seq_id, st, hidden[end - len(c): end])
         else:
             logits = self.model.prefill(self.kv, [s.seq_id for s in batch], chunks)
-        if self.proposer:
-            self.proposer.prefill([s.seq_id for s in batch], chunks)
+        # a draft model prefills with the target -- if drafting is what the batch size about
+        # to be decoded (every attached sequence) does: otherwise that prefill is pure loss (0.5B draft, batch 8: 7% of the
+        # time), and the sequence catches up later, on a probe or when drafting pays again
+        drafted = [i for i, s in enumerate(batch) if s.speculative]
+        if self.proposer and drafted and self.controller.drafting_at(len(self._attached)):
+            self.proposer.prefill([batch[i].seq_id for i in drafted], [chunks[i] for i in drafted],
+                                  [starts[i] for i in drafted])
         dt = time.perf_counter() - t0
         total = sum(len(c) for c in chunks)
         done = []
@@ -401,13 +428,23 @@ class Engine:
         # window (not by max_tokens: drafts past it are verified, then cut on emission)
         limit = self.max_batch_tokens // b - 1
         room = min(self.context_window - len(s.history) for s in active)
-        k = self.controller.choose(b, min(limit, room - 1)) if self.proposer else 0
+        speculating = self.proposer is not None and any(s.speculative for s in active)
+        k = self.controller.choose(b, min(limit, room - 1)) if speculating else 0
+        ks = [k if s.speculative else 0 for s in active]
+        if k > 0:
+            # a draft model never catches up on a long plain stretch inside a decode step (8
+            # sequences x 120 tokens stalled a server's batch for 1 s, and at batch 4-8 the
+            # controller switching drafting on and off made it lose 10-15%): a sequence that
+            # fell that far behind decodes plainly
+            most = MAX_BACKLOG // b
+            ks = [x if self.proposer.backlog(s.seq_id, s.history) <= most else 0 for x, s in zip(ks, active)]
+        k = max(ks)
         drafts = [Draft() for _ in active]
         t0 = time.perf_counter()
         if k > 0:
             fw0 = getattr(self.proposer, "forwards", 0)
             try:
-                drafts = self.proposer.propose(ids, [s.history for s in active], [k] * b,
+                drafts = self.proposer.propose(ids, [s.history for s in active], ks,
                                                [s.sampling for s in active], [s.rng for s in active],
                                                node_limit=limit)
             except KVCacheFull:  # the draft model's cache is full: this step verifies no drafts
@@ -454,11 +491,12 @@ class Engine:
             s.result.stats.decode_tokens += self._emit(s, verdict.tokens)
             if self.proposer and not s.done:
                 self.proposer.accept(s.seq_id, s.history)
-        if active[0].result.stats.spec is not None:
+        if any(s.result.stats.spec is not None for s in active):
             self.totals.spec.draft_steps += draft_forwards  # once per step, whatever the batch
             rest = time.perf_counter() - t2
             for s in active:
-                s.result.stats.spec.other_seconds += rest
+                if s.result.stats.spec is not None:
+                    s.result.stats.spec.other_seconds += rest
             self.totals.spec.other_seconds += rest
         return any(len(d) for d in drafts)
 

@@ -70,8 +70,11 @@ class MedusaProposer:
         self.last.pop(seq_id, None)
         self.proposed.pop(seq_id, None)
 
-    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
+
+    def backlog(self, seq_id: int, history: list[int]) -> int:
+        return 0  # Medusa heads read only the last feature: nothing to catch up
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         if seq_id in self.proposed and len(hidden):

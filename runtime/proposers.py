@@ -36,10 +36,15 @@ class Proposer(Protocol):
         token tree at most ks[i] deep with at most node_limit nodes."""
         ...
 
-    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
-        """The target just prefilled these prompt chunks (in order, per sequence). A draft
-        model prefills them too, in the same bounded chunk, so that no decode step of a
-        running batch ever stalls on a new request's whole prompt."""
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
+        """The target just prefilled these prompt chunks (at positions starts[i].., in order
+        per sequence). A draft model prefills them too, in the same bounded chunk, so that no
+        decode step of a running batch ever stalls on a new request's whole prompt."""
+        ...
+
+    def backlog(self, seq_id: int, history: list[int]) -> int:
+        """Committed tokens a draft *model* would have to catch up on before drafting for
+        this sequence (0 for proposers whose catch-up is free or cheap)."""
         ...
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
@@ -76,8 +81,11 @@ class NGramProposer:
     def accept(self, seq_id: int, history: list[int]) -> None:
         pass
 
-    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass
+
+    def backlog(self, seq_id: int, history: list[int]) -> int:
+        return 0
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         pass
@@ -137,8 +145,13 @@ class SmallDraftProposer:
         self.kv.popn(seq_id, len(cached) - agreed)
         del cached[agreed:]
 
-    def prefill(self, seq_ids: list[int], chunks: list[list[int]]) -> None:
-        pairs = [(s, c) for s, c in zip(seq_ids, chunks) if s in self.cached]  # attached while enabled
+    def backlog(self, seq_id: int, history: list[int]) -> int:
+        return len(history) - len(self.cached.get(seq_id, ()))
+
+    def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
+        # only sequences whose draft cache holds everything before the chunk (attached while
+        # speculation was enabled, no earlier chunk skipped): the rest catch up when they draft
+        pairs = [(s, c) for s, c, st in zip(seq_ids, chunks, starts) if len(self.cached.get(s, (None,))) == st]
         if not pairs:
             return
         seq_ids, chunks = [s for s, _ in pairs], [c for _, c in pairs]

@@ -119,11 +119,7 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     bandwidth = measure_bandwidth()
     per_token = weight_bytes_per_token(engine.model.meta)
     roofline = bandwidth * 1e9 / per_token
-    warm = engine.encode_prompt("warm up the kernels")
-    with engine.speculation_disabled():
-        engine.generate(warm, max_tokens=8)
-    if speculative:
-        engine.generate(warm, max_tokens=8)
+    engine.warm_up()
     rows = []
     for i, p in enumerate(prompts):
         ids = engine.encode_prompt(p["prompt"])
@@ -316,10 +312,20 @@ def _scrape(client, base: str) -> dict[str, float]:
     return {s.name: s.value for fam in text_string_to_metric_families(r.text) for s in fam.samples if not s.labels}
 
 
+def _level_stats(rows: list[dict], wall: float) -> dict:
+    ok = [r for r in rows if "error" not in r]
+    tokens = sum(r["tokens"] for r in ok)
+    return {"requests": len(rows), "errors": len(rows) - len(ok), "seconds": wall,
+            "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
+            "ttft_s": _percentiles([r["ttft"] for r in ok if r["ttft"] is not None]),
+            "itl_s": _percentiles([g for r in ok for g in r["chunk_gaps"]]),
+            "tpot_s": _percentiles([r["tpot"] for r in ok if "tpot" in r])}
+
+
 def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path | None = None, max_tokens: int = 128,
                        limit: int | None = None, out_json: Path | None = None, api_key: str | None = None,
                        model: str | None = None, compare: Path | None = None, quiet: bool = False,
-                       categories: list[str] | None = None, per_category: int | None = None) -> dict:
+                       categories: list[str] | None = None, per_category: int | None = None, ab: bool = False) -> dict:
     """Drive a running ``speccompile serve`` (or any OpenAI-compatible server) with the prompt
     set at each concurrency level: greedy, ``ignore_eos`` so every request generates
     ``max_tokens``. Reports output tokens/s, requests/s and percentiles of TTFT, of the gap
@@ -327,9 +333,12 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
     tokens under speculation) and of per-request time per output token (TPOT). With the
     server's /metrics, the draft/accepted token counts of each level are included.
 
-    Speculation on vs off: run it once against a server started with
-    ``--speculative-mode ngram`` (or small_draft) and once against one with ``disable``,
-    passing the first report as ``compare`` to the second run (or vice versa)."""
+    Speculation on vs off: with ``ab``, in the same speculative server -- each level runs
+    half the prompts without speculation (the ``speculative: false`` request extension),
+    both halves with it, then the other half without (ABBA), so that the machine's speed
+    drifting between runs (30% within minutes on this 2-core machine) does not decide the
+    ratio. Or run it against a server started with ``--speculative-mode disable`` and pass
+    that report as ``compare`` to the run against the speculative one."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -348,26 +357,36 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
         model = model or models.json()["data"][0]["id"]
         url = base + "/v1/chat/completions"
 
-        def body(p: dict) -> dict:
+        def body(p: dict, speculative: bool = True) -> dict:
             return {"model": model, "messages": [{"role": "user", "content": p["prompt"]}], "max_tokens": max_tokens,
-                    "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                    "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                    **({} if speculative else {"speculative": False})}
+
+        def run_pass(batch: list[dict], c: int, speculative: bool = True) -> tuple[list[dict], float]:
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                rows = list(pool.map(lambda p: _stream_one(client, url, body(p, speculative)), batch))
+            return rows, time.perf_counter() - t0
 
         _stream_one(client, url, {**body(prompts[0]), "max_tokens": 8})  # warm up
         levels = []
         for c in concurrency:
             before = _scrape(client, base)
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(c) as pool:
-                rows = list(pool.map(lambda p: _stream_one(client, url, body(p)), prompts))
-            wall = time.perf_counter() - t0
+            if ab:  # ABBA: the halves of the set, plain/spec/spec/plain, cancel a linear drift
+                halves = (prompts[0::2], prompts[1::2])
+                runs = [(halves[0], False), (halves[0], True), (halves[1], True), (halves[1], False)]
+                done = [(spec_on, *run_pass(batch, c, spec_on)) for batch, spec_on in runs]
+                rows = [r for spec_on, rs, _ in done if spec_on for r in rs]
+                wall = sum(w for spec_on, _, w in done if spec_on)
+                plain_rows = [r for spec_on, rs, _ in done if not spec_on for r in rs]
+                plain = _level_stats(plain_rows, sum(w for spec_on, _, w in done if not spec_on))
+            else:
+                rows, wall = run_pass(prompts, c)
             after = _scrape(client, base)
-            ok = [r for r in rows if "error" not in r]
-            tokens = sum(r["tokens"] for r in ok)
-            level = {"concurrency": c, "requests": len(rows), "errors": len(rows) - len(ok), "seconds": wall,
-                     "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
-                     "ttft_s": _percentiles([r["ttft"] for r in ok if r["ttft"] is not None]),
-                     "itl_s": _percentiles([g for r in ok for g in r["chunk_gaps"]]),
-                     "tpot_s": _percentiles([r["tpot"] for r in ok if "tpot" in r])}
+            level = {"concurrency": c, **_level_stats(rows, wall)}
+            if ab:
+                level["plain"] = plain
+                level["speedup"] = level["output_tokens_per_s"] / max(plain["output_tokens_per_s"], 1e-9)
             drafted = after.get("speccompile_draft_tokens_total", 0) - before.get("speccompile_draft_tokens_total", 0)
             if before:
                 accepted = (after.get("speccompile_accepted_tokens_total", 0)
@@ -381,9 +400,11 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
                 print(f"concurrency {c:3d}: {level['output_tokens_per_s']:7.1f} tok/s, "
                       f"TTFT p50 {level['ttft_s']['p50'] or 0:.3f}s p99 {level['ttft_s']['p99'] or 0:.3f}s, "
                       f"ITL p50 {level['itl_s']['p50'] or 0:.4f}s p99 {level['itl_s']['p99'] or 0:.4f}s"
-                      + (f", {level['errors']} errors" if level["errors"] else ""), flush=True)
+                      + (f", {level['errors']} errors" if level["errors"] else "")
+                      + (f" | plain {level['plain']['output_tokens_per_s']:7.1f} tok/s -> x{level['speedup']:.2f}, "
+                         f"accept {level.get('acceptance_rate', 0):.2f}" if ab else ""), flush=True)
     report = {"endpoint": base, "model": model, "settings": {"max_tokens": max_tokens, "num_prompts": len(prompts),
-              "prompts": str(prompts_file or DEFAULT_PROMPTS), "greedy": True, "ignore_eos": True},
+              "prompts": str(prompts_file or DEFAULT_PROMPTS), "greedy": True, "ignore_eos": True, "ab": ab},
               "levels": levels}
     if compare:
         other = {lv["concurrency"]: lv for lv in json.loads(Path(compare).read_text())["levels"]}

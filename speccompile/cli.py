@@ -277,6 +277,9 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
 @click.option("--api-key", envvar="SPECCOMPILE_API_KEY", default=None, help="with --endpoint")
 @click.option("--compare", type=click.Path(path_type=Path), default=None,
               help="with --endpoint: an earlier report (e.g. speculation off) to print throughput ratios against")
+@click.option("--ab", is_flag=True, default=False,
+              help="with --endpoint on a speculative server: each level also runs half the prompts without "
+                   "speculation (per-request opt-out), ABBA-interleaved, and reports the speedup")
 @click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path), default=None,
               help="also run llama.cpp's llama-bench binary in the same run, on --gguf (or --model's GGUF)")
 @click.option("--gguf", type=click.Path(path_type=Path), default=None,
@@ -289,7 +292,7 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
 @click.option("--llama-draft-max", type=int, default=3, show_default=True,
               help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              per_category, spec, endpoint, concurrency, api_key, compare, llama_bench, gguf, llama_spec, draft_gguf,
+              per_category, spec, endpoint, concurrency, api_key, compare, ab, llama_bench, gguf, llama_spec, draft_gguf,
               llama_draft_max):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
@@ -303,7 +306,8 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             if not levels or min(levels) < 1:
                 raise ValueError("--concurrency takes positive integers, e.g. 1,4,8,16")
             run_endpoint_bench(endpoint, levels, prompts, max_tokens, num_prompts, out_json, api_key,
-                               compare=compare, categories=list(categories) or None, per_category=per_category)
+                               compare=compare, categories=list(categories) or None, per_category=per_category,
+                               ab=ab)
         except USER_ERRORS as err:
             _fail(err)
         return

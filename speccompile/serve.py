@@ -180,7 +180,8 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
             try:
-                handle = scheduler.submit(ids, req.token_limit(), sampling, stop, deliver, ignore_eos=req.ignore_eos)
+                handle = scheduler.submit(ids, req.token_limit(), sampling, stop, deliver, ignore_eos=req.ignore_eos,
+                                          speculative=req.speculative)
             except QueueFull as err:
                 raise APIError(429, f"the server is busy: {err}; retry later", "rate_limit_error",
                                code="queue_full") from err
@@ -307,6 +308,7 @@ def run_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_ke
                served_model_name: str | None = None, log_level: str = "info") -> None:
     import uvicorn
 
+    engine.warm_up()  # before the scheduler thread owns the engine
     scheduler = Scheduler(engine, max_num_sequence, prefill_tokens_per_step, max_queue)
     name = served_model_name or engine.model_dir.name
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

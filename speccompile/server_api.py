@@ -92,6 +92,8 @@ class _Common(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = None
     ignore_eos: bool = False
+    speculative: bool = Field(True, description="extension: false decodes this request without "
+                              "speculation (A/B against speculation in one server, as bench --endpoint --ab does)")
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

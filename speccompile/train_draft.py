@@ -192,7 +192,8 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
     data = Features(feature_paths)
     if not any(len(t) >= 3 and len(t) - a >= 1 for t, _, a in data.items):
         raise ValueError("no conversation has an answer to train on: raise --max-tokens or --num-prompts")
-    vocab = draft_vocabulary(data.answer_tokens(), draft_vocab, tcfg.vocab_size)
+    train_items, held_out = split_held_out(data.items)
+    vocab = draft_vocabulary(np.concatenate([t[a:] for t, _, a in train_items]), draft_vocab, tcfg.vocab_size)
     remap = np.full(tcfg.vocab_size, -1, np.int64)
     remap[vocab] = np.arange(len(vocab))
     emb = torch.from_numpy(emb_w)
@@ -201,63 +202,106 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
     model = build_head(layer_cfg, torch)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = Path(checkpoint) if checkpoint else out_dir / "checkpoint.pt"
-    step, log = 0, []
+    step, log, best = 0, [], None
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        step, log = state["step"], state["log"]
+        step, log, best = state["step"], state["log"], state.get("best")
     cos, sin = _rope_tables(max_len, layer_cfg.head_dim, layer_cfg.rope_theta, torch)
     rng = np.random.default_rng(seed + step)
-    fstd = float(np.std(data.items[0][1].astype(np.float32)))
+    fstd = float(np.std(train_items[0][1].astype(np.float32)))
     bar = tqdm(total=steps, initial=step, desc="train eagle", unit="step", disable=not progress)
     t0, seen = time.time(), 0
     while step < steps:
         for g in opt.param_groups:  # linear warm-up then cosine decay
             g["lr"] = lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        feat, nxt, tok_in, label, mask = _batch(data.items, rng.integers(0, len(data.items), batch), max_len, torch)
-        n = feat.shape[1]
-        if n < 1 or float(mask.sum()) == 0:
+        batch_t = _batch(train_items, rng.integers(0, len(train_items), batch), max_len, torch)
+        if batch_t[0].shape[1] < 1 or float(batch_t[4].sum()) == 0:
             continue  # conversations too short to hold a training row
-        e = emb[tok_in]
-        inp = feat + torch.randn_like(feat) * (noise * fstd)
-        total, stats = 0.0, {}
-        for u in range(unroll):
-            pred = model(e, inp, cos[..., :n, :], sin[..., :n, :])
-            reg = (torch.nn.functional.smooth_l1_loss(pred, nxt, reduction="none").mean(-1) * mask).sum() / mask.sum()
-            lab = remap_t[label.clamp(min=0)].masked_fill(label < 0, -1)
-            lab = lab.masked_fill(mask == 0, -1)
-            logits = pred @ lm.T
-            total = total + reg
-            if bool((lab >= 0).any()):
-                total = total + 0.1 * torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-1)
-            with torch.no_grad():
-                hit = ((logits.argmax(-1) == lab) & (lab >= 0)).float().sum() / (lab >= 0).float().sum().clamp(min=1)
-            stats[f"top1_{u}"] = float(hit)
-            stats[f"reg_{u}"] = float(reg.detach())
-            # training-time test: the next pass sees the head's own features for f_1..f_{n-1}
-            inp = torch.cat([feat[:, :1], pred[:, :-1]], 1)
+        total, stats = _unrolled_loss(model, batch_t, emb, lm, remap_t, cos, sin, unroll, noise * fstd, torch)
         opt.zero_grad()
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         opt.step()
         step += 1
-        seen += int(mask.sum())
+        seen += int(stats["rows"])
         stats.update(step=step, loss=float(total.detach()))
         log.append(stats)
         bar.set_postfix(loss=f"{stats['loss']:.3f}", top1=f"{stats['top1_0']:.2f}", tok_s=f"{seen / (time.time() - t0):.0f}")
         bar.update(1)
         if step % checkpoint_every == 0 or step == steps:
+            if held_out:
+                score = _held_out_score(model, held_out, max_len, emb, lm, remap_t, cos, sin, unroll, torch)
+                if best is None or score["expected_chain2"] > best["score"]["expected_chain2"]:
+                    best = {"step": step, "score": score, "model": {k: v.clone() for k, v in model.state_dict().items()}}
+                bar.write(f"step {step}: held-out {score} (best at step {best['step']})")
             tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}, tmp)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log, "best": best}, tmp)
             tmp.rename(ckpt)
     bar.close()
+    if best is not None:  # the checkpoint that generalized best, not the last one (heads overfit chat data)
+        model.load_state_dict(best["model"])
     export_eagle(model, layer_cfg, out_dir, torch, vocab, head_w[vocab])
     recent = log[-50:]
-    return {"steps": step, "draft_vocab": len(vocab),
-            "recent_top1_true_features": float(np.mean([r["top1_0"] for r in recent])),
-            "recent_top1_own_features": float(np.mean([r[f"top1_{unroll - 1}"] for r in recent]))}
+    return {"steps": step, "draft_vocab": len(vocab), "held_out_conversations": len(held_out),
+            "exported_step": best["step"] if best else step, "held_out": best["score"] if best else None,
+            "recent_train_top1_true_features": float(np.mean([r["top1_0"] for r in recent])),
+            "recent_train_top1_own_features": float(np.mean([r[f"top1_{unroll - 1}"] for r in recent]))}
+
+
+def split_held_out(items: list, every: int = 25) -> tuple[list, list]:
+    """Every ``every``-th conversation is held out (none when there are too few to spare):
+    the training top-1 overstates what a head does on new prompts, so checkpoints are
+    chosen on conversations the head never trained on."""
+    if len(items) < 2 * every:
+        return items, []
+    return [x for i, x in enumerate(items) if i % every], items[::every]
+
+
+def _unrolled_loss(model, batch_t, emb, lm, remap_t, cos, sin, unroll: int, noise_std: float, torch):
+    """Regression to the next feature plus draft-vocabulary cross entropy, over ``unroll``
+    passes: pass u > 0 feeds the head its own predicted features (training-time test)."""
+    feat, nxt, tok_in, label, mask = batch_t
+    n = feat.shape[1]
+    e = emb[tok_in]
+    inp = feat + torch.randn_like(feat) * noise_std if noise_std else feat
+    lab = remap_t[label.clamp(min=0)].masked_fill(label < 0, -1).masked_fill(mask == 0, -1)
+    total, stats = 0.0, {}
+    for u in range(unroll):
+        pred = model(e, inp, cos[..., :n, :], sin[..., :n, :])
+        reg = (torch.nn.functional.smooth_l1_loss(pred, nxt, reduction="none").mean(-1) * mask).sum() / mask.sum()
+        logits = pred @ lm.T
+        total = total + reg
+        if bool((lab >= 0).any()):
+            total = total + 0.1 * torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-1)
+        with torch.no_grad():
+            stats[f"hits_{u}"] = float(((logits.argmax(-1) == lab) & (lab >= 0)).float().sum())
+            stats[f"top1_{u}"] = stats[f"hits_{u}"] / max(1.0, float((lab >= 0).float().sum()))
+        stats[f"reg_{u}"] = float(reg.detach())
+        inp = torch.cat([feat[:, :1], pred[:, :-1]], 1)
+    stats["rows"] = float((lab >= 0).float().sum())
+    return total, stats
+
+
+def _held_out_score(model, items: list, max_len: int, emb, lm, remap_t, cos, sin, unroll: int, torch) -> dict:
+    """Top-1 on held-out answers with true features (depth 1) and with the head's own
+    fed-back features (depth 2), and a k=2 chain's expected accepted drafts a1 * (1 + a2)."""
+    hits, rows = np.zeros(unroll), 0.0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(items), 8):
+            batch_t = _batch(items, np.arange(start, min(start + 8, len(items))), max_len, torch)
+            if batch_t[0].shape[1] < 1:
+                continue
+            _, st = _unrolled_loss(model, batch_t, emb, lm, remap_t, cos, sin, unroll, 0.0, torch)
+            hits += [st[f"hits_{u}"] for u in range(unroll)]
+            rows += st["rows"]
+    model.train()
+    a = hits / max(rows, 1.0)
+    return {"top1_depth1": round(float(a[0]), 4), "top1_depth2": round(float(a[-1]), 4),
+            "expected_chain2": round(float(a[0] * (1 + a[-1])), 4)}
 
 
 def _head_layer_config(tcfg):

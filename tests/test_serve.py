@@ -466,6 +466,33 @@ def test_bench_endpoint_reports_throughput_and_percentiles(ngram_server, tmp_pat
         assert set(lv["ttft_s"]) == set(lv["itl_s"]) == {"p50", "p90", "p99", "mean"}
     res = CliRunner().invoke(main, ["bench", "--endpoint", ngram_server.url, "--concurrency", "0"])
     assert res.exit_code == 2 and "positive" in res.output
+    # --ab: the same server decodes half the prompts without speculation, ABBA-interleaved
+    res = CliRunner().invoke(main, ["bench", "--endpoint", ngram_server.url, "--concurrency", "2", "--num-prompts", "4",
+                                    "--max-tokens", "8", "--api-key", API_KEY, "--ab", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    (lv,) = json.loads(out.read_text())["levels"]
+    assert lv["output_tokens"] == lv["plain"]["output_tokens"] == 32 and lv["errors"] == lv["plain"]["errors"] == 0
+    assert lv["speedup"] > 0 and "x" in res.output
+
+
+def test_a_request_can_opt_out_of_speculation(ngram_server, reference):
+    """``speculative: false`` (the A/B extension): the same greedy text, no draft tokens."""
+    def drafted() -> float:
+        text = httpx.get(ngram_server.url + "/metrics").text
+        return float(next(line.split()[-1] for line in text.splitlines()
+                          if line.startswith("speccompile_draft_tokens_total ")))
+
+    prompt, n = BASE_PROMPTS[2], 32
+    before = drafted()
+    r = _client(ngram_server).chat.completions.create(
+        model=ngram_server.name, messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0,
+        extra_body={"speculative": False})
+    assert r.choices[0].message.content == reference(prompt, n).text
+    assert drafted() == before
+    r = _client(ngram_server).chat.completions.create(
+        model=ngram_server.name, messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0)
+    assert r.choices[0].message.content == reference(prompt, n).text
+    assert drafted() > before  # the same request drafts when it does not opt out
 
 
 def test_serve_rejects_bad_options_before_loading(model):

@@ -139,3 +139,27 @@ def test_draft_model_prefills_with_the_target(target, reference):
         eng.step([seq])
     eng.detach(seq)
     assert seq.result.token_ids == expected[4]
+
+
+def test_a_lagging_draft_model_never_catches_up_inside_a_step(target, reference, monkeypatch):
+    """Where plain decoding is chosen at the batch size, the draft model does not prefill new
+    prompts; a sequence that far behind then decodes plainly rather than stall the batch on
+    a catch-up (at batch 8 one took a second). Where drafting is chosen, the draft prefills
+    with the target and drafts. The output is the target's either way."""
+    from speccompile.runtime import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "MAX_BACKLOG", 16)  # the test prompt is shorter than the default
+    prompts, expected = reference
+    eng = _engine(target, "self")
+    eng.controller.choose = lambda batch=1, limit=None: 2
+    for state, drafts in ((0, False), (2, True)):  # as if measured at batch 1: plain, then k = 2
+        eng.controller.state_by_batch[1] = state
+        seq = eng.new_sequence(prompts[4], NEW_TOKENS, ignore_eos=True)
+        eng.attach(seq)
+        while seq.to_prefill:
+            eng.prefill([seq], 7)
+        assert (eng.proposer.backlog(seq.seq_id, seq.history) > 16) != drafts
+        while not seq.done:
+            eng.step([seq])
+        assert (seq.result.stats.spec.draft_tokens > 0) == drafts and seq.result.token_ids == expected[4]
+        eng.detach(seq)

@@ -60,7 +60,8 @@ def test_head_in_official_layout_converts_compiles_and_decodes_losslessly(traine
     assert tensors["lm_head.weight"].shape == (dv, 64) and tensors["d2t"].dtype == np.int64
     ids = np.arange(dv) + tensors["d2t"]  # the reduced vocabulary it trained on, as target ids
     assert np.all(np.diff(ids) > 0) and ids[-1] < 272
-    assert report["steps"] == 6 and 0.0 <= report["recent_top1_true_features"] <= 1.0
+    assert report["steps"] == 6 and 0.0 <= report["recent_train_top1_true_features"] <= 1.0
+    assert report["held_out_conversations"] == 0 and report["held_out"] is None  # too few to spare
     head = build_head("eagle", out, built.hf_dir, "q0f32", tmp_path / "eagle")
     eng = Engine(built.model_dir, built.lib)
     prompts = [eng.encode_prompt(p) for p in PROMPTS[:4]]
@@ -90,3 +91,12 @@ def test_bad_input_is_refused_before_any_work(build_tiny, tmp_path):
         run_train_draft("eagle", tmp_path, built.lib, tmp_path / "o")
     with pytest.raises(ValueError, match="only eagle"):
         run_train_draft("medusa", built.model_dir, built.lib, tmp_path / "o")
+
+
+def test_checkpoints_are_chosen_on_held_out_conversations():
+    from speccompile.train_draft import split_held_out
+
+    items = list(range(120))
+    train, held = split_held_out(items)
+    assert held == [0, 25, 50, 75, 100] and not set(train) & set(held) and len(train) + len(held) == 120
+    assert split_held_out(items[:40]) == (items[:40], [])
