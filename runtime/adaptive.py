@@ -20,7 +20,9 @@ or a stale cost is noticed; each probe that does not change the decision doubles
 interval (up to 256 steps). When even perfect acceptance could not pay at the measured
 costs, probes are rarer (every 64 steps, doubling to 1024): a draft model has to catch up on
 the skipped tokens, but a cost measured while another process held the CPU must not switch
-speculation off for good. Costs are medians of the last 9 forwards, robust to such spikes.
+speculation off for good. Costs are medians of the last 9 forwards, robust to such spikes,
+each rescaled by how the plain step time of its batch size has moved since (the machine's
+clock changes).
 
 The model above cannot see every cost: a draft model catching up on a new request's prompt
 inside a decode step, n-gram drafts that exist for only some sequences of a batch, Python
@@ -62,8 +64,10 @@ class DraftLengthController:
         self.hits = [0.0] * max_k  # exponentially decayed accepted / tried counts per position
         self.trials = [0.0] * max_k
         self.draft_cost = 0.0 if draft_is_free else None
-        self.draft_samples: list[float] = []  # recent seconds per draft forward
-        self.verify_samples: dict[int, list[float]] = {}  # forward rows -> recent seconds
+        # recent (seconds, batch size, plain step time then): per draft forward, per forward rows
+        self.draft_samples: list[tuple[float, int, float | None]] = []
+        self.verify_samples: dict[int, list[tuple[float, int, float | None]]] = {}
+        self.plain_recent: dict[int, list[float]] = {}  # batch -> recent plain step seconds
         self.seen_shapes: set[int] = set()
         self.since_probe = 0
         self.probe_interval = probe_every
@@ -80,29 +84,52 @@ class DraftLengthController:
         if rows not in self.seen_shapes:  # the first forward of a shape allocates its buffers
             self.seen_shapes.add(rows)
             return
+        if k == 0:
+            plain = self.plain_recent.setdefault(batch, [])
+            plain.append(seconds)
+            del plain[:-COST_WINDOW]
         samples = self.verify_samples.setdefault(rows, [])
-        samples.append(seconds)
+        samples.append((seconds, batch, self._speed(batch)))
         del samples[:-COST_WINDOW]
+
+    def _speed(self, batch: int) -> float | None:
+        """What a plain step at this batch size costs now: the machine's current pace."""
+        plain = self.plain_recent.get(batch)
+        return statistics.median(plain) if plain else None
+
+    def _scaled_median(self, samples: list[tuple[float, int, float | None]]) -> float:
+        """Median of samples each rescaled by how much faster or slower plain steps of its
+        batch size run now than when it was taken. This 2-core machine (like any laptop
+        changing its clock) switches between speeds ~30% apart within minutes: without
+        the rescaling, verify costs measured in a slow minute and rarely re-measured made
+        drafting look too dear once the machine was fast, and speculation stayed off on
+        coding prompts it sped up 1.5x."""
+        scaled = []
+        for sec, batch, then in samples:
+            now = self._speed(batch)
+            scaled.append(sec * now / then if now and then else sec)
+        return statistics.median(scaled)
 
     @property
     def verify_cost(self) -> dict[int, float]:
-        """rows -> median of the recent forwards: one step slowed by another process must
-        not decide the next hundreds (a mean or EMA would carry it). Keyed by the forward's
-        total rows, not (batch, k): a forward's time depends on how many tokens it carries,
-        so what plain batches of 4 and 8 cost also tells what a batch of 4 drafting one token
-        each would, and a server whose batch size keeps changing need not relearn it."""
-        return {rows: statistics.median(v) for rows, v in self.verify_samples.items()}
+        """rows -> median of the recent forwards (rescaled to the machine's current pace):
+        one step slowed by another process must not decide the next hundreds (a mean or
+        EMA would carry it). Keyed by the forward's total rows, not (batch, k): a forward's
+        time depends on how many tokens it carries, so what plain batches of 4 and 8 cost
+        also tells what a batch of 4 drafting one token each would, and a server whose
+        batch size keeps changing need not relearn it."""
+        return {rows: self._scaled_median(v) for rows, v in self.verify_samples.items()}
 
-    def observe_draft(self, forwards: int, seconds: float) -> None:
+    def observe_draft(self, forwards: int, seconds: float, batch: int = 1) -> None:
         """Seconds of a draft step of ``forwards`` forwards. The cost is the median per forward
         of the recent steps, like verify costs: a first call that allocated buffers, or one
         slowed by another process, once made drafting look hopeless, and with probes that
         rare an average would have kept it so for the rest of a server's life."""
         if forwards <= 0 or self.draft_cost == 0.0:
             return
-        self.draft_samples.append(seconds / forwards)
+        self.draft_samples.append((seconds / forwards, batch, self._speed(batch)))
         del self.draft_samples[:-COST_WINDOW]
-        self.draft_cost = statistics.median(self.draft_samples)
+        self.draft_cost = self._scaled_median(self.draft_samples)
 
     def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A whole decode step (drafting, verify, bookkeeping) of ``batch`` sequences that
@@ -194,6 +221,8 @@ class DraftLengthController:
         if cap == 0:
             return 0
         cost = self.verify_cost
+        if self.draft_samples:
+            self.draft_cost = self._scaled_median(self.draft_samples)
         t0 = self._verify_time(batch, 0, cost)
         if t0 is None or self.draft_cost is None:
             return 1 if t0 is not None else 0  # measure plain first, then one probe

@@ -451,7 +451,7 @@ class Engine:
                 drafts = [Draft() for _ in active]
             draft_forwards = getattr(self.proposer, "forwards", 0) - fw0
             if getattr(self.proposer, "last_catch_up", 0) <= 2:  # a long catch-up is not a draft step's cost
-                self.controller.observe_draft(draft_forwards, time.perf_counter() - t0)
+                self.controller.observe_draft(draft_forwards, time.perf_counter() - t0, b)
         else:
             draft_forwards = 0
         t1 = time.perf_counter()

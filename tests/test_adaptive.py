@@ -117,3 +117,25 @@ def test_a_draft_model_at_high_acceptance_drafts_beyond_one():
             hits = rng.random(k) < 0.85
             ctrl.observe_acceptance(k, int(k if hits.all() else np.argmin(hits)))
     assert sum(k >= 2 for k in chosen[-200:]) > 180
+
+
+def test_costs_measured_while_the_machine_was_slower_are_rescaled():
+    """The CPU speeds up 30% (clock change) while the controller decodes plainly for a while:
+    the draft and verify costs it measured before must scale with the plain steps it keeps
+    measuring, or stale costs make drafting look too dear and speculation stays off."""
+    verify_ms = [25, 26, 27.7, 28, 29.4]
+    ctrl = DraftLengthController(max_k=4)
+    for _ in range(12):  # slow phase: every length measured, acceptance 0.85 at every position
+        for k in range(5):
+            ctrl.observe_verify(1, k, verify_ms[k] / 1e3)
+        ctrl.observe_draft(1, 0.0093)
+        for _ in range(3):
+            ctrl.observe_acceptance(4, 4)
+        ctrl.observe_acceptance(4, 0)
+    assert ctrl.choose(1, 4) >= 2
+    for _ in range(12):  # fast phase: only plain steps are measured
+        ctrl.observe_verify(1, 0, 0.7 * verify_ms[0] / 1e3)
+    assert abs(ctrl.verify_cost[4] - 0.7 * verify_ms[3] / 1e3) < 1e-9
+    chosen = [ctrl.choose(1, 4) for _ in range(10)]
+    assert abs(ctrl.draft_cost - 0.7 * 0.0093) < 1e-9
+    assert sum(k >= 2 for k in chosen) >= 8, chosen
