@@ -53,7 +53,7 @@ MIN_TRIALS = 2.0  # decayed trials a draft position needs before its own estimat
 # per-step model does not see: served with 4 and 8 concurrent requests, Qwen 1.5B + 0.5B
 # drafting that the step model called a 5-9% win measured 0.84-0.90x (A/B in one server).
 # So a draft model must promise this much more per extra sequence in the batch.
-DRAFT_MODEL_BATCH_MARGIN = 0.05
+DRAFT_MODEL_BATCH_MARGIN = 0.15
 
 
 class DraftLengthController:
@@ -252,8 +252,10 @@ class DraftLengthController:
         return best_k
 
     def drafting_at(self, batch: int) -> bool:
-        """Drafting was chosen at this batch size the last time (or it was never decided)."""
-        return self.state_by_batch.get(batch, 1) > 0
+        """Drafting was chosen at this batch size the last time. Undecided: yes at batch 1,
+        no above (where it rarely pays, and a server's batch passes through every size as
+        requests arrive: a draft model prefilling each arrival cost 5% at concurrency 8)."""
+        return self.state_by_batch.get(batch, 1 if batch <= 1 else 0) > 0
 
     def new_sequence(self) -> None:
         """A new request may draft very differently (code after prose): probe at the base rate."""
