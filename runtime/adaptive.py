@@ -128,8 +128,7 @@ class DraftLengthController:
         if forwards <= 0 or self.draft_cost == 0.0:
             return
         self.draft_samples.append((seconds / forwards, batch, self._speed(batch)))
-        del self.draft_samples[:-COST_WINDOW]
-        self.draft_cost = self._scaled_median(self.draft_samples)
+        del self.draft_samples[:-COST_WINDOW]  # choose() turns them into draft_cost
 
     def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A whole decode step (drafting, verify, bookkeeping) of ``batch`` sequences that
@@ -221,7 +220,7 @@ class DraftLengthController:
         if cap == 0:
             return 0
         cost = self.verify_cost
-        if self.draft_samples:
+        if self.draft_samples:  # rescaled to the current pace at each decision
             self.draft_cost = self._scaled_median(self.draft_samples)
         t0 = self._verify_time(batch, 0, cost)
         if t0 is None or self.draft_cost is None:

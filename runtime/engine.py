@@ -190,7 +190,6 @@ class Engine:
             self.proposer = MedusaProposer(head, spec_tree_width, spec_tree_nodes)
         self.set_draft_length(spec_draft_length)
         self._next_seq = 0
-        self._attached: set[int] = set()  # sequences holding KV pages
         # totals over every step this engine ran (the server exports them as metrics)
         self.totals = Stats(spec=SpecMetrics())
 
@@ -339,7 +338,6 @@ class Engine:
         but its last token, which the next step feeds as usual: prefill and decode give
         bit-identical logits, so a resumed sequence continues exactly as if never paused."""
         self.kv.add_sequence(seq.seq_id)
-        self._attached.add(seq.seq_id)
         if self.proposer:
             self.proposer.add_sequence(seq.seq_id, seq.history)
             if seq.speculative:
@@ -349,7 +347,6 @@ class Engine:
     def detach(self, seq: _Seq) -> None:
         """Free the sequence's KV pages (target and draft); safe to call twice."""
         self.kv.remove_sequence(seq.seq_id)
-        self._attached.discard(seq.seq_id)
         if self.proposer:
             self.proposer.remove_sequence(seq.seq_id)
         seq.to_prefill = []
@@ -382,10 +379,11 @@ class Engine:
         else:
             logits = self.model.prefill(self.kv, [s.seq_id for s in batch], chunks)
         # a draft model prefills with the target -- if drafting is what the batch size about
-        # to be decoded (every attached sequence) does: otherwise that prefill is pure loss (0.5B draft, batch 8: 7% of the
-        # time), and the sequence catches up later, on a probe or when drafting pays again
+        # to be decoded (every sequence holding pages) does: otherwise that prefill is pure
+        # loss (0.5B draft, batch 8: 7% of the time), and the sequence catches up later, on
+        # a probe or when drafting pays again
         drafted = [i for i, s in enumerate(batch) if s.speculative]
-        if self.proposer and drafted and self.controller.drafting_at(len(self._attached)):
+        if self.proposer and drafted and self.controller.drafting_at(len(self.kv.seqs)):
             self.proposer.prefill([batch[i].seq_id for i in drafted], [chunks[i] for i in drafted],
                                   [starts[i] for i in drafted])
         dt = time.perf_counter() - t0
