@@ -24,7 +24,7 @@ def _dtype(func: tirx.PrimFunc, i: int) -> str:
     return str(func.ty.params[i].dtype)
 
 
-def select_kernel(func: tirx.PrimFunc, int8_activations: bool = False) -> tirx.PrimFunc | None:
+def select_kernel(func: tirx.PrimFunc, int8_isa: str | None = None) -> tirx.PrimFunc | None:
     """The replacement kernel for a tagged function, or None to keep it."""
     kind = func.attrs[KERNEL_ATTR] if func.attrs is not None and KERNEL_ATTR in func.attrs else None
     if kind == "matmul":
@@ -38,8 +38,9 @@ def select_kernel(func: tirx.PrimFunc, int8_activations: bool = False) -> tirx.P
         n, kw = _shape(func, 1)
         if not K.q4_is_tiled(n):
             return None
-        make = K.q4_matmul_vnni if int8_activations else K.q4_matmul_tiled
-        return make(n, kw * 8, _dtype(func, 2))
+        if int8_isa:
+            return K.q4_matmul_vnni(n, kw * 8, _dtype(func, 2), int8_isa)
+        return K.q4_matmul_tiled(n, kw * 8, _dtype(func, 2))
     if kind == "q4_take":
         v, kw = _shape(func, 0)
         return K.q4_take_tiled(v, kw * 8, _dtype(func, 1)) if K.q4_is_tiled(v) else None
@@ -48,16 +49,17 @@ def select_kernel(func: tirx.PrimFunc, int8_activations: bool = False) -> tirx.P
 
 @tvm.transform.module_pass(opt_level=0, name="DispatchCPUKernels")
 class DispatchCPUKernels:
-    """``int8_activations``: use the VNNI q4 kernel (see ``cpu_kernels.q4_matmul_vnni``)."""
+    """``int8_isa``: ``"avx512vnni"`` or ``"avx2"`` selects the int8-activation q4 kernel for
+    that instruction set (see ``cpu_kernels.q4_matmul_vnni``); None keeps the float one."""
 
-    def __init__(self, int8_activations: bool = False):
-        self.int8_activations = int8_activations
+    def __init__(self, int8_isa: str | None = None):
+        self.int8_isa = int8_isa
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gv, func in mod.functions.items():
             if isinstance(func, tirx.PrimFunc):
-                new = select_kernel(func, self.int8_activations)
+                new = select_kernel(func, self.int8_isa)
                 if new is not None:
                     updates[gv] = new.with_attr("op_pattern", OPAQUE).with_attr(KERNEL_ATTR, func.attrs[KERNEL_ATTR])
         if not updates:

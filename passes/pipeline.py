@@ -2,7 +2,7 @@
 
 llvm (CPU):
   1. DispatchCPUKernels: our TensorIR kernels for the model's tagged matmuls (q4 with
-     int8 activations on CPUs with AVX-512 VNNI);
+     int8 activations on CPUs with AVX-512 VNNI or AVX2);
   2. TVM's default CPU lowering (legalize, fuse, lower to the VM).
 GPU (cuda, opencl, metal):
   1. DispatchGPUKernels: batch-invariant GEMV and the thread-parallel greedy verifier;
@@ -23,7 +23,7 @@ from tvm import relax
 
 from .bind_gpu_threads import BindGPUThreads
 from .dispatch_cpu_kernels import DispatchCPUKernels
-from .cpu_kernels import has_vnni
+from .cpu_kernels import int8_dot_isa
 from .dispatch_gpu_kernels import DispatchGPUKernels
 
 
@@ -61,7 +61,7 @@ def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
             if kind == "llvm":
-                passes = [DispatchCPUKernels(has_vnni(target)), relax.pipeline.get_default_pipeline(target)]
+                passes = [DispatchCPUKernels(int8_dot_isa(target)), relax.pipeline.get_default_pipeline(target)]
             else:
                 passes = _gpu_passes(target)
             mod = tvm.transform.Sequential(passes)(mod)

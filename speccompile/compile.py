@@ -16,7 +16,7 @@ from tvm import relax
 
 from speccompile import __version__
 from speccompile.models import LlamaConfig, build_model, config_from_dict, get_quantization
-from speccompile.passes.cpu_kernels import TILE, has_vnni, is_tiled_param
+from speccompile.passes.cpu_kernels import TILE, int8_dot_isa, is_tiled_param
 from speccompile.passes.pipeline import build_pipeline
 from speccompile.runtime.tensor_cache import layout_fingerprint
 from speccompile.targets import CompileError, TargetPlan, fatbin_packer, find_device_module, plan_target
@@ -69,8 +69,10 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         "layout_fingerprint": layout_fingerprint(entries),
         "tiled_params": tiled,  # stored tensors the runtime permutes into 16-row tiles at load
         "tile": TILE,
-        # q4 matmuls quantize activations to int8 per 32-group on VNNI CPUs (numerics differ ~5e-3)
-        "q4_activations": "int8" if get_quantization(quant_name).is_q4 and has_vnni(target) else "float",
+        # q4 matmuls quantize activations to int8 per 32-group on AVX-512 VNNI and AVX2 CPUs
+        # (numerics differ ~5e-3 from float activations; both ISAs give identical results)
+        "q4_activations": "int8" if get_quantization(quant_name).is_q4 and int8_dot_isa(target) else "float",
+        "q4_int8_isa": int8_dot_isa(target) if get_quantization(quant_name).is_q4 else None,
         **(cfg.extra_metadata() if hasattr(cfg, "extra_metadata") else {}),  # draft heads: their kind and sizes
     }
 
