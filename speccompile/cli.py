@@ -353,15 +353,24 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 @click.option("--draft-vocab", type=int, default=16384, show_default=True,
               help="tokens in the training loss's vocabulary, counted from the target's answers")
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
-              help="data and checkpoints (default OUTPUT/work); reuse it to resume")
+              help="data and checkpoints (default OUTPUT/work); reuse it to resume, or to train "
+                   "another method on the same data")
+@click.option("--medusa-num-heads", type=int, default=4, show_default=True,
+              help="medusa: heads (head k, from 0, predicts token t+k+2 from the feature at t)")
+@click.option("--medusa-num-layers", type=int, default=1, show_default=True,
+              help="medusa: residual blocks per head")
+@click.option("--medusa-freeze-lm-head/--no-medusa-freeze-lm-head", default=True, show_default=True,
+              help="medusa: keep every head's vocabulary projection equal to the target's lm_head "
+                   "(cheap on a CPU); --no-... trains one per head (vocab x hidden floats each, plus Adam state)")
 def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_tokens, gen_batch, steps, train_batch,
-                    draft_vocab, work_dir):
+                    draft_vocab, work_dir, medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head):
     """Train a draft head for TARGET_DIR by self-distillation (resumable; needs torch)."""
     from speccompile.train_draft import run_train_draft
 
     try:
         report = run_train_draft(method, target_dir, model_lib, output, num_prompts, max_tokens, gen_batch, steps,
-                                 train_batch, draft_vocab, work_dir=work_dir)
+                                 train_batch, draft_vocab, work_dir=work_dir, medusa_num_heads=medusa_num_heads,
+                                 medusa_num_layers=medusa_num_layers, medusa_freeze_lm_head=medusa_freeze_lm_head)
     except USER_ERRORS as err:
         _fail(err)
     click.echo(json.dumps(report, indent=1))

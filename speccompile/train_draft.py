@@ -1,4 +1,5 @@
 """``speccompile train-draft --method eagle``: train an EAGLE head for a converted target.
+(``--method medusa`` trains Medusa heads on the same data: speccompile/train_medusa.py.)
 
 The pipeline (every stage resumable, so ``make heads`` can run for hours across sessions):
 
@@ -359,16 +360,22 @@ def export_eagle(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray | Non
 # ------------------------------------------------------------------ the command
 def run_train_draft(method: str, target_dir: Path, model_lib: Path, out_dir: Path, num_prompts: int = 600,
                     max_tokens: int = 384, gen_batch: int = 8, steps: int = 3000, train_batch: int = 4,
-                    draft_vocab: int = 16384, progress: bool = True, work_dir: Path | None = None) -> dict:
+                    draft_vocab: int = 16384, progress: bool = True, work_dir: Path | None = None,
+                    medusa_num_heads: int = 4, medusa_num_layers: int = 1, medusa_freeze_lm_head: bool = True) -> dict:
     """Every stage skips the work already on disk, so an interrupted run resumes. The head
-    goes to ``out_dir``; data and checkpoints to ``work_dir`` (default ``out_dir/work``)."""
-    if method != "eagle":
-        raise ValueError(f"train-draft --method {method} is not supported yet: only eagle is; Medusa heads "
-                         "must be trained elsewhere and converted with convert_weight --model-type medusa")
+    goes to ``out_dir``; data and checkpoints to ``work_dir`` (default ``out_dir/work``).
+    Both methods train on the same data, so one work dir can serve an EAGLE and a Medusa
+    head (their checkpoints are ``checkpoint.pt`` and ``medusa-checkpoint.pt``)."""
+    if method not in ("eagle", "medusa"):
+        raise ValueError(f"train-draft --method {method} is not supported: choose eagle or medusa")
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     if not (target_dir / "speccompile-config.json").exists():
         raise FileNotFoundError(f"{target_dir} is not a converted model (no speccompile-config.json): "
                                 "run convert_weight and gen_config first")
+    if method == "medusa":
+        from .train_medusa import check_medusa_options
+
+        check_medusa_options(medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head)
     _torch()  # fail before hours of generation if torch is missing
     from . import distill
     from .runtime.engine import Engine
@@ -380,8 +387,15 @@ def run_train_draft(method: str, target_dir: Path, model_lib: Path, out_dir: Pat
     rows = distill.generate_answers(engine, data_dir, num_prompts, max_tokens, gen_batch, progress)
     paths = distill.extract_features(engine.model, data_dir, rows, progress=progress)
     del engine
-    report = train_eagle(paths, target_dir, out_dir, steps, batch=train_batch, draft_vocab=draft_vocab,
-                         progress=progress, checkpoint=work / "checkpoint.pt")
+    if method == "medusa":
+        from .train_medusa import train_medusa
+
+        report = train_medusa(paths, target_dir, out_dir, steps, batch=train_batch, num_heads=medusa_num_heads,
+                              num_layers=medusa_num_layers, freeze_lm_head=medusa_freeze_lm_head,
+                              draft_vocab=draft_vocab, progress=progress, checkpoint=work / "medusa-checkpoint.pt")
+    else:
+        report = train_eagle(paths, target_dir, out_dir, steps, batch=train_batch, draft_vocab=draft_vocab,
+                             progress=progress, checkpoint=work / "checkpoint.pt")
     report.update(conversations=len(rows), answer_tokens=int(sum(len(r["answer_ids"]) for r in rows)))
     (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
     return report

@@ -1,6 +1,7 @@
 """train-draft end to end on the tiny target: self-distillation with our engine, features,
 a few torch steps, the official layout, and back through convert_weight -> compile ->
-lossless EAGLE decoding. Also: resuming skips finished work, and bad input is refused."""
+lossless EAGLE / Medusa decoding. Also: resuming skips finished work, Medusa trains on the
+EAGLE data, the heads learn on held-out conversations, and bad input is refused."""
 from __future__ import annotations
 
 import json
@@ -89,8 +90,13 @@ def test_bad_input_is_refused_before_any_work(build_tiny, tmp_path):
     built = build_tiny("tiny-llama", "q0f32")
     with pytest.raises(FileNotFoundError, match="not a converted model"):
         run_train_draft("eagle", tmp_path, built.lib, tmp_path / "o")
-    with pytest.raises(ValueError, match="only eagle"):
-        run_train_draft("medusa", built.model_dir, built.lib, tmp_path / "o")
+    with pytest.raises(ValueError, match="choose eagle or medusa"):
+        run_train_draft("hydra", built.model_dir, built.lib, tmp_path / "o")
+    with pytest.raises(ValueError, match="--medusa-num-heads must be >= 1"):
+        run_train_draft("medusa", built.model_dir, built.lib, tmp_path / "o", medusa_num_heads=0)
+    with pytest.raises(ValueError, match="nothing to train"):
+        run_train_draft("medusa", built.model_dir, built.lib, tmp_path / "o", medusa_num_layers=0)
+    assert not (tmp_path / "o").exists()
 
 
 def test_checkpoints_are_chosen_on_held_out_conversations():
@@ -100,3 +106,162 @@ def test_checkpoints_are_chosen_on_held_out_conversations():
     train, held = split_held_out(items)
     assert held == [0, 25, 50, 75, 100] and not set(train) & set(held) and len(train) + len(held) == 120
     assert split_held_out(items[:40]) == (items[:40], [])
+
+
+# ------------------------------------------------------------------ Medusa
+@pytest.fixture(scope="module")
+def medusa_trained(build_tiny, tmp_path_factory):
+    """Medusa heads trained on tiny-qwen2, whose greedy answers are varied but repetitive
+    (tiny-llama's are one token repeated, which the untrained heads already predict): 50
+    conversations, so two are held out."""
+    from speccompile.train_draft import run_train_draft
+
+    built = build_tiny("tiny-qwen2", "q0f32")
+    out = tmp_path_factory.mktemp("trained") / "medusa-head"
+    report = run_train_draft("medusa", built.model_dir, built.lib, out, num_prompts=50, max_tokens=24, gen_batch=8,
+                             steps=100, train_batch=4, draft_vocab=128, progress=False)
+    return built, out, report
+
+
+def test_medusa_heads_in_official_layout_convert_compile_and_decode_losslessly(medusa_trained, tmp_path):
+    from safetensors.numpy import load_file
+
+    from speccompile.runtime.engine import Engine
+
+    built, out, report = medusa_trained
+    assert json.loads((out / "config.json").read_text())["medusa_num_heads"] == 4
+    assert json.loads((out / "config.json").read_text())["medusa_num_layers"] == 1
+    tensors = load_file(str(out / "model.safetensors"))
+    assert set(tensors) == {f"medusa_head.{i}.{s}" for i in range(4)
+                            for s in ("0.linear.weight", "0.linear.bias", "1.weight")}
+    lm = built.weights["lm_head.weight"]  # tiny-qwen2 does not tie it to the embedding
+    for i in range(4):  # frozen (the default): every head projects with the target's lm_head
+        assert tensors[f"medusa_head.{i}.1.weight"].shape == (272, 64)
+        assert np.allclose(tensors[f"medusa_head.{i}.1.weight"], lm, atol=1e-3)
+        assert np.abs(tensors[f"medusa_head.{i}.0.linear.weight"]).max() > 0  # trained away from zero
+    assert report["steps"] == 100 and report["exported_step"] == 100 and report["conversations"] == 50
+    head = build_head("medusa", out, built.hf_dir, "q0f32", tmp_path / "medusa")
+    eng = Engine(built.model_dir, built.lib)
+    prompts = [eng.encode_prompt(p) for p in PROMPTS[:4]]
+    expected = [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
+    stats = check_lossless(built.model_dir, built.lib, head, "medusa", prompts, expected, widths=(1, 2), ks=(3,))
+    for width in (1, 2):
+        assert sum(s.draft_tokens for w, s in stats if w == width) > 0
+    assert sum(s.accepted_tokens for _, s in stats) > 0
+
+
+def test_medusa_training_improves_held_out_top1_over_the_untrained_heads(medusa_trained):
+    """Untrained heads are the base lm_head, which predicts t+1 where head 0 should give t+2:
+    training must beat them on conversations it never saw."""
+    _, _, report = medusa_trained
+    before, after = report["held_out_untrained"], report["held_out"]
+    assert report["held_out_conversations"] == 2 and before is not None and after is not None
+    assert after["top1"][0] > before["top1"][0], (before, after)
+    assert after["mean_top1"] > before["mean_top1"], (before, after)
+    assert all(a < b for a, b in zip(after["loss"], before["loss"])), (before, after)  # every head's held-out loss
+    assert report["recent_train_top1"][0] > 0.15
+
+
+def test_medusa_resume_continues_training_without_regenerating(medusa_trained):
+    import torch
+
+    from speccompile.train_draft import run_train_draft
+
+    built, out, first = medusa_trained
+    data = out / "work" / "data"
+    before = (data / "conversations.jsonl").read_text()
+    stamp = (data / "feats_0000.npz").stat().st_mtime_ns
+    log = torch.load(out / "work" / "medusa-checkpoint.pt", weights_only=False)["log"]
+    report = run_train_draft("medusa", built.model_dir, built.lib, out, num_prompts=50, max_tokens=24, gen_batch=8,
+                             steps=110, train_batch=4, draft_vocab=128, progress=False)
+    assert report["steps"] == 110 and report["held_out_untrained"] == first["held_out_untrained"]
+    assert (data / "conversations.jsonl").read_text() == before and (data / "feats_0000.npz").stat().st_mtime_ns == stamp
+    resumed = torch.load(out / "work" / "medusa-checkpoint.pt", weights_only=False)["log"]
+    assert len(resumed) == 110 and resumed[:100] == log  # continued from step 100, not restarted
+    with pytest.raises(ValueError, match="use another --work-dir"):
+        run_train_draft("medusa", built.model_dir, built.lib, out, num_prompts=50, max_tokens=24, gen_batch=8,
+                        steps=120, train_batch=4, draft_vocab=128, progress=False, medusa_num_heads=3)
+
+
+def test_medusa_cli_trains_on_the_eagle_data(trained, tmp_path):
+    """--work-dir of an EAGLE run: Medusa reuses its conversations and features as they are."""
+    from click.testing import CliRunner
+
+    from speccompile.cli import main
+
+    built, eagle_out, _ = trained
+    work = eagle_out / "work"
+    conv = (work / "data" / "conversations.jsonl").read_text()
+    stamps = {p.name: p.stat().st_mtime_ns for p in [work / "checkpoint.pt", *(work / "data").glob("feats_*")]}
+    out = tmp_path / "medusa"
+    res = CliRunner().invoke(main, ["train-draft", str(built.model_dir), "--method", "medusa", "--model-lib",
+                                    str(built.lib), "-o", str(out), "--work-dir", str(work), "--num-prompts", "6",
+                                    "--max-tokens", "24", "--gen-batch", "3", "--steps", "4", "--train-batch", "2",
+                                    "--medusa-num-heads", "2", "--medusa-num-layers", "2"])
+    assert res.exit_code == 0, res.output
+    assert (work / "data" / "conversations.jsonl").read_text() == conv  # (rewritten in place, same rows)
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in [work / "checkpoint.pt", *(work / "data").glob("feats_*")]}
+    assert (work / "medusa-checkpoint.pt").exists()
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["medusa_num_heads"], cfg["medusa_num_layers"]) == (2, 2)
+    assert json.loads((out / "train_report.json").read_text())["conversations"] == 6
+
+
+def test_medusa_with_trained_vocabulary_projection(trained, tmp_path):
+    """--no-medusa-freeze-lm-head: each head's own vocabulary Linear starts as the target's
+    lm_head and is trained (on draft-vocabulary rows); the layout still converts."""
+    from safetensors.numpy import load_file
+
+    from speccompile.convert_weight import convert_weight
+    from speccompile.train_medusa import train_medusa
+
+    built, eagle_out, _ = trained
+    paths = sorted((eagle_out / "work" / "data").glob("feats_*.npz"))
+    report = train_medusa(paths, built.model_dir, tmp_path / "m", 5, batch=2, num_heads=2, num_layers=0,
+                          freeze_lm_head=False, progress=False, checkpoint=tmp_path / "ck.pt")
+    assert report["steps"] == 5 and not report["freeze_lm_head"]
+    tensors = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert set(tensors) == {"medusa_head.0.0.weight", "medusa_head.1.0.weight"}
+    emb = built.weights["model.embed_tokens.weight"]  # tiny-llama ties lm_head to it
+    assert not np.allclose(tensors["medusa_head.0.0.weight"], emb, atol=1e-3)
+    convert_weight(tmp_path / "m", "q0f32", tmp_path / "conv", "medusa", progress=False, target=built.hf_dir)
+    assert json.loads((tmp_path / "conv" / "model-config.json").read_text())["num_layers"] == 0
+
+
+def test_medusa_rows_match_the_runtime_offsets():
+    """The label of head k for the feature at position i is the token the runtime scores
+    head k's draft against: a stub head that always drafts our training label is always
+    right in MedusaProposer's own bookkeeping (runtime/medusa.py), and rows start at the
+    last prompt token, the first feature the runtime drafts from."""
+    from speccompile.runtime.medusa import MedusaProposer
+    from speccompile.train_medusa import medusa_rows
+
+    k_heads, a = 3, 4
+    toks = np.asarray([5, 6, 7, 8, 11, 12, 13, 14, 15, 16, 17], np.int64)
+    feats = np.arange(len(toks), dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)  # feature = position
+    rf, labels = medusa_rows([(toks, feats, a)], k_heads)
+    assert rf[:, 0].tolist() == list(range(a - 1, len(toks) - 2))
+    assert labels[0].tolist() == toks[a + 1:].tolist() and labels[2, -2:].tolist() == [-1, -1]
+    assert (labels[labels >= 0] >= 11).all()  # answer tokens only
+
+    class Stub:
+        num_heads = k_heads
+
+        def forward(self, f):
+            out = np.zeros((k_heads, len(f), 32), np.float32)
+            for b, pos in enumerate(f[:, 0].astype(int)):
+                row = int(pos) - (a - 1)
+                for k in range(k_heads):
+                    if labels[k, row] >= 0:
+                        out[k, b, labels[k, row]] = 1.0
+            return out
+
+    prop = MedusaProposer(Stub())
+    tries0, hits0 = prop.tries.copy(), prop.hits[:, 0].copy()
+    prop.add_sequence(0, list(toks[:a]))
+    for length in range(a, len(toks) - 1):  # history = committed tokens + the pending one
+        prop.observe_hidden(0, 0, feats[:length])  # features of positions 0..length-1
+        prop.propose([0], [list(toks[:length + 1])], [k_heads], None, None)
+    prop.accept(0, list(toks))
+    assert (prop.tries - tries0).tolist() == [6, 5, 4]
+    assert np.allclose(prop.hits[:, 0] - hits0, prop.tries - tries0)
