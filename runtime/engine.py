@@ -36,6 +36,12 @@ CONFIG_NAME = "speccompile-config.json"
 SPECULATIVE_MODES = ("disable", "small_draft", "ngram", "eagle", "medusa")
 HEAD_MODES = ("eagle", "medusa")  # drafting heads that read the target's hidden states
 MAX_BACKLOG = 256  # tokens a draft model may catch up on in one step, shared by the batch
+# A draft model catching up after a plain stretch (or on a probe) prefills the tokens it
+# missed: on a CPU where extra rows are not free (AVX2 Zen 3: a 0.5B draft prefills ~5 ms a
+# token) a probe after 64 plain steps cost 0.3 s, and probes alone made prompts the controller
+# rightly decoded plainly 6-10% slower. Catch-ups of more than FREE_CATCH_UP tokens are paid
+# from a budget that grows by CATCH_UP_SHARE of the decode time.
+CATCH_UP_SHARE, FREE_CATCH_UP, CATCH_UP_BUDGET_MAX = 0.03, 2, 1.0
 
 
 class GenerationError(ValueError):
@@ -189,6 +195,7 @@ class Engine:
             head = self._load_head(MedusaHeadsModel, additional_models[0], device)
             self.proposer = MedusaProposer(head, spec_tree_width, spec_tree_nodes)
         self.set_draft_length(spec_draft_length)
+        self._catch_up_budget = 0.0  # seconds of draft catch-up the engine may still spend
         self._next_seq = 0
         # totals over every step this engine ran (the server exports them as metrics)
         self.totals = Stats(spec=SpecMetrics())
@@ -415,6 +422,7 @@ class Engine:
             self.controller.observe_step(len(active), drafted, emitted, dt)
         for s in active:
             s.result.stats.decode_seconds += dt
+        self._catch_up_budget = min(self._catch_up_budget + CATCH_UP_SHARE * dt, CATCH_UP_BUDGET_MAX)
         self.totals.decode_seconds += dt
         self.totals.decode_tokens += emitted
 
@@ -430,12 +438,7 @@ class Engine:
         k = self.controller.choose(b, min(limit, room - 1)) if speculating else 0
         ks = [k if s.speculative else 0 for s in active]
         if k > 0:
-            # a draft model never catches up on a long plain stretch inside a decode step (8
-            # sequences x 120 tokens stalled a server's batch for 1 s, and at batch 4-8 the
-            # controller switching drafting on and off made it lose 10-15%): a sequence that
-            # fell that far behind decodes plainly
-            most = MAX_BACKLOG // b
-            ks = [x if self.proposer.backlog(s.seq_id, s.history) <= most else 0 for x, s in zip(ks, active)]
+            ks = self._affordable(active, ks)
         k = max(ks)
         drafts = [Draft() for _ in active]
         t0 = time.perf_counter()
@@ -497,6 +500,27 @@ class Engine:
                     s.result.stats.spec.other_seconds += rest
             self.totals.spec.other_seconds += rest
         return any(len(d) for d in drafts)
+
+    def _affordable(self, active: list[_Seq], ks: list[int]) -> list[int]:
+        """Draft lengths with the catch-ups a draft model cannot afford set to 0 (plain).
+
+        A draft model never catches up on a long plain stretch inside a decode step (8
+        sequences x 120 tokens stalled a server's batch for 1 s, and at batch 4-8 the
+        controller switching drafting on and off made it lose 10-15%): a sequence more than
+        MAX_BACKLOG / batch tokens behind decodes plainly. Shorter catch-ups beyond
+        FREE_CATCH_UP tokens are paid from the catch-up budget (see CATCH_UP_SHARE), at the
+        draft's measured prefill cost per token; without the budget they decode plainly."""
+        most = MAX_BACKLOG // len(active)
+        backlog = [self.proposer.backlog(s.seq_id, s.history) if x else 0 for x, s in zip(ks, active)]
+        ks = [x if n <= most else 0 for x, n in zip(ks, backlog)]
+        per_token = getattr(self.proposer, "catch_up_seconds_per_token", None)
+        owed = sum(n for x, n in zip(ks, backlog) if x and n > FREE_CATCH_UP)
+        if not owed or per_token is None:
+            return ks
+        if owed * per_token <= self._catch_up_budget:
+            self._catch_up_budget -= owed * per_token
+            return ks
+        return [x if n <= FREE_CATCH_UP else 0 for x, n in zip(ks, backlog)]
 
     def _verify_on_device(self, active: list[_Seq], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, run by the library's TensorIR kernels on the device

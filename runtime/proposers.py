@@ -8,6 +8,8 @@ proposers that set ``needs_hidden_states``.
 """
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -126,6 +128,23 @@ class SmallDraftProposer:
         self.cached: dict[int, list[int]] = {}  # tokens in the draft's KV cache, per sequence
         self.forwards = 0
         self.last_catch_up = 0  # most tokens one sequence had to catch up on in the last propose
+        self._token_seconds: list[float] = []  # recent prefill seconds per token (prompt chunks, catch-ups)
+
+    @property
+    def catch_up_seconds_per_token(self) -> float | None:
+        """What feeding the draft one committed token costs inside a multi-token forward:
+        the price of switching drafting back on after a plain stretch (median of recent
+        prefills; None before the first)."""
+        return statistics.median(self._token_seconds) if self._token_seconds else None
+
+    def _timed_prefill(self, seq_ids: list[int], chunks: list[list[int]]):
+        t0 = time.perf_counter()
+        logits = self.model.prefill(self.kv, seq_ids, chunks)
+        tokens = sum(len(c) for c in chunks)
+        if tokens > 4:  # a 1-2 token feed is a decode-sized forward, not a per-token price
+            self._token_seconds.append((time.perf_counter() - t0) / tokens)
+            del self._token_seconds[:-9]
+        return logits
 
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
         self.kv.add_sequence(seq_id)
@@ -156,7 +175,7 @@ class SmallDraftProposer:
             return
         seq_ids, chunks = [s for s, _ in pairs], [c for _, c in pairs]
         try:
-            self.model.prefill(self.kv, seq_ids, chunks)
+            self._timed_prefill(seq_ids, chunks)
         except KVCacheFull:
             return  # nothing was written; propose catches up later
         for sid, chunk in zip(seq_ids, chunks):
@@ -175,7 +194,7 @@ class SmallDraftProposer:
             self.accept(sid, histories[i])
         pending = [histories[i][len(self.cached[seq_ids[i]]):] for i in active]
         self.last_catch_up = max(len(p) for p in pending)
-        logits = self.model.prefill(self.kv, ids, pending)
+        logits = self._timed_prefill(ids, pending)
         self.forwards += 1
         for i, sid, chunk in zip(active, ids, pending):
             self.cached[sid].extend(chunk)

@@ -142,6 +142,14 @@ def generate_answers(engine, out_dir: Path, num_prompts: int, max_tokens: int, b
     return rows
 
 
+def _shard_holds(path: Path, members: list[dict]) -> bool:
+    """A shard on disk is reused only if it holds exactly these conversations: a rerun with
+    more prompts packs new conversations into the last shard, which must then be redone."""
+    with np.load(path) as z:
+        return (len(z["starts"]) == len(members)
+                and len(z["tokens"]) == sum(len(r["prompt_ids"]) + len(r["answer_ids"]) for r in members))
+
+
 def extract_features(model, out_dir: Path, rows: list[dict], shard_tokens: int = 65536,
                      progress: bool = True) -> list[Path]:
     """Final-normed hidden states of every token of every conversation, as fp16 shards
@@ -161,7 +169,7 @@ def extract_features(model, out_dir: Path, rows: list[dict], shard_tokens: int =
     for s, members in enumerate(shards):
         path = out_dir / f"feats_{s:04d}.npz"
         paths.append(path)
-        if path.exists():
+        if path.exists() and _shard_holds(path, [rows[j] for j in members]):
             bar.update(len(members))
             continue
         toks, feats, starts, ans = [], [], [], []

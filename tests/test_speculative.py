@@ -163,3 +163,29 @@ def test_a_lagging_draft_model_never_catches_up_inside_a_step(target, reference,
             eng.step([seq])
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts and seq.result.token_ids == expected[4]
         eng.detach(seq)
+
+
+def test_a_draft_model_catches_up_only_within_its_budget(target, reference):
+    """After a plain stretch a draft model must prefill what it missed before it drafts
+    again. That catch-up is paid from a budget (a share of decode time): without budget
+    the sequence keeps decoding plainly, with it the draft catches up and drafts. Either
+    way the output is the target's."""
+    prompts, expected = reference
+    for budget, drafts_after in ((0.0, False), (10.0, True)):
+        eng = _engine(target, "self")
+        plan = iter([0] * 8)  # eight plain steps, then k = 2
+        eng.controller.choose = lambda batch=1, limit=None: next(plan, 2)
+        seq = eng.new_sequence(prompts[4], NEW_TOKENS, ignore_eos=True)
+        eng.attach(seq)
+        while seq.to_prefill:
+            eng.prefill([seq], 7)
+        for _ in range(8):
+            eng.step([seq])
+        assert seq.result.stats.spec.draft_tokens == 0 and eng.proposer.backlog(seq.seq_id, seq.history) > 2
+        eng._catch_up_budget = budget  # what 8 plain steps earned is far less than a catch-up costs
+        eng.step([seq])
+        assert (seq.result.stats.spec.draft_tokens > 0) == drafts_after
+        while not seq.done:
+            eng.step([seq])
+        eng.detach(seq)
+        assert seq.result.token_ids == expected[4]

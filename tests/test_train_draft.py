@@ -265,3 +265,20 @@ def test_medusa_rows_match_the_runtime_offsets():
     prop.accept(0, list(toks))
     assert (prop.tries - tries0).tolist() == [6, 5, 4]
     assert np.allclose(prop.hits[:, 0] - hits0, prop.tries - tries0)
+
+
+def test_a_feature_shard_is_redone_when_its_conversations_changed(trained):
+    """Rerunning with more prompts packs new conversations into the last shard: a shard on
+    disk is reused only if it holds exactly the conversations it should."""
+    from speccompile import distill
+    from speccompile.runtime.model import Model
+
+    built, out, _ = trained
+    rows = [json.loads(line) for line in (out / "work" / "data" / "conversations.jsonl").read_text().splitlines()]
+    model = Model(built.model_dir, built.lib)
+    data = out / "work" / "redo"
+    data.mkdir()
+    [shard] = distill.extract_features(model, data, rows[:-1], progress=False)
+    before = np.load(shard)["starts"].size
+    [shard] = distill.extract_features(model, data, rows, progress=False)
+    assert before == len(rows) - 1 and np.load(shard)["starts"].size == len(rows)
