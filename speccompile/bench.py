@@ -105,7 +105,9 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
               categories: list[str] | None = None, per_category: int | None = None,
               llama_bench: tuple[Path, Path] | None = None, llama_speculative: dict | None = None) -> dict:
     """Plain decoding of every prompt, and -- with a speculative mode -- the same prompts with
-    speculation, in the same process and the same build, greedy, batch 1. ``llama_bench``
+    speculation, in the same process and the same build, greedy, batch 1, each prompt run
+    plain / spec / spec / plain (the spec statistics are the first spec run's, its time the
+    mean of both). ``llama_bench``
     (binary, gguf): llama.cpp's own benchmark runs right after, in the same run.
     ``llama_speculative`` (binary, gguf, draft_gguf, draft_max): llama.cpp's speculative
     decoding of the same rendered prompts in the same mode, also in the same run."""
@@ -123,19 +125,31 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     rows = []
     for i, p in enumerate(prompts):
         ids = engine.encode_prompt(p["prompt"])
-        with engine.speculation_disabled():
-            plain = engine.generate(ids, max_tokens=max_tokens, ignore_eos=True)
+
+        def plain_run():
+            with engine.speculation_disabled():
+                return engine.generate(ids, max_tokens=max_tokens, ignore_eos=True)
+
+        plain = plain_run()
         row = {"id": p["id"], "category": p["category"], "prompt_tokens": len(ids),
                "decode_tokens": plain.stats.decode_tokens, "plain_seconds": plain.stats.decode_seconds,
                "plain_tokens_per_s": plain.stats.to_dict()["decode_tokens_per_s"],
                "prefill_tokens_per_s": plain.stats.to_dict()["prefill_tokens_per_s"]}
+        if speculative:
+            # plain, spec, spec, plain (ABBA): this kind of machine drifts 10-30% in speed
+            # within seconds, and a plain-then-spec pair measured that drift as a speedup or
+            # a slowdown; the mean of each pair cancels a linear drift
+            sp, sp2 = (engine.generate(ids, max_tokens=max_tokens, ignore_eos=True) for _ in range(2))
+            plain2 = plain_run()
+            row["plain_seconds"] = (plain.stats.decode_seconds + plain2.stats.decode_seconds) / 2
+            row["plain_tokens_per_s"] = row["decode_tokens"] / row["plain_seconds"]
+            sp.stats.decode_seconds = (sp.stats.decode_seconds + sp2.stats.decode_seconds) / 2
         line = f"[{i + 1}/{len(prompts)}] {p['category']:<11} plain {row['plain_tokens_per_s']:6.1f} tok/s"
         if speculative:
-            sp = engine.generate(ids, max_tokens=max_tokens, ignore_eos=True)
             st = sp.stats.to_dict()
             row.update({"spec_seconds": sp.stats.decode_seconds, "spec_tokens_per_s": st["decode_tokens_per_s"],
                         "speedup": st["decode_tokens_per_s"] / row["plain_tokens_per_s"],
-                        "identical_output": sp.token_ids == plain.token_ids,
+                        "identical_output": sp.token_ids == plain.token_ids == sp2.token_ids == plain2.token_ids,
                         **{k: st[k] for k in ("accept_rate", "mean_accepted_length", "per_position_accept_rate",
                                               "draft_tokens", "accepted_tokens", "verify_steps", "plain_steps",
                                               "draft_seconds", "verify_seconds")}})

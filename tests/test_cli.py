@@ -51,3 +51,26 @@ def test_runtime_never_imports_the_compiler_side():
             "'speccompile.compile', 'speccompile.convert_weight'))]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_bench_runs_each_prompt_plain_spec_spec_plain_and_reports_identical_outputs(tmp_path):
+    """`speccompile bench` with a speculative mode: per prompt plain / spec / spec / plain
+    (drift cancels), every one of the four outputs identical, JSON with the side-by-side
+    figures. (A benchmark's numbers are not asserted: only that it measures the right thing.)"""
+    from conftest import make_hf_checkpoint
+
+    hf = tmp_path / "hf"
+    make_hf_checkpoint(hf, "tiny-qwen2")
+    r, out, lib = CliRunner(), tmp_path / "m", tmp_path / "m.so"
+    assert r.invoke(main, ["convert_weight", str(hf), "--quantization", "q0f32", "-o", str(out)]).exit_code == 0
+    assert r.invoke(main, ["gen_config", str(hf), "--quantization", "q0f32", "-o", str(out)]).exit_code == 0
+    assert r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "llvm", "-o", str(lib)]).exit_code == 0
+    report = tmp_path / "bench.json"
+    res = r.invoke(main, ["bench", str(out), "--model-lib", str(lib), "--speculative-mode", "ngram", "--num-prompts", "2",
+                          "--max-tokens", "12", "--json", str(report)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(report.read_text())
+    assert data["summary"]["identical_outputs"] == 2
+    for row in data["per_prompt"]:
+        assert row["decode_tokens"] == 11 and row["spec_seconds"] > 0 and row["plain_seconds"] > 0  # 1 from prefill
+        assert abs(row["speedup"] - row["spec_tokens_per_s"] / row["plain_tokens_per_s"]) < 1e-9
