@@ -54,6 +54,10 @@ MIN_TRIALS = 2.0  # decayed trials a draft position needs before its own estimat
 # drafting that the step model called a 5-9% win measured 0.84-0.90x (A/B in one server).
 # So a draft model must promise this much more per extra sequence in the batch.
 DRAFT_MODEL_BATCH_MARGIN = 0.15
+# ... and 5% more even alone: on an AVX2 host where one extra verified row costs 0.3-0.9x a
+# decode step, the step model's 5-9% wins at k = 1 were 0.86-0.95x in plain/spec/spec/plain
+# benches (its cost medians swing with the machine's 10-30% speed changes).
+DRAFT_MODEL_MARGIN = 0.05
 
 
 class DraftLengthController:
@@ -207,7 +211,7 @@ class DraftLengthController:
                 best_k, best_rate = k, rate
         margin = MARGIN
         if self.draft_cost:  # a draft model: per-request costs the step model does not see
-            margin *= 1 + DRAFT_MODEL_BATCH_MARGIN * (batch - 1)
+            margin *= 1 + DRAFT_MODEL_MARGIN + DRAFT_MODEL_BATCH_MARGIN * (batch - 1)
         return best_k if best_rate > margin / t0 else 0
 
     # ---------------------------------------------------------------- choose

@@ -40,8 +40,9 @@ MAX_BACKLOG = 256  # tokens a draft model may catch up on in one step, shared by
 # missed: on a CPU where extra rows are not free (AVX2 Zen 3: a 0.5B draft prefills ~5 ms a
 # token) a probe after 64 plain steps cost 0.3 s, and probes alone made prompts the controller
 # rightly decoded plainly 6-10% slower. Catch-ups of more than FREE_CATCH_UP tokens are paid
-# from a budget that grows by CATCH_UP_SHARE of the decode time.
-CATCH_UP_SHARE, FREE_CATCH_UP, CATCH_UP_BUDGET_MAX = 0.03, 2, 1.0
+# from a budget that grows by CATCH_UP_SHARE of the time of decode steps that may draft (at
+# most CATCH_UP_BUDGET_MAX seconds: one catch-up stalls a server's whole batch).
+CATCH_UP_SHARE, FREE_CATCH_UP, CATCH_UP_BUDGET_MAX = 0.03, 2, 0.25
 
 
 class GenerationError(ValueError):
@@ -422,7 +423,8 @@ class Engine:
             self.controller.observe_step(len(active), drafted, emitted, dt)
         for s in active:
             s.result.stats.decode_seconds += dt
-        self._catch_up_budget = min(self._catch_up_budget + CATCH_UP_SHARE * dt, CATCH_UP_BUDGET_MAX)
+        if self.proposer is not None and any(s.speculative for s in active):  # plain runs earn nothing
+            self._catch_up_budget = min(self._catch_up_budget + CATCH_UP_SHARE * dt, CATCH_UP_BUDGET_MAX)
         self.totals.decode_seconds += dt
         self.totals.decode_tokens += emitted
 
