@@ -257,9 +257,9 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
     the int8 x of the word's even / odd nibbles, ``xs[m, g] = (scale_x, 7 * sum(xq))``.
     """
     kw, groups, L = k // 8, k // 32, TILE
-    # int32 lanes per instruction, and rows of x per pass (AVX2's 16 vector registers hold
-    # the accumulators of 2 rows; 4 rows spilled)
-    R = 4
+    # independent integer chains per row: vpdpbusd's latency needs them; AVX2's int16 sums
+    # already form a tree (one chain, no zero chains to add up)
+    chains = (lambda c: c) if isa == "avx512vnni" else (lambda c: 1)
     lo_mask = T.broadcast(T.uint32(0x0F0F0F0F), L)
     PF = 4096  # prefetch distance in words
 
@@ -307,9 +307,6 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
                             "int16x16", "llvm.x86.avx2.pmadd.ub.sw", nb[T.ramp(0, 1, 32)],
                             T.reinterpret("int8x32", T.broadcast(xp[base + mi, g * 4 + wd, half], 8)))
         for mi in T.unroll(mb):
-            for c in T.unroll(1, chains):
-                for l in T.vectorized(L):
-                    dot[mi, c, l] = 0
             for h in T.unroll(2):
                 dot[mi, 0, T.ramp(h * 8, 1, 8)] = T.call_llvm_pure_intrin(
                     "int32x8", "llvm.x86.avx2.pmadd.wd", d16[mi, h, T.ramp(0, 1, 16)], T.broadcast(T.int16(1), 16))
@@ -393,12 +390,12 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
         else:
             for mg in range(m_dim * groups):
                 quantize_group(x, xp, xs, mg)
-        for t in T.parallel(n // L):  # phase 2: 16-row tiles, rows of x by R (4 or 2), 2, 1
-            for mo in range(m_dim // R):
-                rows(wf, sf, xp, xs, y, t, mo * R, R, 4 // R)
-            if R == 4 and m_dim % 4 >= 2:
-                rows(wf, sf, xp, xs, y, t, m_dim // 4 * 4, 2, 2)
+        for t in T.parallel(n // L):  # phase 2: 16-row tiles, rows of x by 4, 2, 1
+            for mo in range(m_dim // 4):
+                rows(wf, sf, xp, xs, y, t, mo * 4, 4, chains(1))
+            if m_dim % 4 >= 2:
+                rows(wf, sf, xp, xs, y, t, m_dim // 4 * 4, 2, chains(2))
             if m_dim % 2 == 1:
-                rows(wf, sf, xp, xs, y, t, m_dim - 1, 1, 4)
+                rows(wf, sf, xp, xs, y, t, m_dim - 1, 1, chains(4))
 
     return kernel

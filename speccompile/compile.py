@@ -42,6 +42,7 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
     """The compile-time facts the runtime reads back and checks (see module doc)."""
     target = plan.target
     entries = [(name, [int(d) for d in p.shape], str(p.dtype)) for name, p in params]
+    isa = int8_dot_isa(target) if get_quantization(quant_name).is_q4 else None  # int8 q4 kernel, if any
     tiled = []
     if target.kind.name == "llvm":
         tiled = [n for n, shape, _ in entries if is_tiled_param(n, shape)]
@@ -71,8 +72,8 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         "tile": TILE,
         # q4 matmuls quantize activations to int8 per 32-group on AVX-512 VNNI and AVX2 CPUs
         # (numerics differ ~5e-3 from float activations; both ISAs give identical results)
-        "q4_activations": "int8" if get_quantization(quant_name).is_q4 and int8_dot_isa(target) else "float",
-        "q4_int8_isa": int8_dot_isa(target) if get_quantization(quant_name).is_q4 else None,
+        "q4_activations": "int8" if isa else "float",
+        "q4_int8_isa": isa,
         **(cfg.extra_metadata() if hasattr(cfg, "extra_metadata") else {}),  # draft heads: their kind and sizes
     }
 
