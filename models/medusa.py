@@ -9,6 +9,13 @@ Parameter names equal the official ones (``medusa_head.I.J.linear.weight/bias`` 
 ``medusa_head.I.{num_layers}.weight``), so ``source_map`` is the identity. The official
 config only holds ``medusa_num_heads``/``medusa_num_layers``; hidden size and vocabulary
 come from the target (``--target``), and the tensors' shapes are checked against it.
+
+On a CPU the K vocabulary Linears would cost more than half of a SmolLM2 step (each is
+the size of its lm_head), so heads may instead share an EAGLE-3 style reduced draft
+vocabulary: one ``lm_head.weight`` [draft_vocab, h] with ``d2t`` (draft id j is target
+token ``j + d2t[j]``) and no per-head vocabulary weight; all K heads then go through it
+as one [K*b, h] matmul. Our trainer writes this form when the projection is frozen
+(speccompile/train_medusa.py). Drafts are verified by the target, so it changes speed only.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ class MedusaConfig:
     num_layers: int
     context_window_size: int
     prefill_chunk_size: int
+    draft_vocab_size: int = 0  # 0: a vocabulary Linear per head; else one shared [draft_vocab, h] + d2t
     model_type = "medusa"
     # no KV cache: these keep the metadata schema shared with decoders
     num_hidden_layers = property(lambda self: 0)
@@ -39,7 +47,7 @@ class MedusaConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("hidden_size", "vocab_size", "num_heads", "num_layers",
-                                              "context_window_size", "prefill_chunk_size")}
+                                              "context_window_size", "prefill_chunk_size", "draft_vocab_size")}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MedusaConfig":
@@ -49,7 +57,8 @@ class MedusaConfig:
             raise ConfigError(f"bad Medusa model config: {err}") from err
 
     def extra_metadata(self) -> dict[str, Any]:
-        return {"head_kind": "medusa", "medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers}
+        return {"head_kind": "medusa", "medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
+                "draft_vocab_size": self.draft_vocab_size}
 
     @classmethod
     def from_checkpoint(cls, raw: dict[str, Any], target: LlamaConfig, names: list[str],
@@ -60,12 +69,19 @@ class MedusaConfig:
         found = [(int(m.group(1)), int(m.group(2))) for m in found if m]
         if not found:
             raise ConfigError("not a Medusa checkpoint: no medusa_head.I.J.* tensors")
+        shared = "d2t" in names  # a reduced draft vocabulary: one projection shared by the heads
         heads = int(raw.get("medusa_num_heads", max(i for i, _ in found) + 1))
-        layers = int(raw.get("medusa_num_layers", max(j for _, j in found)))
+        layers = int(raw.get("medusa_num_layers", max(j for _, j in found) + int(shared)))
         if heads <= 0 or layers < 0:
             raise ConfigError(f"bad Medusa config: medusa_num_heads={heads}, medusa_num_layers={layers}")
         h, v = target.hidden_size, target.vocab_size
         out = f"medusa_head.0.{layers}.weight"
+        if shared:
+            if any(f"medusa_head.{i}.{layers}.weight" in names for i in range(heads)):
+                raise ConfigError("the Medusa checkpoint has d2t (a shared reduced vocabulary) and per-head vocabulary "
+                                  f"weights ({out}): keep one or the other")
+            dv = _shared_draft_vocabulary(raw, target, shape)
+            return cls(h, v, heads, layers, target.context_window_size, target.prefill_chunk_size, dv)
         if out not in names:
             raise ConfigError(f"the Medusa checkpoint lacks {out} (config says medusa_num_layers={layers})")
         got = tuple(shape(out))
@@ -76,6 +92,20 @@ class MedusaConfig:
             raise ConfigError(f"the Medusa heads predict {got[0]} tokens ({out} is {list(got)}) but the target's "
                               f"vocabulary has {v}: these heads were trained for another model")
         return cls(h, v, heads, layers, target.context_window_size, target.prefill_chunk_size)
+
+
+def _shared_draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, shape: Callable[[str], tuple[int, ...]]) -> int:
+    """Heads that share an EAGLE-3 style reduced vocabulary: ``lm_head.weight`` [draft_vocab, h]
+    (or, when absent, the target's rows -- speccompile/sources.py) and ``d2t`` [draft_vocab]."""
+    lm, d2t = tuple(shape("lm_head.weight")), tuple(shape("d2t"))
+    if len(lm) != 2 or lm[1] != target.hidden_size or not 0 < lm[0] <= target.vocab_size:
+        raise ConfigError(f"the Medusa heads' shared lm_head.weight is {list(lm)}; with this target it must be "
+                          f"[draft_vocab <= {target.vocab_size}, {target.hidden_size}]")
+    if d2t != (lm[0],):
+        raise ConfigError(f"the Medusa heads' d2t is {list(d2t)}, their lm_head has {lm[0]} rows")
+    if raw.get("draft_vocab_size", lm[0]) != lm[0]:
+        raise ConfigError(f"config.json says draft_vocab_size {raw['draft_vocab_size']}, lm_head.weight has {lm[0]}")
+    return int(lm[0])
 
 
 class ResBlock(nn.Module):
@@ -92,22 +122,30 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.cfg, self.quant, self.dtype = cfg, quant, quant.model_dtype
         h = cfg.hidden_size
+        dv = cfg.draft_vocab_size
         self.medusa_head = nn.ModuleList([
             nn.ModuleList([ResBlock(h, quant) for _ in range(cfg.num_layers)]
-                          + [QLinear(h, cfg.vocab_size, quant)]) for _ in range(cfg.num_heads)])
+                          + ([] if dv else [QLinear(h, cfg.vocab_size, quant)])) for _ in range(cfg.num_heads)])
+        if dv:  # on a CPU the vocabulary projection is the cost of a draft: one small one for all heads
+            self.lm_head = QLinear(h, dv, quant)
+            self.d2t = nn.Parameter((dv,), "int32")  # read by the runtime at load
 
     def medusa_heads(self, hidden: Tensor) -> Tensor:
-        # hidden: [b, h] target features -> logits [K, b, vocab] (float32)
-        b = hidden.shape[0]
+        # hidden: [b, h] target features -> logits [K, b, vocab] (or [K, b, draft_vocab]), float32
+        b, k = hidden.shape[0], self.cfg.num_heads
+        dv = self.cfg.draft_vocab_size
         outs = []
         for head in self.medusa_head:
             x = hidden
-            for block in list(head)[:-1]:
+            for block in list(head)[: self.cfg.num_layers]:
                 x = block(x)
-            logits = list(head)[-1](x)
-            logits = logits if logits.dtype == "float32" else logits.astype("float32")
-            outs.append(op.reshape(logits, (1, b, self.cfg.vocab_size)))
-        return outs[0] if len(outs) == 1 else op.concat(outs, dim=0)
+            outs.append(x if dv else list(head)[-1](x))
+        if dv:  # [K * b, h] through the one shared projection
+            logits = self.lm_head(outs[0] if k == 1 else op.concat(outs, dim=0))
+        else:
+            logits = outs[0] if k == 1 else op.concat(outs, dim=0)
+        logits = logits if logits.dtype == "float32" else logits.astype("float32")
+        return op.reshape(logits, (k, b, dv or self.cfg.vocab_size))
 
     def get_spec(self) -> dict[str, Any]:
         return {"medusa_heads": {"hidden": nn.spec.Tensor(["b", self.cfg.hidden_size], self.dtype),
@@ -121,5 +159,9 @@ def source_map(cfg: MedusaConfig) -> dict[str, list[str]]:
         for j in range(cfg.num_layers):
             for kind in ("weight", "bias"):
                 m[f"medusa_head.{i}.{j}.linear.{kind}"] = [f"medusa_head.{i}.{j}.linear.{kind}"]
-        m[f"medusa_head.{i}.{cfg.num_layers}.weight"] = [f"medusa_head.{i}.{cfg.num_layers}.weight"]
+        if not cfg.draft_vocab_size:
+            m[f"medusa_head.{i}.{cfg.num_layers}.weight"] = [f"medusa_head.{i}.{cfg.num_layers}.weight"]
+    if cfg.draft_vocab_size:
+        m["lm_head.weight"] = ["lm_head.weight"]
+        m["d2t"] = ["d2t"]
     return m

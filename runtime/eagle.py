@@ -41,12 +41,9 @@ class EagleHeadModel(Model):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.vocab_ids = None
-        if int(self.meta.get("draft_vocab_size", 0)):
+        self.vocab_ids = draft_vocab_ids(self)
+        if self.vocab_ids is not None:
             self._fn["draft_logits"] = self.vm["draft_logits"]
-            names = [p["name"] for p in self.meta["params"]]
-            d2t = self.params[names.index("d2t")].numpy().astype(np.int64)
-            self.vocab_ids = np.arange(d2t.size) + d2t  # draft row j -> target token j + d2t[j]
 
     def logits(self, target: Model, feats) -> np.ndarray:
         """Draft logits of predicted features: over the reduced vocabulary (rows of
@@ -63,6 +60,22 @@ class EagleHeadModel(Model):
         hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
         meta = [to_device(a, self.device) for a in batch.arrays]
         return self._fn["eagle_forward"](emb, hid, kv.tensor, *meta, self.params)
+
+
+def draft_vocab_ids(head: Model) -> np.ndarray | None:
+    """A head's reduced draft vocabulary as target token ids (row j -> ``j + d2t[j]``), or
+    None when it drafts over the full vocabulary."""
+    if not int(head.meta.get("draft_vocab_size", 0)):
+        return None
+    names = [p["name"] for p in head.meta["params"]]
+    d2t = head.params[names.index("d2t")].numpy().astype(np.int64)
+    return np.arange(d2t.size) + d2t
+
+
+def check_draft_vocab(ids: np.ndarray | None, target: Model, kind: str) -> None:
+    if ids is not None and (ids.min() < 0 or ids.max() >= target.vocab_size or np.unique(ids).size != ids.size):
+        raise ValueError(f"the {kind} head's d2t maps its draft vocabulary outside the target's vocabulary "
+                         f"(size {target.vocab_size}) or twice onto one token: it was trained for another model")
 
 
 def top_tokens(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,10 +103,7 @@ class EagleProposer:
             raise ValueError("--spec-tree-width must be >= 1 (1 = chain)")
         if not 1 <= max_nodes <= MAX_TREE_NODES:
             raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
-        ids = head.vocab_ids
-        if ids is not None and (ids.min() < 0 or ids.max() >= target.vocab_size or np.unique(ids).size != ids.size):
-            raise ValueError("the EAGLE head's d2t maps its draft vocabulary outside the target's vocabulary "
-                             f"(size {target.vocab_size}) or twice onto one token: it was trained for another model")
+        check_draft_vocab(head.vocab_ids, target, "EAGLE")
         self.head, self.target = head, target
         self.width, self.max_nodes = tree_width, max_nodes
         self.kv = head.create_kv_cache(max_total_tokens)

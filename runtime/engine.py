@@ -194,7 +194,7 @@ class Engine:
             from .medusa import MedusaHeadsModel, MedusaProposer
 
             head = self._load_head(MedusaHeadsModel, additional_models[0], device)
-            self.proposer = MedusaProposer(head, spec_tree_width, spec_tree_nodes)
+            self.proposer = MedusaProposer(head, spec_tree_width, spec_tree_nodes, target=self.model)
         self.set_draft_length(spec_draft_length)
         self._catch_up_budget = 0.0  # seconds of draft catch-up the engine may still spend
         self._next_seq = 0

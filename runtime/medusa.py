@@ -18,7 +18,7 @@ import heapq
 import numpy as np
 from tvm.runtime import tensor as to_device
 
-from .eagle import MAX_TREE_NODES
+from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids
 from .model import Model
 from .verify import Draft
 
@@ -28,12 +28,16 @@ class MedusaHeadsModel(Model):
 
     entry_points = ("medusa_heads",)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.vocab_ids = draft_vocab_ids(self)  # heads sharing a reduced vocabulary: row -> target token
+
     @property
     def num_heads(self) -> int:
         return int(self.meta["medusa_num_heads"])
 
     def forward(self, feats: np.ndarray) -> np.ndarray:
-        """feats [b, hidden] -> logits [K, b, vocab]."""
+        """feats [b, hidden] -> logits [K, b, vocab] (or [K, b, draft_vocab], see ``vocab_ids``)."""
         hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
         return self._fn["medusa_heads"](hid, self.params).numpy()
 
@@ -44,11 +48,13 @@ class MedusaProposer:
     needs_hidden_states = True
 
     def __init__(self, heads: MedusaHeadsModel, tree_width: int = 1, max_nodes: int = 64,
-                 prior_hits: float = 2.0):
+                 prior_hits: float = 2.0, target: Model | None = None):
         if tree_width < 1:
             raise ValueError("--spec-tree-width must be >= 1 (1 = chain)")
         if not 1 <= max_nodes <= MAX_TREE_NODES:
             raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
+        if target is not None:
+            check_draft_vocab(heads.vocab_ids, target, "Medusa")
         self.heads, self.width, self.max_nodes = heads, tree_width, max_nodes
         k = heads.num_heads
         # hits[j, r]: proposals whose head-j rank-r token was the committed one; tries[j]: scored
@@ -146,6 +152,8 @@ class MedusaProposer:
                 else:
                     part = np.argpartition(-lj, self.width - 1)[: self.width]
                     tops.append(sorted(part.tolist(), key=lambda t: (-lj[t], t)))
+                if self.heads.vocab_ids is not None:
+                    tops[-1] = self.heads.vocab_ids[tops[-1]].tolist()
             paths = self.tree(depth, budget)
             index = {p: n for n, p in enumerate(paths)}
             tokens = [tops[len(p) - 1][p[-1]] for p in paths]

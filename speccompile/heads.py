@@ -24,9 +24,9 @@ HEAD_DIR = REPO / "heads" / f"{TARGET}-eagle"
 
 def main() -> None:
     target_dir, lib = prepare(TARGET, QUANT)
-    steps = int(os.environ.get("HEAD_STEPS", "1200"))
-    report = run_train_draft("eagle", target_dir, lib, HEAD_DIR, num_prompts=int(os.environ.get("HEAD_PROMPTS", "1400")),
-                             max_tokens=384, gen_batch=16, steps=steps, train_batch=4, draft_vocab=12288,
+    steps = int(os.environ.get("HEAD_STEPS", "1500"))
+    report = run_train_draft("eagle", target_dir, lib, HEAD_DIR, num_prompts=int(os.environ.get("HEAD_PROMPTS", "2000")),
+                             max_tokens=320, gen_batch=24, steps=steps, train_batch=4, draft_vocab=12288,
                              work_dir=cache_root() / "train" / f"{TARGET}-{QUANT}-eagle")
     print(json.dumps(report, indent=1))
 

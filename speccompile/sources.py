@@ -259,19 +259,39 @@ class HeadSource:
             for n in self.files.names():
                 if re.match(r"\d+\.\d+\.", n):
                     self._alias["medusa_head." + n] = n
+        names = self.files.names()
+        self._target_rows = "d2t" in names and "lm_head.weight" not in names
         try:
             self.config = head_config_class(kind).from_checkpoint(raw, self.target_config, self.names(), self.shape)
         except ConfigError as err:
             raise SourceError(f"{folder}: {err}") from err
 
     def names(self) -> list[str]:
-        return [n for n in self.files.names() if not re.match(r"\d+\.\d+\.", n)] + list(self._alias)
+        extra = ["lm_head.weight"] if self._target_rows else []
+        return [n for n in self.files.names() if not re.match(r"\d+\.\d+\.", n)] + list(self._alias) + extra
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name == "lm_head.weight" and self._target_rows:
+            return (int(self.files.shape("d2t")[0]), self.target_config.hidden_size)
         return self.files.shape(self._alias.get(name, name))
 
     def get(self, name: str) -> np.ndarray:
+        if name == "lm_head.weight" and self._target_rows:
+            return self._draft_rows_of_target()
         return self.files.get(self._alias.get(name, name))
+
+    def _draft_rows_of_target(self) -> np.ndarray:
+        """A reduced draft vocabulary given only as ``d2t``: its projection is the target's own
+        output embedding restricted to those tokens (what our trainer freezes), so the head
+        need not ship a copy of it -- the rows are read from ``--target`` here."""
+        ids = np.arange(self.shape("d2t")[0]) + self.files.get("d2t").astype(np.int64)
+        vocab = self.target_config.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab or np.unique(ids).size != ids.size:
+            raise SourceError(f"{self.path}: d2t maps the draft vocabulary outside the target's {vocab} tokens or "
+                              "twice onto one token: this head was trained for another model")
+        target = open_source(self.target_path)
+        name = "lm_head.weight" if "lm_head.weight" in target.names() else "model.embed_tokens.weight"
+        return np.ascontiguousarray(target.get(name)[ids])
 
 
 def detect_head(src: Path) -> str | None:

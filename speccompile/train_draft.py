@@ -243,7 +243,7 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
     bar.close()
     if best is not None:  # the checkpoint that generalized best, not the last one (heads overfit chat data)
         model.load_state_dict(best["model"])
-    export_eagle(model, layer_cfg, out_dir, torch, vocab, head_w[vocab])
+    export_eagle(model, layer_cfg, out_dir, torch, vocab)
     recent = log[-50:]
     return {"steps": step, "draft_vocab": len(vocab), "held_out_conversations": len(held_out),
             "exported_step": best["step"] if best else step, "held_out": best["score"] if best else None,
@@ -336,13 +336,16 @@ def export_eagle(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray | Non
                  lm_rows: np.ndarray | None = None) -> None:
     """config.json + model.safetensors in SafeAILab's layout (fp16). With ``vocab`` (the
     draft vocabulary's target ids, sorted) the head also carries the EAGLE-3 style reduced
-    vocabulary it was trained on: ``lm_head.weight`` (those rows of the target's lm_head)
-    and ``d2t`` (target id minus draft id), so that a draft step need not run the full lm_head."""
+    vocabulary it was trained on, ``d2t`` (target id minus draft id), so that a draft step
+    need not run the full lm_head. Its projection is the target's lm_head rows, frozen in
+    training, so ``lm_head.weight`` is left out (``lm_rows`` given: written, as EAGLE-3
+    does) and ``convert_weight --target`` reads the rows from the target: 14 MB less."""
     from safetensors.numpy import save_file
 
     tensors = {k: v.detach().to(torch.float16).numpy() for k, v in model.state_dict().items()}
     if vocab is not None:
-        tensors["lm_head.weight"] = np.ascontiguousarray(lm_rows, np.float16)
+        if lm_rows is not None:
+            tensors["lm_head.weight"] = np.ascontiguousarray(lm_rows, np.float16)
         tensors["d2t"] = (np.asarray(vocab, np.int64) - np.arange(len(vocab))).astype(np.int64)
     save_file(tensors, str(out_dir / "model.safetensors"))
     c = layer_cfg

@@ -17,7 +17,8 @@ Training choices, and why:
 - like EAGLE, the loss is a cross entropy over a draft vocabulary (the ``draft_vocab``
   tokens most frequent in the target's answers), head k weighted 0.8**k, on the rows the
   runtime drafts from (the last prompt token's feature and the answer's; every label is an
-  answer token); the runtime still drafts over the full vocabulary;
+  answer token); with the projection frozen the heads are exported with that vocabulary
+  (``d2t``, no vocabulary weights), so the runtime drafts over it too;
 - rows are independent (a head sees one feature), so a step takes every answer row of
   ``batch`` conversations without padding, and each head backpropagates on its own;
 - every 25th conversation is held out and the checkpoint with the best mean held-out top-1
@@ -234,7 +235,7 @@ def train_medusa(feature_paths: list[Path], target_dir: Path, out_dir: Path, ste
     bar.close()
     if best is not None:  # the checkpoint that generalized best, not the last one
         model.load_state_dict(best["model"])
-    export_medusa(model, num_heads, num_layers, Path(out_dir), torch, head_w, str(target_dir))
+    export_medusa(model, num_heads, num_layers, Path(out_dir), torch, head_w, str(target_dir), vocab)
     recent = log[-50:]
     return {"method": "medusa", "steps": step, "medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
             "freeze_lm_head": freeze_lm_head, "draft_vocab": len(vocab), "held_out_conversations": len(held_out),
@@ -252,19 +253,27 @@ def check_medusa_options(num_heads: int, num_layers: int, freeze_lm_head: bool) 
 
 
 def export_medusa(model, num_heads: int, num_layers: int, out_dir: Path, torch, head_w: np.ndarray,
-                  base: str) -> None:
+                  base: str, vocab: np.ndarray | None = None) -> None:
     """config.json + model.safetensors in FasterDecoding's layout (fp16): the residual
-    blocks ``medusa_head.I.J.linear.{weight,bias}`` and every head's vocabulary weight
-    ``medusa_head.I.{num_layers}.weight`` (the target's lm_head when it was frozen)."""
+    blocks ``medusa_head.I.J.linear.{weight,bias}``, then either every head's trained
+    vocabulary weight ``medusa_head.I.{num_layers}.weight``, or -- when the projection was
+    frozen and ``vocab`` (the draft vocabulary's target ids, sorted) is given -- only ``d2t``:
+    the heads then share the target's lm_head rows of the draft vocabulary they were trained
+    on (models/medusa.py; ``convert_weight --target`` reads those rows), which keeps the head
+    small and a CPU draft step cheap."""
     from safetensors.numpy import save_file
 
     tensors = {k: v.detach().to(torch.float16).numpy() for k, v in model.state_dict().items()}
-    if not model.trains_lm_head:
-        frozen = np.ascontiguousarray(head_w, np.float16)
-        for i in range(num_heads):
-            tensors[f"medusa_head.{i}.{num_layers}.weight"] = frozen
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "model.safetensors"))
     cfg = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers, "base_model_name_or_path": base,
            "hidden_size": int(head_w.shape[1]), "vocab_size": int(head_w.shape[0]), "torch_dtype": "float16"}
+    if not model.trains_lm_head:
+        if vocab is not None:
+            tensors["d2t"] = (np.asarray(vocab, np.int64) - np.arange(len(vocab))).astype(np.int64)
+            cfg["draft_vocab_size"] = int(len(vocab))
+        else:
+            frozen = np.ascontiguousarray(head_w, np.float16)
+            for i in range(num_heads):
+                tensors[f"medusa_head.{i}.{num_layers}.weight"] = frozen
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))

@@ -86,11 +86,13 @@ def make_eagle_checkpoint(folder: Path, t: dict, layers: int = 1, seed: int = 0,
 
 def make_medusa_checkpoint(folder: Path, h: int, v: int, heads: int = 3, layers: int = 1, seed: int = 0,
                            fmt: str = "safetensors", lm_head: np.ndarray | None = None, noise: float = 0.0,
-                           bare_keys: bool = False) -> None:
+                           bare_keys: bool = False, draft_vocab: tuple | None = None) -> None:
     """FasterDecoding layout: medusa_head.I.J.linear.{weight,bias} and medusa_head.I.{layers}.weight;
     config.json has only medusa_num_heads / medusa_num_layers. ``lm_head``: blocks that add
     ``noise`` times SiLU of a random projection, then this output matrix (a head that
-    mostly repeats the target's own prediction)."""
+    mostly repeats the target's own prediction). ``draft_vocab=(ids, rows)``: the heads share
+    one reduced vocabulary instead, ``d2t`` = ids - arange and ``lm_head.weight`` = rows (left
+    out when rows is None: the converter takes the target's)."""
     rng = np.random.default_rng(seed)
     w = {}
     for i in range(heads):
@@ -98,8 +100,14 @@ def make_medusa_checkpoint(folder: Path, h: int, v: int, heads: int = 3, layers:
             w[f"medusa_head.{i}.{j}.linear.weight"] = (noise * rng.standard_normal((h, h)) if lm_head is not None
                                                        else rng.standard_normal((h, h)) / np.sqrt(h)).astype(np.float16)
             w[f"medusa_head.{i}.{j}.linear.bias"] = np.zeros(h, np.float16)
-        w[f"medusa_head.{i}.{layers}.weight"] = (lm_head if lm_head is not None
-                                                  else rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16)
+        if draft_vocab is None:
+            w[f"medusa_head.{i}.{layers}.weight"] = (lm_head if lm_head is not None else
+                                                      rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16)
+    if draft_vocab is not None:
+        ids, rows = draft_vocab
+        w["d2t"] = np.asarray(ids, np.int64) - np.arange(len(ids))
+        if rows is not None:
+            w["lm_head.weight"] = np.asarray(rows, np.float16)
     if bare_keys:  # medusa_lm_head.pt holds the ModuleList's own state dict
         w = {k[len("medusa_head."):]: a for k, a in w.items()}
     _save(folder, w, fmt, bin_name="medusa_lm_head.pt" if bare_keys else "pytorch_model.bin")
@@ -231,6 +239,32 @@ def test_tiny_eagle_with_reduced_draft_vocabulary(tiny, fmt):
     assert sum(s.accepted_tokens for _, s in stats) > 0
 
 
+@pytest.mark.parametrize("rows", ["in_checkpoint", "from_target"])
+def test_tiny_medusa_sharing_a_reduced_draft_vocabulary(tiny, rows):
+    """Heads that share one reduced vocabulary (d2t, with lm_head.weight in the checkpoint or
+    read from --target): one projection for every head, drafts mapped back to target ids,
+    accepted, and the output still the target's own, chain and tree."""
+    from speccompile.runtime.medusa import MedusaHeadsModel
+    from speccompile.sources import HeadSource
+
+    built, _, _, prompts, expected, root = tiny
+    t = PRESETS["tiny-llama"]
+    emb = built.weights["model.embed_tokens.weight"]  # tied: these are the lm_head rows
+    ids = np.array(sorted({tok for e in expected for tok in e} | set(range(0, t["vocab_size"], 4))))
+    ckpt = root / f"medusa-dv-{rows}"
+    make_medusa_checkpoint(ckpt, t["hidden_size"], t["vocab_size"], heads=3, lm_head=emb, noise=0.2,
+                           draft_vocab=(ids, emb[ids] if rows == "in_checkpoint" else None))
+    src = HeadSource("medusa", ckpt, built.hf_dir)
+    assert src.config.draft_vocab_size == len(ids) and src.config.num_layers == 1
+    assert np.allclose(src.get("lm_head.weight"), emb[ids], atol=1e-2)
+    head = build_head("medusa", ckpt, built.hf_dir, "q0f32", root / f"medusa-dv-{rows}-out")
+    heads = MedusaHeadsModel(*head)
+    assert heads.vocab_ids.tolist() == ids.tolist()
+    assert heads.forward(np.zeros((2, t["hidden_size"]), np.float32)).shape == (3, 2, len(ids))
+    stats = check_lossless(built.model_dir, built.lib, head, "medusa", prompts, expected, widths=(1, 3))
+    assert sum(s.accepted_tokens for _, s in stats) > 0
+
+
 def test_conversion_rejects_heads_of_another_target(tiny, tmp_path):
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
@@ -250,6 +284,17 @@ def test_conversion_rejects_heads_of_another_target(tiny, tmp_path):
     make_medusa_checkpoint(tmp_path / "mv", 64, 300)
     with pytest.raises(SourceError, match="predict 300 tokens .* vocabulary has 272"):
         convert_weight(tmp_path / "mv", "q0f32", tmp_path / "o3", "medusa", progress=False, target=built.hf_dir)
+    make_medusa_checkpoint(tmp_path / "md", 64, 272, draft_vocab=(np.array([1, 1, 2]), None))
+    with pytest.raises(SourceError, match="d2t maps the draft vocabulary .* twice onto one token"):
+        convert_weight(tmp_path / "md", "q0f32", tmp_path / "o7", "medusa", progress=False, target=built.hf_dir)
+    make_medusa_checkpoint(tmp_path / "mb", 64, 272, draft_vocab=(np.arange(8), None))
+    from safetensors.numpy import load_file, save_file
+
+    both = load_file(str(tmp_path / "mb" / "model.safetensors"))
+    both["medusa_head.0.1.weight"] = np.zeros((272, 64), np.float16)
+    save_file(both, str(tmp_path / "mb" / "model.safetensors"))
+    with pytest.raises(SourceError, match="keep one or the other"):
+        convert_weight(tmp_path / "mb", "q0f32", tmp_path / "o8", "medusa", progress=False, target=built.hf_dir)
     make_medusa_checkpoint(tmp_path / "mh", 32, 272, fmt="bin", bare_keys=True)  # medusa_lm_head.pt
     with pytest.raises(SourceError, match="hidden size 32 .* target has 64"):
         convert_weight(tmp_path / "mh", "q0f32", tmp_path / "o4", progress=False, target=built.hf_dir)

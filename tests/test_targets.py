@@ -49,6 +49,8 @@ def tiny(build_tiny):
 
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
 def model_dir(request, tiny, smollm2_q4):
+    """cuda and opencl build a real model too (its shapes pick the kernels' tiling); the
+    archives share those code generators, so the tiny model covers them (CI time)."""
     return tiny.model_dir if request.param == "tiny" else smollm2_q4[0]
 
 
@@ -65,7 +67,8 @@ def test_opencl(model_dir, tmp_path):
 
 @pytest.mark.parametrize("device, host", [("metal", "arm64-apple-macos"), ("iphone", "arm64-apple-ios"),
                                           ("android", "aarch64-linux-android")])
-def test_archives(model_dir, tmp_path, device, host):
+def test_archives(tiny, tmp_path, device, host):
+    model_dir = tiny.model_dir
     lib = tmp_path / f"m-{device}.tar"
     compile_model(model_dir / "speccompile-config.json", device, lib, verbose=False)
     meta, data = _check_common(lib, device, "opencl" if device == "android" else "metal")
@@ -96,7 +99,10 @@ def test_draft_heads(build_tiny, tmp_path, kind, device, suffix):
     if kind == "eagle":
         make_eagle_checkpoint(ckpt, t, layers=1)
     else:
-        make_medusa_checkpoint(ckpt, t["hidden_size"], t["vocab_size"], heads=2)
+        import numpy as np  # heads sharing a reduced vocabulary: one [K * b, h] projection
+
+        make_medusa_checkpoint(ckpt, t["hidden_size"], t["vocab_size"], heads=2,
+                               draft_vocab=(np.arange(0, t["vocab_size"], 2), None))
     convert_weight(ckpt, "q4f16_1", out, kind, progress=False, target=target.hf_dir)
     gen_config(ckpt, "q4f16_1", out, target=target.hf_dir, model_type=kind)
     lib = tmp_path / f"{kind}-{device}{suffix}"
