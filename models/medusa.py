@@ -13,8 +13,8 @@ come from the target (``--target``), and the tensors' shapes are checked against
 On a CPU the K vocabulary Linears would cost more than half of a SmolLM2 step (each is
 the size of its lm_head), so heads may instead share an EAGLE-3 style reduced draft
 vocabulary: one ``lm_head.weight`` [draft_vocab, h] with ``d2t`` (draft id j is target
-token ``j + d2t[j]``) and no per-head vocabulary weight; all K heads then go through it
-as one [K*b, h] matmul. Our trainer writes this form when the projection is frozen
+token ``j + d2t[j]``) and no per-head vocabulary weight; each head's matmul then reads
+that small matrix. Our trainer writes this form when the projection is frozen
 (speccompile/train_medusa.py). Drafts are verified by the target, so it changes speed only.
 """
 from __future__ import annotations
@@ -139,13 +139,12 @@ class MedusaHeads(nn.Module):
             x = hidden
             for block in list(head)[: self.cfg.num_layers]:
                 x = block(x)
-            outs.append(x if dv else list(head)[-1](x))
-        if dv:  # [K * b, h] through the one shared projection
-            logits = self.lm_head(outs[0] if k == 1 else op.concat(outs, dim=0))
-        else:
-            logits = outs[0] if k == 1 else op.concat(outs, dim=0)
-        logits = logits if logits.dtype == "float32" else logits.astype("float32")
-        return op.reshape(logits, (k, b, dv or self.cfg.vocab_size))
+            # one matmul per head, also when they share the projection: a [K * b, h] input
+            # has a composite row count, which our kernels do not take (they gave wrong rows)
+            logits = self.lm_head(x) if dv else list(head)[-1](x)
+            logits = logits if logits.dtype == "float32" else logits.astype("float32")
+            outs.append(op.reshape(logits, (1, b, dv or self.cfg.vocab_size)))
+        return outs[0] if k == 1 else op.concat(outs, dim=0)
 
     def get_spec(self) -> dict[str, Any]:
         return {"medusa_heads": {"hidden": nn.spec.Tensor(["b", self.cfg.hidden_size], self.dtype),

@@ -47,21 +47,6 @@ def select_kernel(func: tirx.PrimFunc, int8_isa: str | None = None) -> tirx.Prim
     return None
 
 
-def keep_scalar_params(new: tirx.PrimFunc, old: tirx.PrimFunc) -> tirx.PrimFunc | None:
-    """The kernel with the tagged function's trailing scalar parameters appended (unused).
-
-    Why: when a row count is an expression (Medusa's heads run [K * b, h] through one
-    projection), relax passes the symbolic ``b`` to the function as an extra argument; our
-    kernels read their sizes from the buffers, so they accept and ignore it. None when the
-    signatures differ in any other way (then the default lowering stays)."""
-    n = len(new.params)
-    if len(old.params) < n or any(type(p.ty).__name__ == "BufferType" for p in old.params[n:]):
-        return None
-    if len(old.params) == n:
-        return new
-    return tirx.PrimFunc(list(new.params) + list(old.params[n:]), new.body, new.ret_type, new.attrs)
-
-
 @tvm.transform.module_pass(opt_level=0, name="DispatchCPUKernels")
 class DispatchCPUKernels:
     """``int8_isa``: ``"avx512vnni"`` or ``"avx2"`` selects the int8-activation q4 kernel for
@@ -75,7 +60,6 @@ class DispatchCPUKernels:
         for gv, func in mod.functions.items():
             if isinstance(func, tirx.PrimFunc):
                 new = select_kernel(func, self.int8_isa)
-                new = keep_scalar_params(new, func) if new is not None else None
                 if new is not None:
                     updates[gv] = new.with_attr("op_pattern", OPAQUE).with_attr(KERNEL_ATTR, func.attrs[KERNEL_ATTR])
         if not updates:

@@ -17,7 +17,7 @@ from speccompile.models.sampling_kernels import sampling_probs_gpu
 from speccompile.models.verification import greedy_verify_gpu
 
 from . import gpu_kernels as K
-from .dispatch_cpu_kernels import KERNEL_ATTR, OPAQUE, _dtype, _shape, keep_scalar_params
+from .dispatch_cpu_kernels import KERNEL_ATTR, OPAQUE, _dtype, _shape
 
 
 def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
@@ -42,7 +42,6 @@ class DispatchGPUKernels:
         for gv, func in mod.functions.items():
             if isinstance(func, tirx.PrimFunc):
                 new = select_kernel(func)
-                new = keep_scalar_params(new, func) if new is not None else None
                 if new is not None:
                     updates[gv] = new.with_attr("op_pattern", OPAQUE).with_attr(KERNEL_ATTR, func.attrs[KERNEL_ATTR])
         for gv, func in updates.items():

@@ -320,23 +320,25 @@ def test_runtime_rejects_wrong_head(tiny, smollm2_q4):
 
 
 # --------------------------------------------------------------------- SmolLM2
-TRAINED_EAGLE = Path(__file__).resolve().parent.parent / "heads" / "SmolLM2-135M-Instruct-eagle"
+HEADS = Path(__file__).resolve().parent.parent / "heads"
+# k = 2 chain acceptance of the committed heads on these prompts: eagle 0.113, medusa 0.058;
+# random heads ~0
+RATE_FLOOR = {"eagle": 0.06, "medusa": 0.03}
 
 
 @pytest.mark.real_model
 def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
-    """SmolLM2-135M q4f32_1 (its GGUF is the --target): the project's trained EAGLE head
-    (``make heads``, committed in heads/) and a random Medusa head of its sizes."""
+    """SmolLM2-135M q4f32_1 (its GGUF is the --target) with the project's trained EAGLE and
+    Medusa heads (``make heads``, committed in heads/; their draft-vocabulary rows come from
+    the GGUF at conversion)."""
     from speccompile.fetch import fetch
     from speccompile.runtime.engine import Engine
 
     model_dir, lib = smollm2_q4
     gguf = fetch("SmolLM2-135M-Instruct", quiet=True)
-    cfg = json.loads((Path(model_dir) / "speccompile-config.json").read_text())["model_config"]
     root = tmp_path_factory.mktemp("smolheads")
-    make_medusa_checkpoint(root / "medusa-hf", cfg["hidden_size"], cfg["vocab_size"], heads=2, seed=4)
-    eagle = build_head("eagle", TRAINED_EAGLE, gguf, "q4f32_1", root / "eagle")
-    medusa = build_head("medusa", root / "medusa-hf", gguf, "q4f32_1", root / "medusa")
+    eagle = build_head("eagle", HEADS / "SmolLM2-135M-Instruct-eagle", gguf, "q4f32_1", root / "eagle")
+    medusa = build_head("medusa", HEADS / "SmolLM2-135M-Instruct-medusa", gguf, "q4f32_1", root / "medusa")
     eng = Engine(model_dir, lib)
     prompts = [eng.encode_prompt(p) for p in PROMPTS]
     expected = [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
@@ -344,7 +346,7 @@ def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
         stats = check_lossless(model_dir, lib, head, mode, prompts, expected, widths=(1, 2), ks=(2,), nodes=6)
         drafted = sum(s.draft_tokens for _, s in stats)
         assert drafted > 0
-        if mode == "eagle":  # a trained head, not a random one: a real share of its drafts is accepted
-            chains = [s for w, s in stats if w == 1]
-            rate = sum(s.accepted_tokens for s in chains) / sum(s.draft_tokens for s in chains)
-            assert rate > 0.08, rate  # a random head: ~0; the trained one ~0.14-0.2 here
+        # trained heads, not random ones: a real share of their drafts is accepted
+        chains = [s for w, s in stats if w == 1]
+        rate = sum(s.accepted_tokens for s in chains) / sum(s.draft_tokens for s in chains)
+        assert rate > RATE_FLOOR[mode], (mode, rate)  # random heads: ~0
