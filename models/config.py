@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -182,3 +182,19 @@ def preset(name: str, **overrides: Any) -> LlamaConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     return LlamaConfig(**{**PRESETS[name], **overrides})
+
+
+def reduced_vocabulary_size(raw: dict[str, Any], target: "LlamaConfig", shape: Callable[[str], tuple[int, ...]],
+                            who: str) -> int:
+    """Check a draft head's EAGLE-3 style reduced vocabulary (``lm_head.weight`` [draft_vocab, h]
+    and ``d2t`` [draft_vocab]) against its target and config.json; returns draft_vocab. Shared
+    by EAGLE heads and Medusa heads that share one projection."""
+    lm, d2t = tuple(shape("lm_head.weight")), tuple(shape("d2t"))
+    if len(lm) != 2 or lm[1] != target.hidden_size or not 0 < lm[0] <= target.vocab_size:
+        raise ConfigError(f"{who} lm_head.weight is {list(lm)}; with this target it must be "
+                          f"[draft_vocab <= {target.vocab_size}, {target.hidden_size}]")
+    if d2t != (lm[0],):
+        raise ConfigError(f"{who} d2t is {list(d2t)}, its lm_head has {lm[0]} rows")
+    if raw.get("draft_vocab_size", lm[0]) != lm[0]:
+        raise ConfigError(f"config.json says draft_vocab_size {raw['draft_vocab_size']}, lm_head.weight has {lm[0]}")
+    return int(lm[0])

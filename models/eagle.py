@@ -30,7 +30,7 @@ from typing import Any, Callable
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .config import ConfigError, LlamaConfig
+from .config import ConfigError, LlamaConfig, reduced_vocabulary_size
 from .llama import META_SPEC, DecoderLayer
 from .quantization import QLinear, Quantization
 
@@ -110,15 +110,7 @@ def _draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, names: list[str]
     if len(has) == 1:
         raise ConfigError(f"the EAGLE head has {has[0]} without {({'lm_head.weight', 'd2t'} - set(has)).pop()}: a "
                           "reduced draft vocabulary needs both (lm_head.weight [draft_vocab, hidden], d2t [draft_vocab])")
-    lm, d2t = tuple(shape("lm_head.weight")), tuple(shape("d2t"))
-    if len(lm) != 2 or lm[1] != target.hidden_size or not 0 < lm[0] <= target.vocab_size:
-        raise ConfigError(f"the EAGLE head's lm_head.weight is {list(lm)}; with this target it must be "
-                          f"[draft_vocab <= {target.vocab_size}, {target.hidden_size}]")
-    if d2t != (lm[0],):
-        raise ConfigError(f"the EAGLE head's d2t is {list(d2t)}, its lm_head has {lm[0]} rows")
-    if raw.get("draft_vocab_size", lm[0]) != lm[0]:
-        raise ConfigError(f"config.json says draft_vocab_size {raw['draft_vocab_size']}, lm_head.weight has {lm[0]}")
-    return int(lm[0])
+    return reduced_vocabulary_size(raw, target, shape, "the EAGLE head's")
 
 
 class EagleHead(nn.Module):

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .config import ConfigError, LlamaConfig
+from .config import ConfigError, LlamaConfig, reduced_vocabulary_size
 from .quantization import QLinear, Quantization
 
 
@@ -80,7 +80,7 @@ class MedusaConfig:
             if any(f"medusa_head.{i}.{layers}.weight" in names for i in range(heads)):
                 raise ConfigError("the Medusa checkpoint has d2t (a shared reduced vocabulary) and per-head vocabulary "
                                   f"weights ({out}): keep one or the other")
-            dv = _shared_draft_vocabulary(raw, target, shape)
+            dv = reduced_vocabulary_size(raw, target, shape, "the Medusa heads' shared")
             return cls(h, v, heads, layers, target.context_window_size, target.prefill_chunk_size, dv)
         if out not in names:
             raise ConfigError(f"the Medusa checkpoint lacks {out} (config says medusa_num_layers={layers})")
@@ -92,20 +92,6 @@ class MedusaConfig:
             raise ConfigError(f"the Medusa heads predict {got[0]} tokens ({out} is {list(got)}) but the target's "
                               f"vocabulary has {v}: these heads were trained for another model")
         return cls(h, v, heads, layers, target.context_window_size, target.prefill_chunk_size)
-
-
-def _shared_draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, shape: Callable[[str], tuple[int, ...]]) -> int:
-    """Heads that share an EAGLE-3 style reduced vocabulary: ``lm_head.weight`` [draft_vocab, h]
-    (or, when absent, the target's rows -- speccompile/sources.py) and ``d2t`` [draft_vocab]."""
-    lm, d2t = tuple(shape("lm_head.weight")), tuple(shape("d2t"))
-    if len(lm) != 2 or lm[1] != target.hidden_size or not 0 < lm[0] <= target.vocab_size:
-        raise ConfigError(f"the Medusa heads' shared lm_head.weight is {list(lm)}; with this target it must be "
-                          f"[draft_vocab <= {target.vocab_size}, {target.hidden_size}]")
-    if d2t != (lm[0],):
-        raise ConfigError(f"the Medusa heads' d2t is {list(d2t)}, their lm_head has {lm[0]} rows")
-    if raw.get("draft_vocab_size", lm[0]) != lm[0]:
-        raise ConfigError(f"config.json says draft_vocab_size {raw['draft_vocab_size']}, lm_head.weight has {lm[0]}")
-    return int(lm[0])
 
 
 class ResBlock(nn.Module):

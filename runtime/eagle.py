@@ -72,10 +72,11 @@ def draft_vocab_ids(head: Model) -> np.ndarray | None:
     return np.arange(d2t.size) + d2t
 
 
-def check_draft_vocab(ids: np.ndarray | None, target: Model, kind: str) -> None:
-    if ids is not None and (ids.min() < 0 or ids.max() >= target.vocab_size or np.unique(ids).size != ids.size):
+def check_draft_vocab(ids: np.ndarray | None, vocab_size: int, kind: str) -> None:
+    """A draft vocabulary must map onto distinct tokens of the target (at conversion and load)."""
+    if ids is not None and (ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size):
         raise ValueError(f"the {kind} head's d2t maps its draft vocabulary outside the target's vocabulary "
-                         f"(size {target.vocab_size}) or twice onto one token: it was trained for another model")
+                         f"(size {vocab_size}) or twice onto one token: it was trained for another model")
 
 
 def top_tokens(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +104,7 @@ class EagleProposer:
             raise ValueError("--spec-tree-width must be >= 1 (1 = chain)")
         if not 1 <= max_nodes <= MAX_TREE_NODES:
             raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
-        check_draft_vocab(head.vocab_ids, target, "EAGLE")
+        check_draft_vocab(head.vocab_ids, target.vocab_size, "EAGLE")
         self.head, self.target = head, target
         self.width, self.max_nodes = tree_width, max_nodes
         self.kv = head.create_kv_cache(max_total_tokens)

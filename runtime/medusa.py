@@ -54,7 +54,7 @@ class MedusaProposer:
         if not 1 <= max_nodes <= MAX_TREE_NODES:
             raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
         if target is not None:
-            check_draft_vocab(heads.vocab_ids, target, "Medusa")
+            check_draft_vocab(heads.vocab_ids, target.vocab_size, "Medusa")
         self.heads, self.width, self.max_nodes = heads, tree_width, max_nodes
         k = heads.num_heads
         # hits[j, r]: proposals whose head-j rank-r token was the committed one; tries[j]: scored

@@ -284,11 +284,13 @@ class HeadSource:
         """A reduced draft vocabulary given only as ``d2t``: its projection is the target's own
         output embedding restricted to those tokens (what our trainer freezes), so the head
         need not ship a copy of it -- the rows are read from ``--target`` here."""
+        from speccompile.runtime.eagle import check_draft_vocab
+
         ids = np.arange(self.shape("d2t")[0]) + self.files.get("d2t").astype(np.int64)
-        vocab = self.target_config.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab or np.unique(ids).size != ids.size:
-            raise SourceError(f"{self.path}: d2t maps the draft vocabulary outside the target's {vocab} tokens or "
-                              "twice onto one token: this head was trained for another model")
+        try:
+            check_draft_vocab(ids, self.target_config.vocab_size, self.kind)
+        except ValueError as err:
+            raise SourceError(f"{self.path}: {err}") from err
         target = open_source(self.target_path)
         name = "lm_head.weight" if "lm_head.weight" in target.names() else "model.embed_tokens.weight"
         return np.ascontiguousarray(target.get(name)[ids])

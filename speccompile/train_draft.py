@@ -332,20 +332,17 @@ def _target_embedding_and_head(target_dir: Path, tcfg, load_params, dequantize_q
     return np.ascontiguousarray(emb), np.ascontiguousarray(head)
 
 
-def export_eagle(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray | None = None,
-                 lm_rows: np.ndarray | None = None) -> None:
+def export_eagle(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray | None = None) -> None:
     """config.json + model.safetensors in SafeAILab's layout (fp16). With ``vocab`` (the
     draft vocabulary's target ids, sorted) the head also carries the EAGLE-3 style reduced
     vocabulary it was trained on, ``d2t`` (target id minus draft id), so that a draft step
     need not run the full lm_head. Its projection is the target's lm_head rows, frozen in
-    training, so ``lm_head.weight`` is left out (``lm_rows`` given: written, as EAGLE-3
-    does) and ``convert_weight --target`` reads the rows from the target: 14 MB less."""
+    training, so ``lm_head.weight`` is left out and ``convert_weight --target`` reads the
+    rows from the target: 14 MB less."""
     from safetensors.numpy import save_file
 
     tensors = {k: v.detach().to(torch.float16).numpy() for k, v in model.state_dict().items()}
     if vocab is not None:
-        if lm_rows is not None:
-            tensors["lm_head.weight"] = np.ascontiguousarray(lm_rows, np.float16)
         tensors["d2t"] = (np.asarray(vocab, np.int64) - np.arange(len(vocab))).astype(np.int64)
     save_file(tensors, str(out_dir / "model.safetensors"))
     c = layer_cfg

@@ -253,11 +253,11 @@ def check_medusa_options(num_heads: int, num_layers: int, freeze_lm_head: bool) 
 
 
 def export_medusa(model, num_heads: int, num_layers: int, out_dir: Path, torch, head_w: np.ndarray,
-                  base: str, vocab: np.ndarray | None = None) -> None:
+                  base: str, vocab: np.ndarray) -> None:
     """config.json + model.safetensors in FasterDecoding's layout (fp16): the residual
     blocks ``medusa_head.I.J.linear.{weight,bias}``, then either every head's trained
     vocabulary weight ``medusa_head.I.{num_layers}.weight``, or -- when the projection was
-    frozen and ``vocab`` (the draft vocabulary's target ids, sorted) is given -- only ``d2t``:
+    frozen -- only ``d2t`` of ``vocab`` (the draft vocabulary's target ids, sorted):
     the heads then share the target's lm_head rows of the draft vocabulary they were trained
     on (models/medusa.py; ``convert_weight --target`` reads those rows), which keeps the head
     small and a CPU draft step cheap."""
@@ -267,13 +267,8 @@ def export_medusa(model, num_heads: int, num_layers: int, out_dir: Path, torch, 
     cfg = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers, "base_model_name_or_path": base,
            "hidden_size": int(head_w.shape[1]), "vocab_size": int(head_w.shape[0]), "torch_dtype": "float16"}
     if not model.trains_lm_head:
-        if vocab is not None:
-            tensors["d2t"] = (np.asarray(vocab, np.int64) - np.arange(len(vocab))).astype(np.int64)
-            cfg["draft_vocab_size"] = int(len(vocab))
-        else:
-            frozen = np.ascontiguousarray(head_w, np.float16)
-            for i in range(num_heads):
-                tensors[f"medusa_head.{i}.{num_layers}.weight"] = frozen
+        tensors["d2t"] = (np.asarray(vocab, np.int64) - np.arange(len(vocab))).astype(np.int64)
+        cfg["draft_vocab_size"] = int(len(vocab))
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))

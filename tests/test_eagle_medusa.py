@@ -285,7 +285,7 @@ def test_conversion_rejects_heads_of_another_target(tiny, tmp_path):
     with pytest.raises(SourceError, match="predict 300 tokens .* vocabulary has 272"):
         convert_weight(tmp_path / "mv", "q0f32", tmp_path / "o3", "medusa", progress=False, target=built.hf_dir)
     make_medusa_checkpoint(tmp_path / "md", 64, 272, draft_vocab=(np.array([1, 1, 2]), None))
-    with pytest.raises(SourceError, match="d2t maps the draft vocabulary .* twice onto one token"):
+    with pytest.raises(SourceError, match="d2t maps its draft vocabulary .* twice onto one token"):
         convert_weight(tmp_path / "md", "q0f32", tmp_path / "o7", "medusa", progress=False, target=built.hf_dir)
     make_medusa_checkpoint(tmp_path / "mb", 64, 272, draft_vocab=(np.arange(8), None))
     from safetensors.numpy import load_file, save_file
