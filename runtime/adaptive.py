@@ -1,266 +1,296 @@
-"""Adaptive draft length: pick the k that maximizes expected tokens per second.
+"""How much to draft: a cost model, an acceptance model and one policy.
 
-Estimated online, per engine:
-- alpha[i]: probability that draft position i+1 is accepted given position i was
-  (exponentially decayed hit / trial counts over verify steps that drafted that far, so
-  the first observations count fully instead of being averaged against a prior); a
-  position never reached yet takes the estimate of the deepest one measured -- with a
-  fixed prior instead, a controller that starts at k = 1 believes position 2 is worse than
-  position 1 and never finds out that k = 3 pays (Qwen 1.5B + 0.5B draft, coding: adaptive
-  settled on k = 1 at 1.25x while k = 3 ran at 1.5-2.1x);
-- draft_cost: seconds per draft forward (0 for n-gram), the median of recent draft steps;
-- verify_cost[n]: seconds of a target forward over n tokens in all (batch * (k + 1) for
-  chains), measured per n; unmeasured n interpolate linearly from measured ones.
-
-Expected tokens of a k-chain = 1 + sum_{i<=k} prod_{j<=i} alpha[j] (the bonus included);
-its time = k * draft_cost + verify_cost[batch * (k + 1)]. k = 0 is plain decoding and is chosen
-whenever speculation does not pay. Every ``probe_every`` steps one step drafts one token
-longer than the best k (k = 1 while plain decoding wins), so that a change in acceptance
-or a stale cost is noticed; each probe that does not change the decision doubles the
-interval (up to 256 steps). When even perfect acceptance could not pay at the measured
-costs, probes are rarer (every 64 steps, doubling to 1024): a draft model has to catch up on
-the skipped tokens, but a cost measured while another process held the CPU must not switch
-speculation off for good. Costs are medians of the last 9 forwards, robust to such spikes,
-each rescaled by how the plain step time of its batch size has moved since (the machine's
-clock changes).
-
-The model above cannot see every cost: a draft model catching up on a new request's prompt
-inside a decode step, n-gram drafts that exist for only some sequences of a batch, Python
-work around the forwards. So the controller also keeps the *realized* throughput of recent
-whole steps at each batch size, with and without drafts; when drafting has measurably
-delivered fewer tokens per second than plain steps at this batch size (by more than
-``REALIZED_TOLERANCE``: the two are sampled at different moments of a machine whose speed
-drifts by 10-30% over seconds), it decodes plainly
-(still probing now and then, so that a change -- an extraction prompt joining -- is seen).
-While drafting, one step in 64 (16 until there are enough) is plain, as the reference.
+- Costs (``runtime/costs.py``): what a target forward of n rows and a draft forward cost,
+  measured before the first step and tracked online by one pace factor.
+- ``AcceptanceModel``: P(a draft token is accepted | its parent was), predicted from the
+  draft's own confidence (the draft model's or head's probability of the token, or an
+  n-gram match's strength) through a calibration curve -- confidence bins -> measured
+  acceptance -- that starts from a prior and learns from every verified node.
+- ``StepPlan`` (one per decode step): every drafted node has a path probability P (the
+  product of its and its ancestors' predicted acceptances), and a step's expected output
+  is ``batch + sum(P)``. Its time is the draft forwards already run plus the target forward
+  over all rows. A proposer asks before each draft forward whether the nodes it would add
+  can raise the step's rate above what the step has (or plain decoding would give); the
+  engine then verifies only the nodes whose P pays for their row. This is the per-token
+  stopping of llama.cpp's ``p_min``, EAGLE-2's confidence-driven expansion and
+  SpecDec++/AdaEDL, with the threshold coming from measured costs instead of a constant:
+  short drafts where the draft is unsure (translation), long ones where it is sure (code).
+- ``Policy``: makes the plans and keeps the one guard: drafting is switched off at a batch
+  size only when its realized steps were measurably slower than plain decoding would have
+  been at the current pace (mean speedup's upper confidence bound below 1), for a cooldown
+  that doubles each time it trips again; a draft that never agrees or is slower than its
+  target ends up plain through the plan alone.
 """
 from __future__ import annotations
 
-import statistics
+import math
+from typing import Callable
 
-# A longer draft must promise this much more throughput to be chosen: step times on a busy
-# 2-core machine jitter by several percent, and a marginal "win" measured on noise (2%
-# margin, EMA costs) was a 0.92x loss in practice (Qwen 1.5B, n-gram, coding prompts).
-MARGIN = 1.05
-COST_WINDOW = 9  # recent forwards per forward size whose median is the cost estimate
-IDLE_PROBE_EVERY, IDLE_PROBE_MAX = 64, 1024  # probes when even perfect acceptance looks unprofitable
-REALIZED_WINDOW, REALIZED_MIN = 16, 6  # recent whole steps per (batch, drafted) kept / needed to judge
-PLAIN_PROBE_EVERY, PLAIN_PROBE_RARE = 16, 64  # drafting steps between plain reference steps
-REALIZED_TOLERANCE = 0.92  # drafting "loses" below this share of the plain steps' realized rate
-MIN_TRIALS = 2.0  # decayed trials a draft position needs before its own estimate is used
-# A draft *model* also prefills every new request's prompt and catches up after plain
-# stretches, costs that grow with the number of sequences coming and going and that the
-# per-step model does not see: served with 4 and 8 concurrent requests, Qwen 1.5B + 0.5B
-# drafting that the step model called a 5-9% win measured 0.84-0.90x (A/B in one server).
-# So a draft model must promise this much more per extra sequence in the batch.
-DRAFT_MODEL_BATCH_MARGIN = 0.15
-# ... and 5% more even alone: on an AVX2 host where one extra verified row costs 0.3-0.9x a
-# decode step, the step model's 5-9% wins at k = 1 were 0.86-0.95x in plain/spec/spec/plain
-# benches (its cost medians swing with the machine's 10-30% speed changes).
-DRAFT_MODEL_MARGIN = 0.05
+import numpy as np
+
+from .costs import CostModel
+from .verify import Draft
+
+BINS = 10  # confidence bins of the calibration curve
+PRIOR_TRIALS = 4.0  # pseudo-observations of the prior per bin: a few real ones outweigh it
+DECAY = 0.998  # per verified node: evidence fades over ~500 nodes (prompts change)
+# A first draft token's acceptance, before any confidence is known: decayed hit / trial
+# counts (about the last 20 drafting steps) over a prior worth FIRST_PRIOR_TRIALS of them.
+# Plain steps decay the counts too, so a low estimate drifts back to the prior and drafting
+# is retried -- a probe that costs a draft forward (and a draft model's catch-up) after
+# ~20-60 plain steps; each retry that misses at once halves that drift, up to 16 times.
+FIRST_DECAY, FIRST_PLAIN_DECAY, FIRST_PRIOR_TRIALS = 0.95, 0.97, 6.0
+RETRY_AFTER, MAX_BACKOFF = 8, 16  # plain steps that make the next drafting step a retry
+# A draft model's catch-up after a plain stretch buys drafting for the steps that follow,
+# not only for the one it happens in: a plan charges this share of it to the step.
+CATCH_UP_AMORTIZED = 1 / 8
+LOOKAHEAD = 8  # draft forwards a plan looks ahead when deciding whether to run the next one
+GUARD_WINDOW, GUARD_MIN = 24, 8  # realized drafting steps kept / needed per batch size
+COOLDOWN_MIN, COOLDOWN_MAX = 32, 1024  # plain steps after the guard trips (doubling)
+SAVE_EVERY = 256  # steps between writes of what was learned (a server never ends a generate)
 
 
-class DraftLengthController:
-    def __init__(self, max_k: int = 8, fixed_k: int | None = None, ema: float = 0.05, probe_every: int = 16,
-                 prior_alpha: float = 0.6, draft_is_free: bool = False):
-        self.max_k, self.fixed_k, self.ema, self.probe_every = max_k, fixed_k, ema, probe_every
-        self.prior_alpha = prior_alpha
-        self.hits = [0.0] * max_k  # exponentially decayed accepted / tried counts per position
-        self.trials = [0.0] * max_k
-        self.draft_cost = 0.0 if draft_is_free else None
-        # recent (seconds, batch size, plain step time then): per draft forward, per forward rows
-        self.draft_samples: list[tuple[float, int, float | None]] = []
-        self.verify_samples: dict[int, list[tuple[float, int, float | None]]] = {}
-        self.plain_recent: dict[int, list[float]] = {}  # batch -> recent plain step seconds
-        self.seen_shapes: set[int] = set()
-        self.since_probe = 0
-        self.probe_interval = probe_every
-        self.last_best = 0
-        self.realized: dict[tuple[int, bool], list[tuple[int, float]]] = {}  # (batch, drafted) -> (tokens, s)
-        self.since_plain: dict[int, int] = {}  # drafting steps since the last plain one, per batch size
-        self.state_by_batch: dict[int, int] = {}  # last decision per batch size (-1: hopeless)
-        self.probing = False  # the last choose() returned a probe, not a length it believes in
+class AcceptanceModel:
+    """Calibration of draft confidence to acceptance, plus the first-token estimate used
+    before a draft forward has produced any confidence."""
 
-    # ------------------------------------------------------------ estimates
-    def observe_verify(self, batch: int, k: int, seconds: float, rows: int | None = None) -> None:
-        """A target forward of ``rows`` tokens in all (default batch * (k + 1), a chain each)."""
-        rows = rows if rows is not None else batch * (k + 1)
-        if rows not in self.seen_shapes:  # the first forward of a shape allocates its buffers
-            self.seen_shapes.add(rows)
-            return
-        if k == 0:
-            plain = self.plain_recent.setdefault(batch, [])
-            plain.append(seconds)
-            del plain[:-COST_WINDOW]
-        samples = self.verify_samples.setdefault(rows, [])
-        samples.append((seconds, batch, self._speed(batch)))
-        del samples[:-COST_WINDOW]
+    def __init__(self, prior: Callable[[float], float] = lambda c: c, first_prior: float = 0.7):
+        centers = (np.arange(BINS) + 0.5) / BINS
+        self.prior = np.clip([prior(float(c)) for c in centers], 0.01, 0.99)
+        self.hits = np.zeros(BINS)
+        self.trials = np.zeros(BINS)
+        self.first_prior = first_prior
+        self.first_hits = self.first_trials = 0.0
+        self.plain_run = 0  # plain steps since the last drafting step
+        self.backoff = 1.0
 
-    def _speed(self, batch: int) -> float | None:
-        """What a plain step at this batch size costs now: the machine's current pace."""
-        plain = self.plain_recent.get(batch)
-        return statistics.median(plain) if plain else None
+    @staticmethod
+    def _bin(conf: float) -> int:
+        return min(BINS - 1, max(0, int(conf * BINS)))
 
-    def _scaled_median(self, samples: list[tuple[float, int, float | None]]) -> float:
-        """Median of samples each rescaled by how much faster or slower plain steps of its
-        batch size run now than when it was taken. This 2-core machine (like any laptop
-        changing its clock) switches between speeds ~30% apart within minutes: without
-        the rescaling, verify costs measured in a slow minute and rarely re-measured made
-        drafting look too dear once the machine was fast, and speculation stayed off on
-        coding prompts it sped up 1.5x."""
-        scaled = []
-        for sec, batch, then in samples:
-            now = self._speed(batch)
-            scaled.append(sec * now / then if now and then else sec)
-        return statistics.median(scaled)
+    def predict(self, conf: float) -> float:
+        b = self._bin(conf)
+        return float((self.prior[b] * PRIOR_TRIALS + self.hits[b]) / (PRIOR_TRIALS + self.trials[b]))
+
+    def observe(self, conf: list[float], parents: list[int], path: list[int]) -> None:
+        """One verified draft: node j was *tried* if its parent was accepted (or it hangs
+        off the root), and accepted if it is on the accepted path."""
+        on_path = set(path)
+        for j, (c, p) in enumerate(zip(conf, parents)):
+            if p < 0 or p in on_path:
+                b = self._bin(c)
+                self.hits *= DECAY
+                self.trials *= DECAY
+                self.hits[b] += j in on_path
+                self.trials[b] += 1.0
+        self.first_hits = FIRST_DECAY * self.first_hits + (1.0 if path else 0.0)
+        self.first_trials = FIRST_DECAY * self.first_trials + 1.0
+        if self.plain_run >= RETRY_AFTER:  # a retry: back off if it missed at once
+            self.backoff = 1.0 if path else min(2 * self.backoff, MAX_BACKOFF)
+        self.plain_run = 0
 
     @property
-    def verify_cost(self) -> dict[int, float]:
-        """rows -> median of the recent forwards (rescaled to the machine's current pace):
-        one step slowed by another process must not decide the next hundreds (a mean or
-        EMA would carry it). Keyed by the forward's total rows, not (batch, k): a forward's
-        time depends on how many tokens it carries, so what plain batches of 4 and 8 cost
-        also tells what a batch of 4 drafting one token each would, and a server whose
-        batch size keeps changing need not relearn it."""
-        return {rows: self._scaled_median(v) for rows, v in self.verify_samples.items()}
+    def first(self) -> float:
+        """Predicted acceptance of the next first draft token."""
+        return ((self.first_prior * FIRST_PRIOR_TRIALS + self.first_hits) /
+                (FIRST_PRIOR_TRIALS + self.first_trials))
 
-    def observe_draft(self, forwards: int, seconds: float, batch: int = 1) -> None:
-        """Seconds of a draft step of ``forwards`` forwards. The cost is the median per forward
-        of the recent steps, like verify costs: a first call that allocated buffers, or one
-        slowed by another process, once made drafting look hopeless, and with probes that
-        rare an average would have kept it so for the rest of a server's life."""
-        if forwards <= 0 or self.draft_cost == 0.0:
-            return
-        self.draft_samples.append((seconds / forwards, batch, self._speed(batch)))
-        del self.draft_samples[:-COST_WINDOW]  # choose() turns them into draft_cost
+    def relax(self) -> None:
+        """A plain step: the first-token evidence fades (slower after failed retries)."""
+        decay = FIRST_PLAIN_DECAY ** (1 / self.backoff)
+        self.first_hits *= decay
+        self.first_trials *= decay
+        self.plain_run += 1
 
-    def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A whole decode step (drafting, verify, bookkeeping) of ``batch`` sequences that
-        emitted ``tokens``; ``drafted``: whether any draft token was verified."""
-        steps = self.realized.setdefault((batch, drafted), [])
-        steps.append((tokens, seconds))
-        del steps[:-REALIZED_WINDOW]
+    def state(self) -> dict:
+        return {"hits": self.hits.tolist(), "trials": self.trials.tolist(),
+                "first_hits": self.first_hits, "first_trials": self.first_trials}
 
-    def drafting_loses(self, batch: int) -> bool:
-        """True when recent drafting steps at this batch size delivered fewer tokens per
-        second than recent plain ones (both with enough samples)."""
-        spec, plain = self.realized.get((batch, True), []), self.realized.get((batch, False), [])
-        if len(spec) < REALIZED_MIN or len(plain) < REALIZED_MIN:
+    def restore(self, state: dict | None) -> "AcceptanceModel":
+        """Start from what an earlier process learned with this draft and target (the
+        calibration is theirs, not the prompt's; the first-token counts are halved so that a
+        new prompt moves them quickly). A malformed state is ignored."""
+        try:
+            hits, trials = np.asarray(state["hits"], float), np.asarray(state["trials"], float)
+            if hits.shape == trials.shape == (BINS,) and (0 <= hits).all() and (hits <= trials).all():
+                self.hits, self.trials = hits, trials
+                self.first_hits = 0.5 * float(state["first_hits"])
+                self.first_trials = 0.5 * float(state["first_trials"])
+        except (TypeError, KeyError, ValueError):
+            pass
+        return self
+
+    def curve(self) -> list[float]:
+        return [self.predict((b + 0.5) / BINS) for b in range(BINS)]
+
+
+class StepPlan:
+    """The drafting budget of one decode step for ``batch`` sequences (see module doc)."""
+
+    def __init__(self, policy: "Policy", batch: int):
+        self.policy, self.cost, self.batch = policy, policy.cost, batch
+        self.fixed = policy.fixed_k is not None
+        self.off = not self.fixed and policy.guard_off(batch)
+        self.sunk = 0.0  # seconds of draft forwards run this step
+        self.probs: list[float] = []  # path probability of every node drafted so far
+        self.plain_rate = batch / policy.plain_step_time(batch)
+
+    def p(self, conf: float) -> float:
+        """Predicted acceptance of a token drafted with this confidence."""
+        return self.policy.acceptance.predict(conf)
+
+    @property
+    def first(self) -> float:
+        return self.policy.acceptance.first
+
+    def _best(self, probs: list[float], extra: float = 0.0) -> tuple[float, float, int]:
+        """(expected tokens, seconds, rows) of the best node set among ``probs``: nodes in
+        order of P while each pays for its row at the step's rate (or plain decoding's)."""
+        e, rows = float(self.batch), self.batch
+        t = self.sunk + extra + self.policy.host + self.cost.target(rows)
+        for p in sorted(probs, reverse=True):
+            dt = self.cost.marginal(rows)
+            if p / dt <= max(e / t, self.plain_rate):
+                break
+            e, rows, t = e + p, rows + 1, t + dt
+        return e, t, rows
+
+    def should_draft(self, rows: int, expansions: list[tuple[float, float | None]], extra_seconds: float = 0.0) -> bool:
+        """Whether to run a draft forward over ``rows`` rows that extends these nodes:
+        (P of the node, predicted acceptance of its best child or None for the first-token
+        estimate). True if some number of such forwards (up to LOOKAHEAD) raises the step's
+        expected rate above both what it has and plain decoding; ``extra_seconds``: a draft
+        model's catch-up inside the first of them."""
+        if self.fixed:
+            return True
+        if self.off or not expansions:
             return False
-        rate = lambda steps: sum(t for t, _ in steps) / max(sum(s for _, s in steps), 1e-9)
-        return rate(spec) < REALIZED_TOLERANCE * rate(plain)
+        e0, t0, _ = self._best(self.probs)
+        bar = max(e0 / t0, self.plain_rate)
+        probs = list(self.probs)
+        runs = [(p, self.first if a is None else a) for p, a in expansions]
+        for j in range(1, LOOKAHEAD + 1):
+            runs = [(p * a, a) for p, a in runs]
+            probs.extend(p for p, _ in runs if p >= 1e-3)
+            e, t, _ = self._best(probs, extra_seconds + j * self.cost.draft(rows))
+            if e / t > bar * (1 + 1e-9):
+                return True
+        return False
 
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
-        """drafted: chain length proposed; accepted: how many of them were accepted."""
-        for i in range(min(drafted, self.max_k)):
-            hit = 1.0 if i < accepted else 0.0
-            self.hits[i] = (1 - self.ema) * self.hits[i] + hit
-            self.trials[i] = (1 - self.ema) * self.trials[i] + 1.0
-            if not hit:
-                break  # later positions were not reached: no evidence about them
+    def drafted(self, probs: list[float]) -> None:
+        self.probs.extend(probs)
 
-    @property
-    def alpha(self) -> list[float]:
-        """Per-position acceptance estimates; unmeasured positions inherit the deepest measured."""
-        out, last = [], self.prior_alpha
-        for h, n in zip(self.hits, self.trials):
-            if n >= MIN_TRIALS:
-                last = h / n
-            out.append(last)
-        return out
+    def spent(self, seconds: float) -> None:
+        """A draft forward (and the proposer's work around it) took this long."""
+        self.sunk += seconds
 
-    def _verify_time(self, batch: int, k: int, cost: dict | None = None) -> float | None:
-        cost = self.verify_cost if cost is None else cost
-        n = batch * (k + 1)
-        known = sorted(cost)
-        if not known:
-            return None
-        if n in cost:
-            return cost[n]
-        lo = max((r for r in known if r < n), default=None)
-        hi = min((r for r in known if r > n), default=None)
-        if lo is not None and hi is not None:
-            return cost[lo] + (cost[hi] - cost[lo]) * (n - lo) / (hi - lo)
-        # extrapolate: each extra row costs at least 10% of a one-row step (CPU verify is not free)
-        slope = 0.1 * cost[known[0]] / known[0]
-        if len(known) >= 2:
-            a, b = (known[-2], known[-1]) if n > known[-1] else (known[0], known[1])
-            slope = max(slope, (cost[b] - cost[a]) / (b - a))
-        ref = known[-1] if n > known[-1] else known[0]
-        return max(cost[ref] + slope * (n - ref), 0.0)
-
-    def expected_tokens(self, k: int, perfect: bool = False) -> float:
-        total, run, alpha = 1.0, 1.0, self.alpha
-        for i in range(k):
-            run *= 1.0 if perfect else alpha[i]
-            total += run
-        return total
-
-    def _best(self, batch: int, cap: int, t0: float, cost: dict, perfect: bool = False) -> int:
-        """The fastest k >= 1 by expected tokens per second, if it beats plain decoding by
-        MARGIN (never trade speed for noise), else 0. Draft lengths are compared with each
-        other without a margin: near the optimum they differ by a few percent, and a
-        margin there kept k = 1 where k = 3 was 9% faster."""
-        best_k, best_rate = 0, 0.0
-        for k in range(1, cap + 1):
-            tv = self._verify_time(batch, k, cost)
-            if tv is None:
+    def select(self, drafts: list[Draft]) -> list[Draft]:
+        """Each draft cut to the nodes worth verifying (parents before children)."""
+        if self.fixed or all(not len(d) for d in drafts):
+            return drafts
+        if self.off:
+            return [Draft() for _ in drafts]
+        nodes = []  # (P, depth, sequence, node)
+        for i, d in enumerate(drafts):
+            probs, depths = node_probs(d, self.p)
+            nodes.extend((probs[j], depths[j], i, j) for j in range(len(d)))
+        nodes.sort(key=lambda n: (-n[0], n[1]))
+        keep: list[set[int]] = [set() for _ in drafts]
+        e, t, rows = self._best([])
+        for p, _, i, j in nodes:
+            parent = drafts[i].parent_list()[j]
+            dt = self.cost.marginal(rows)
+            if p / dt <= max(e / t, self.plain_rate):
+                break
+            if parent >= 0 and parent not in keep[i]:
                 continue
-            rate = self.expected_tokens(k, perfect) / (k * self.draft_cost + tv)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        margin = MARGIN
-        if self.draft_cost:  # a draft model: per-request costs the step model does not see
-            margin *= 1 + DRAFT_MODEL_MARGIN + DRAFT_MODEL_BATCH_MARGIN * (batch - 1)
-        return best_k if best_rate > margin / t0 else 0
+            keep[i].add(j)
+            e, rows, t = e + p, rows + 1, t + dt
+        return [_subset(d, sorted(k)) for d, k in zip(drafts, keep)]
 
-    # ---------------------------------------------------------------- choose
-    def choose(self, batch: int = 1, limit: int | None = None) -> int:
-        """Draft length for the next step (limit: the most the token budget allows)."""
-        cap = self.max_k if limit is None else max(0, min(self.max_k, limit))
-        self.probing = False
+
+class Policy:
+    """The draft-length policy of one engine: plans per step, learns from each verdict,
+    guards realized throughput per batch size."""
+
+    def __init__(self, cost: CostModel, acceptance: AcceptanceModel, fixed_k: int | None = None):
+        self.cost, self.acceptance, self.fixed_k = cost, acceptance, fixed_k
+        self.host = 0.0  # seconds of a step outside its forwards (sampling, bookkeeping)
+        self.steps = 0
+        self.speedups: dict[int, list[float]] = {}  # batch -> realized speedups of drafting steps
+        self.off_until: dict[int, int] = {}
+        self.cooldown: dict[int, int] = {}
+
+    def plan(self, batch: int) -> StepPlan:
+        return StepPlan(self, batch)
+
+    def save(self) -> None:
+        """Keep what was learned (costs and calibration) for the next process."""
+        self.cost.acceptance = self.acceptance.state()
+        self.cost.save()
+
+    def plain_step_time(self, batch: int) -> float:
+        return self.host + self.cost.target(batch)
+
+    def guard_off(self, batch: int) -> bool:
+        return self.steps < self.off_until.get(batch, 0)
+
+    def expects_drafting(self, batch: int) -> bool:
+        """Would a step of this batch size draft now? (A draft model prefills new prompts
+        only then: at batch sizes where drafting does not pay, that prefill is pure loss.)"""
+        plan = self.plan(batch)
+        return plan.should_draft(batch, [(1.0, None)] * batch)
+
+    def observe_verdict(self, draft: Draft, path: list[int]) -> None:
+        if len(draft) and draft.conf is not None:
+            self.acceptance.observe(draft.conf, draft.parent_list(), path)
+
+    def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float, forward_seconds: float) -> None:
+        """A whole decode step: ``forward_seconds`` of it in target and draft forwards."""
+        self.steps += 1
+        if self.steps % SAVE_EVERY == 0:
+            self.save()
+        self.host += 0.1 * (max(seconds - forward_seconds, 0.0) - self.host)
+        if not drafted:
+            self.acceptance.relax()
+            return
         if self.fixed_k is not None:
-            return min(self.fixed_k, cap)
-        if cap == 0:
-            return 0
-        cost = self.verify_cost
-        if self.draft_samples:  # rescaled to the current pace at each decision
-            self.draft_cost = self._scaled_median(self.draft_samples)
-        t0 = self._verify_time(batch, 0, cost)
-        if t0 is None or self.draft_cost is None:
-            return 1 if t0 is not None else 0  # measure plain first, then one probe
-        best_k = self._best(batch, cap, t0, cost)
-        if best_k > 0 and self.drafting_loses(batch):
-            best_k = 0  # the estimate promises a gain the realized steps do not show
-        if best_k > 0:  # now and then a plain step, the reference drafting is judged against
-            self.since_plain[batch] = self.since_plain.get(batch, 0) + 1
-            few = len(self.realized.get((batch, False), [])) < REALIZED_MIN
-            if self.since_plain[batch] >= (PLAIN_PROBE_EVERY if few else PLAIN_PROBE_RARE):
-                self.since_plain[batch] = 0
-                return 0
-        hopeless = best_k == 0 and self._best(batch, cap, t0, cost, perfect=True) == 0
-        state = -1 if hopeless else best_k  # not even perfect acceptance would pay at these costs
-        self.state_by_batch[batch] = state
-        if state != self.last_best:  # the decision moved: probe at the base rate again
-            self.last_best, self.since_probe = state, 0
-            self.probe_interval = IDLE_PROBE_EVERY if hopeless else self.probe_every
-        self.since_probe += 1
-        if self.since_probe >= self.probe_interval and best_k < cap:
-            # one step one draft longer refreshes that length's cost and the next position's
-            # acceptance; otherwise a cost measured in a noisy moment would stick forever
-            self.since_probe = 0
-            self.probe_interval = min(2 * self.probe_interval, IDLE_PROBE_MAX if hopeless else 256)
-            self.probing = True
-            return best_k + 1
-        return best_k
+            return
+        window = self.speedups.setdefault(batch, [])
+        window.append(tokens * self.plain_step_time(batch) / (batch * max(seconds, 1e-9)))
+        del window[:-GUARD_WINDOW]
+        if len(window) < GUARD_MIN:
+            return
+        mean = sum(window) / len(window)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in window) / (len(window) - 1))
+        if mean + 2.0 * sd / math.sqrt(len(window)) < 1.0:  # measurably slower than plain
+            wait = self.cooldown.get(batch, COOLDOWN_MIN // 2) * 2
+            self.cooldown[batch] = min(wait, COOLDOWN_MAX)
+            self.off_until[batch] = self.steps + self.cooldown[batch]
+            window.clear()
+        elif len(window) >= GUARD_WINDOW and mean >= 1.0:
+            self.cooldown.pop(batch, None)  # drafting pays again: a later trip starts short
 
-    def drafting_at(self, batch: int) -> bool:
-        """Drafting was chosen at this batch size the last time. Undecided: yes at batch 1,
-        no above (where it rarely pays, and a server's batch passes through every size as
-        requests arrive: a draft model prefilling each arrival cost 5% at concurrency 8)."""
-        return self.state_by_batch.get(batch, 1 if batch <= 1 else 0) > 0
 
-    def new_sequence(self) -> None:
-        """A new request may draft very differently (code after prose): probe at the base rate."""
-        if self.probe_interval > self.probe_every:
-            self.probe_interval, self.since_probe = self.probe_every, 0
+def node_probs(draft: Draft, predict: Callable[[float], float]) -> tuple[list[float], list[int]]:
+    """(path probability, depth) of every node of a draft, from its per-node confidences."""
+    probs: list[float] = []
+    depths: list[int] = []
+    conf = draft.conf if draft.conf is not None else [1.0] * len(draft)
+    for j, p in enumerate(draft.parent_list()):
+        a = predict(conf[j])
+        probs.append(a if p < 0 else probs[p] * a)
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return probs, depths
+
+
+def _subset(d: Draft, nodes: list[int]) -> Draft:
+    """The draft restricted to ``nodes`` (a parent-closed set), renumbered in order."""
+    if len(nodes) == len(d):
+        return d
+    local = {n: i for i, n in enumerate(nodes)}
+    parents = d.parent_list()
+    return Draft([d.tokens[n] for n in nodes],
+                 None if d.parents is None else [local[parents[n]] if parents[n] >= 0 else -1 for n in nodes],
+                 None if d.probs is None else d.probs[nodes],
+                 None if d.conf is None else [d.conf[n] for n in nodes])

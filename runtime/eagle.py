@@ -14,20 +14,25 @@ from the head's *own* predicted features are scratch rows of a token tree
 exactly the rows built from true features -- rolling back costs nothing and the next
 catch-up rebuilds the accepted tokens from the target's real hidden states.
 
-Trees (EAGLE-2): the candidates of each depth are scored by cumulative draft
-log-probability; the ``width`` best are expanded (one head forward per depth for all
-sequences), each giving its ``width`` best children. The verified tree is the best
-``max_nodes`` candidates overall (a parent always outscores its child, so it is a tree);
-width 1 is a chain. Draft tokens are deterministic (one-hot q), which keeps rejection
-sampling exact for trees too (runtime/verify.py).
+Trees (EAGLE-2): every candidate has a path probability P, the product of the calibrated
+acceptances of its and its ancestors' draft probabilities (runtime/adaptive.py); per depth
+the ``width`` most probable frontier nodes are expanded (one head forward per depth for all
+sequences), each giving its ``width`` best children, for as long as the step's plan says
+the next head forward pays. The proposer hands over the ``max_nodes`` most probable
+candidates (a parent is never less probable than its child, so it is a tree) and the plan
+keeps those worth their verify rows; width 1 is a chain. Draft tokens are deterministic
+(one-hot q), which keeps rejection sampling exact for trees too (runtime/verify.py).
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from tvm.runtime import tensor as to_device
 
 from .kv_cache import PAGE, ForwardBatch
 from .model import Model
+from .proposers import time_min
 from .verify import Draft
 
 MAX_TREE_NODES = 256
@@ -95,7 +100,6 @@ def top_tokens(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 class EagleProposer:
     name = "eagle"
-    has_draft_model = True
     needs_hidden_states = True
 
     def __init__(self, head: EagleHeadModel, target: Model, max_total_tokens: int, tree_width: int = 1,
@@ -124,9 +128,6 @@ class EagleProposer:
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
 
-    def backlog(self, seq_id: int, history: list[int]) -> int:
-        return 0  # catching up runs one small head layer over the pending features
-
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         """Target features of the tokens at positions position.. (in order, no gaps)."""
         if seq_id not in self.pending:  # attached while speculation was disabled
@@ -139,16 +140,40 @@ class EagleProposer:
     def accept(self, seq_id: int, history: list[int]) -> None:
         pass  # the head's cache already holds only rows built from true features
 
+    def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
+        """A head forward over r scratch rows (one per scratch sequence) plus its draft
+        logits and the top-width search, for each r."""
+        scratch = [-1 - i for i in range(max(rows))]
+        feats = np.zeros((max(rows), self.head.hidden_size), np.float32)
+        for s in scratch:
+            self.kv.add_sequence(s)
+
+        def step(r):
+            batch = self.kv.plan_tree(scratch[:r], [[-1]] * r)
+            out = self.head.forward(self.target, self.kv, batch, np.zeros(r, np.int32), feats[:r]).numpy()
+            for row in self.head.logits(self.target, out):
+                self._top(row)
+            for s in scratch[:r]:
+                self.kv.popn(s, 0)
+
+        try:
+            return {r: time_min(lambda: step(r)) for r in rows}, 0.0
+        finally:
+            for s in scratch:
+                self.kv.remove_sequence(s)
+
     # -------------------------------------------------------------- drafting
-    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
+    def propose(self, seq_ids, histories, ks, sampling, rngs, plan, node_limit: int | None = None) -> list[Draft]:
         drafts = [Draft() for _ in seq_ids]
         active = [i for i, k in enumerate(ks) if k > 0]
-        if not active:
+        fed = sum(sum(len(f) for f in self.pending[seq_ids[i]]) for i in active)
+        if not active or not plan.should_draft(fed, [(1.0, None)] * len(active)):
             return drafts
         ids = [seq_ids[i] for i in active]
         try:
+            t0 = time.perf_counter()
             root_feat, root_logits = self._catch_up(ids, [histories[i] for i in active])
-            trees = self._grow(ids, [ks[i] for i in active], root_feat, root_logits)
+            trees = self._grow(ids, [ks[i] for i in active], root_feat, root_logits, plan, t0)
         finally:
             for s in ids:
                 self.kv.popn(s, 0)  # free the pages the scratch tree rows took
@@ -176,23 +201,32 @@ class EagleProposer:
         root = out[np.cumsum(counts) - 1]
         return root, self.head.logits(self.target, root)
 
-    def _grow(self, ids: list[int], depths: list[int], root_feat: np.ndarray, root_logits: np.ndarray) -> list[dict]:
-        """Candidates (token, parent, depth, score) per sequence, expanded EAGLE-2 style."""
+    def _grow(self, ids: list[int], depths: list[int], root_feat: np.ndarray, root_logits: np.ndarray,
+              plan, t0: float) -> list[dict]:
+        """Candidates (token, parent, depth, P, confidence) per sequence, expanded EAGLE-2
+        style: per depth the ``width`` most probable frontier nodes, while the plan says
+        the next head forward pays."""
         trees = []
         for r in range(len(ids)):
-            toks, logp = self._top(root_logits[r])
-            trees.append({"tok": toks.tolist(), "par": [-1] * len(toks), "depth": [1] * len(toks),
-                          "score": logp.tolist(), "row": [-1] * len(toks), "head_par": [], "feat": [],
-                          "frontier": list(range(len(toks)))})
+            trees.append({"tok": [], "par": [], "depth": [], "P": [], "conf": [], "row": [], "head_par": [],
+                          "feat": [], "frontier": []})
+            self._add_children(trees[-1], -1, root_logits[r], plan)
+        plan.spent(time.perf_counter() - t0)
+        plan.drafted([p for t in trees for p in t["P"]])
         for depth in range(1, max(depths)):
             grow = [r for r in range(len(ids)) if depth < depths[r]]
+            for r in grow:
+                t = trees[r]
+                t["expand"] = sorted(t["frontier"], key=lambda n: (-t["P"][n], n))[: self.width]
+            nodes = [(trees[r]["P"][n], plan.p(trees[r]["conf"][n])) for r in grow for n in trees[r]["expand"]]
+            if not plan.should_draft(len(nodes), nodes):
+                break
+            t0 = time.perf_counter()
             firsts, tokens, feats = [], [], []
             for r in grow:
                 t = trees[r]
-                best = sorted(t["frontier"], key=lambda n: (-t["score"][n], n))[: self.width]
                 firsts.append(len(t["head_par"]))
-                t["expand"] = best
-                for n in best:
+                for n in t["expand"]:
                     p = t["par"][n]
                     t["row"][n] = len(t["head_par"])
                     t["head_par"].append(-1 if p < 0 else t["row"][p])
@@ -202,22 +236,34 @@ class EagleProposer:
             out = self.head.forward(self.target, self.kv, batch, np.asarray(tokens, np.int32), np.stack(feats)).numpy()
             self.forwards += 1
             logits = self.head.logits(self.target, out)
-            row = 0
+            row, new = 0, []
             for r in grow:
                 t = trees[r]
                 t["frontier"] = []
                 for n in t["expand"]:
                     t["feat"].append(out[row])
-                    toks, logp = self._top(logits[row])
+                    new.extend(self._add_children(t, n, logits[row], plan))
                     row += 1
-                    for tok, lp in zip(toks.tolist(), logp.tolist()):
-                        t["frontier"].append(len(t["tok"]))
-                        t["tok"].append(tok)
-                        t["par"].append(n)
-                        t["depth"].append(depth + 1)
-                        t["score"].append(t["score"][n] + lp)
-                        t["row"].append(-1)
+            plan.spent(time.perf_counter() - t0)
+            plan.drafted(new)
         return trees
+
+    def _add_children(self, t: dict, parent: int, logits: np.ndarray, plan) -> list[float]:
+        """The ``width`` best tokens of a logits row as children of ``parent``; their P."""
+        toks, logp = self._top(logits)
+        out = []
+        for tok, lp in zip(toks.tolist(), logp.tolist()):
+            conf = float(np.exp(lp))
+            prob = plan.p(conf) * (1.0 if parent < 0 else t["P"][parent])
+            t["frontier"].append(len(t["tok"]))
+            t["tok"].append(tok)
+            t["par"].append(parent)
+            t["depth"].append(1 if parent < 0 else t["depth"][parent] + 1)
+            t["P"].append(prob)
+            t["conf"].append(conf)
+            t["row"].append(-1)
+            out.append(prob)
+        return out
 
     def _top(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ``width`` best target tokens of one draft logits row, with log-probabilities."""
@@ -233,8 +279,9 @@ class EagleProposer:
         return ForwardBatch(list(ids), [len(p) - f for p, f in zip(head_parents, firsts)], arrays)
 
     def _select(self, tree: dict, budget: int) -> Draft:
-        """The ``budget`` best candidates by cumulative log-probability, parents first."""
-        order = sorted(range(len(tree["tok"])), key=lambda n: (-tree["score"][n], tree["depth"][n], n))
+        """The ``budget`` most probable candidates, parents first (a child's P never exceeds
+        its parent's, so this is a tree)."""
+        order = sorted(range(len(tree["tok"])), key=lambda n: (-tree["P"][n], tree["depth"][n], n))
         chosen: set[int] = set()
         for n in order:
             if len(chosen) >= budget:
@@ -244,9 +291,10 @@ class EagleProposer:
         nodes = sorted(chosen, key=lambda n: (tree["depth"][n], n))
         local = {n: j for j, n in enumerate(nodes)}
         tokens = [tree["tok"][n] for n in nodes]
+        conf = [tree["conf"][n] for n in nodes]
         if self.width == 1:
-            return Draft(tokens)
-        return Draft(tokens, [local[tree["par"][n]] if tree["par"][n] >= 0 else -1 for n in nodes])
+            return Draft(tokens, conf=conf)
+        return Draft(tokens, [local[tree["par"][n]] if tree["par"][n] >= 0 else -1 for n in nodes], conf=conf)
 
 
 def head_kv_tokens(max_total_tokens: int, max_num_sequence: int, width: int, max_depth: int) -> int:

@@ -1,7 +1,9 @@
 """The generation engine: tokenizer + target model + KV cache + a proposer -> text.
 
-One decode loop serves every mode. Each step the proposer drafts up to k tokens per
-sequence (k from the adaptive controller; k = 0 is plain decoding), the target verifies
+One decode loop serves every mode. Each step the proposer drafts for each sequence as long
+as the step's plan says the next draft token pays (runtime/adaptive.py: measured costs,
+calibrated confidence; none at all is plain decoding, or exactly k with a fixed
+``spec_draft_length``), the plan keeps the nodes worth their verify rows, the target verifies
 ``[last] + drafts`` for the whole batch in one forward, the shared verification routine
 accepts a prefix (or tree path) plus a bonus token, and the KV caches are rolled back or
 committed. Bad input (over-long prompt, out-of-range ids, a mismatched draft) is refused
@@ -23,7 +25,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .adaptive import DraftLengthController
+from .adaptive import AcceptanceModel, Policy
+from .costs import CostModel, CostTable, measure_target, profile_path
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics
 from .model import Model
@@ -35,14 +38,10 @@ from .verify import Draft, Verdict
 CONFIG_NAME = "speccompile-config.json"
 SPECULATIVE_MODES = ("disable", "small_draft", "ngram", "eagle", "medusa")
 HEAD_MODES = ("eagle", "medusa")  # drafting heads that read the target's hidden states
-MAX_BACKLOG = 256  # tokens a draft model may catch up on in one step, shared by the batch
-# A draft model catching up after a plain stretch (or on a probe) prefills the tokens it
-# missed: on a CPU where extra rows are not free (AVX2 Zen 3: a 0.5B draft prefills ~5 ms a
-# token) a probe after 64 plain steps cost 0.3 s, and probes alone made prompts the controller
-# rightly decoded plainly 6-10% slower. Catch-ups of more than FREE_CATCH_UP tokens are paid
-# from a budget that grows by CATCH_UP_SHARE of the time of decode steps that may draft (at
-# most CATCH_UP_BUDGET_MAX seconds: one catch-up stalls a server's whole batch).
-CATCH_UP_SHARE, FREE_CATCH_UP, CATCH_UP_BUDGET_MAX = 0.03, 2, 0.25
+MAX_DEPTH = 8  # the longest chain / deepest tree an adaptive step drafts
+# Row counts whose forward cost is measured before the first step (others interpolate).
+TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+DRAFT_ROWS = (1, 2, 3, 4, 6, 8)
 
 
 class GenerationError(ValueError):
@@ -195,8 +194,9 @@ class Engine:
 
             head = self._load_head(MedusaHeadsModel, additional_models[0], device)
             self.proposer = MedusaProposer(head, spec_tree_width, spec_tree_nodes, target=self.model)
+        self.cost = self._cost_model([Path(model_lib)] + [Path(m[1]) for m in additional_models or []],
+                                     f"{speculative_mode}|w{spec_tree_width}")
         self.set_draft_length(spec_draft_length)
-        self._catch_up_budget = 0.0  # seconds of draft catch-up the engine may still spend
         self._next_seq = 0
         # totals over every step this engine ran (the server exports them as metrics)
         self.totals = Stats(spec=SpecMetrics())
@@ -212,23 +212,41 @@ class Engine:
         return self.proposer is not None and self.proposer.needs_hidden_states
 
     def set_draft_length(self, k: int) -> None:
-        """Fix the draft length (k > 0) or make it adaptive (k = 0); resets the estimates."""
+        """Fix the draft length (k > 0) or make it adaptive (k = 0, starting from the
+        calibration earlier processes saved with the cost profile)."""
         if k < 0 or k + 1 > self.max_batch_tokens:
             raise GenerationError(f"draft length {k} does not fit the token budget {self.max_batch_tokens}")
-        self.controller = DraftLengthController(
-            max_k=max(k, 8), fixed_k=k or None, draft_is_free=not (self.proposer and self.proposer.has_draft_model))
+        self.policy = None
+        if self.cost is not None:
+            acceptance = AcceptanceModel().restore(self.cost.acceptance) if not k else AcceptanceModel()
+            self.policy = Policy(self.cost, acceptance, fixed_k=k or None)
+
+    def _cost_model(self, libs: list[Path], mode: str) -> CostModel | None:
+        """The forward costs of this engine's target and proposer on this host: read from
+        the cache, or measured now on scratch sequences (about a second) and cached."""
+        if self.proposer is None:
+            return None
+        rows = [r for r in TARGET_ROWS if r <= self.max_batch_tokens]
+        path = profile_path(libs, mode, f"rows<={rows[-1]}")
+        cost = CostModel.load(path)
+        if cost is not None:
+            return cost
+        target = CostTable(measure_target(self.model, self.kv, rows, self._wants_hidden))
+        draft, per_token = self.proposer.measure(list(DRAFT_ROWS))
+        cost = CostModel(target, CostTable(draft), per_token, path)
+        cost.save()
+        return cost
 
     def warm_up(self) -> None:
-        """A short greedy generation without and with speculation, then fresh draft-length
-        estimates and totals. The first forward of each shape allocates its buffers; measured
-        by the controller, such a step made drafting look hopeless to a fresh server, which
-        then drafted almost nothing for its first hundreds of requests."""
+        """A short greedy generation without and with speculation, then fresh acceptance
+        estimates and totals: the first forward of each shape allocates its buffers, which a
+        server's first request should not wait for (the cost profile is measured apart)."""
         ids = self.encode_prompt("Count from one to ten.")
         with self.speculation_disabled():
             self.generate(ids, max_tokens=16, ignore_eos=True)
         if self.proposer is not None:
             self.generate(ids, max_tokens=16, ignore_eos=True)
-            self.set_draft_length(self.controller.fixed_k or 0)
+            self.set_draft_length(self.policy.fixed_k or 0)
         self.totals = Stats(spec=SpecMetrics())
 
     @contextmanager
@@ -317,6 +335,8 @@ class Engine:
         finally:
             for s in seqs:
                 self.detach(s)
+            if self.policy is not None and self.proposer is not None and self.policy.fixed_k is None:
+                self.policy.save()
 
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
@@ -348,8 +368,6 @@ class Engine:
         self.kv.add_sequence(seq.seq_id)
         if self.proposer:
             self.proposer.add_sequence(seq.seq_id, seq.history)
-            if seq.speculative:
-                self.controller.new_sequence()
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
 
     def detach(self, seq: _Seq) -> None:
@@ -391,7 +409,7 @@ class Engine:
         # loss (0.5B draft, batch 8: 7% of the time), and the sequence catches up later, on
         # a probe or when drafting pays again
         drafted = [i for i, s in enumerate(batch) if s.speculative]
-        if self.proposer and drafted and self.controller.drafting_at(len(self.kv.seqs)):
+        if self.proposer and drafted and self.policy.expects_drafting(len(self.kv.seqs)):
             self.proposer.prefill([batch[i].seq_id for i in drafted], [chunks[i] for i in drafted],
                                   [starts[i] for i in drafted])
         dt = time.perf_counter() - t0
@@ -413,50 +431,40 @@ class Engine:
         """One batched decode (draft + verify) step for these prefilled, unfinished sequences."""
         t0 = time.perf_counter()
         before = sum(len(s.result.token_ids) for s in active)
-        drafted = self._step(active)
+        drafted, forward_seconds = self._step(active)
         dt = time.perf_counter() - t0
         emitted = sum(len(s.result.token_ids) for s in active) - before
-        # a draft model catching up on tokens decoded plainly (after a plain stretch) is the
-        # price of switching back, not of drafting: such a step would make drafting look
-        # slow for the next window and keep the controller plain for good
-        if self.proposer and not (drafted and getattr(self.proposer, "last_catch_up", 0) > 2):
-            self.controller.observe_step(len(active), drafted, emitted, dt)
+        if self.proposer is not None and any(s.speculative for s in active):
+            self.policy.observe_step(len(active), drafted, emitted, dt, forward_seconds)
         for s in active:
             s.result.stats.decode_seconds += dt
-        if self.proposer is not None and any(s.speculative for s in active):  # plain runs earn nothing
-            self._catch_up_budget = min(self._catch_up_budget + CATCH_UP_SHARE * dt, CATCH_UP_BUDGET_MAX)
         self.totals.decode_seconds += dt
         self.totals.decode_tokens += emitted
 
-    def _step(self, active: list[_Seq]) -> bool:
-        """One draft + verify step for every active sequence; True if any draft was verified."""
+    def _step(self, active: list[_Seq]) -> tuple[bool, float]:
+        """One draft + verify step for every active sequence; (whether any draft was
+        verified, seconds spent in draft and target forwards)."""
         b = len(active)
         ids = [s.seq_id for s in active]
-        # k: adaptive (or fixed), capped by the token budget per forward and the context
-        # window (not by max_tokens: drafts past it are verified, then cut on emission)
+        # draft depth: fixed or up to MAX_DEPTH, capped by the token budget per forward and
+        # the context window (not by max_tokens: drafts past it are verified, then cut on emission)
         limit = self.max_batch_tokens // b - 1
         room = min(self.context_window - len(s.history) for s in active)
-        speculating = self.proposer is not None and any(s.speculative for s in active)
-        k = self.controller.choose(b, min(limit, room - 1)) if speculating else 0
-        ks = [k if s.speculative else 0 for s in active]
-        if k > 0:
-            ks = self._affordable(active, ks)
-        k = max(ks)
+        cap = min(self.policy.fixed_k or MAX_DEPTH, limit, room - 1) if self.policy else 0
         drafts = [Draft() for _ in active]
         t0 = time.perf_counter()
-        if k > 0:
-            fw0 = getattr(self.proposer, "forwards", 0)
+        fw0 = self.proposer.forwards if self.proposer else 0
+        if self.proposer is not None and cap > 0 and any(s.speculative for s in active):
+            plan = self.policy.plan(b)
             try:
-                drafts = self.proposer.propose(ids, [s.history for s in active], ks,
-                                               [s.sampling for s in active], [s.rng for s in active],
+                drafts = self.proposer.propose(ids, [s.history for s in active],
+                                               [cap if s.speculative else 0 for s in active],
+                                               [s.sampling for s in active], [s.rng for s in active], plan,
                                                node_limit=limit)
+                drafts = plan.select(drafts)
             except KVCacheFull:  # the draft model's cache is full: this step verifies no drafts
                 drafts = [Draft() for _ in active]
-            draft_forwards = getattr(self.proposer, "forwards", 0) - fw0
-            if getattr(self.proposer, "last_catch_up", 0) <= 2:  # a long catch-up is not a draft step's cost
-                self.controller.observe_draft(draft_forwards, time.perf_counter() - t0, b)
-        else:
-            draft_forwards = 0
+        draft_forwards = (self.proposer.forwards if self.proposer else 0) - fw0
         t1 = time.perf_counter()
         logits, hidden = self._target_forward(active, drafts)
         if logits is None:  # the KV cache could not hold the drafts: verify none of them
@@ -464,9 +472,8 @@ class Engine:
             logits, hidden = self._target_forward(active, drafts)
         verdicts = self._verify_on_device(active, drafts, logits)
         t2 = time.perf_counter()
-        # verify cost is keyed by draft depth (= length for chains), the k the controller picks
-        self.controller.observe_verify(b, max(max(_depths(d.parent_list()), default=0) for d in drafts), t2 - t1,
-                                       rows=sum(len(d) + 1 for d in drafts))
+        if self.policy is not None:
+            self.cost.observe_target(sum(len(d) + 1 for d in drafts), t2 - t1)
         row = 0
         tree = any(d.parents is not None for d in drafts)  # as _target_forward planned the forward
         for s, d, verdict in zip(active, drafts, verdicts):
@@ -479,9 +486,8 @@ class Engine:
                                              hidden[[row] + [row + 1 + j for j in verdict.path]])
             row += len(d) + 1
             if s.result.stats.spec is not None:
-                if len(d):
-                    depths = _depths(d.parent_list())
-                    self.controller.observe_acceptance(max(depths), len(verdict.path))
+                self.policy.observe_verdict(d, verdict.path)
+                depths = _depths(d.parent_list())
                 # each sequence sees the whole step's time; the engine totals count it once
                 for m, share in ((s.result.stats.spec, 1.0), (self.totals.spec, 1.0 / b)):
                     if len(d):
@@ -489,8 +495,8 @@ class Engine:
                     else:
                         m.plain_steps += 1
                     m.draft_seconds += (t1 - t0) * share
-                    m.draft_steps += draft_forwards if m is not self.totals.spec else 0
                     m.verify_seconds += (t2 - t1) * share
+                s.result.stats.spec.draft_steps += draft_forwards
             s.result.stats.decode_tokens += self._emit(s, verdict.tokens)
             if self.proposer and not s.done:
                 self.proposer.accept(s.seq_id, s.history)
@@ -501,28 +507,7 @@ class Engine:
                 if s.result.stats.spec is not None:
                     s.result.stats.spec.other_seconds += rest
             self.totals.spec.other_seconds += rest
-        return any(len(d) for d in drafts)
-
-    def _affordable(self, active: list[_Seq], ks: list[int]) -> list[int]:
-        """Draft lengths with the catch-ups a draft model cannot afford set to 0 (plain).
-
-        A draft model never catches up on a long plain stretch inside a decode step (8
-        sequences x 120 tokens stalled a server's batch for 1 s, and at batch 4-8 the
-        controller switching drafting on and off made it lose 10-15%): a sequence more than
-        MAX_BACKLOG / batch tokens behind decodes plainly. Shorter catch-ups beyond
-        FREE_CATCH_UP tokens are paid from the catch-up budget (see CATCH_UP_SHARE), at the
-        draft's measured prefill cost per token; without the budget they decode plainly."""
-        most = MAX_BACKLOG // len(active)
-        backlog = [self.proposer.backlog(s.seq_id, s.history) if x else 0 for x, s in zip(ks, active)]
-        ks = [x if n <= most else 0 for x, n in zip(ks, backlog)]
-        per_token = getattr(self.proposer, "catch_up_seconds_per_token", None)
-        owed = sum(n for x, n in zip(ks, backlog) if x and n > FREE_CATCH_UP)
-        if not owed or per_token is None:
-            return ks
-        if owed * per_token <= self._catch_up_budget:
-            self._catch_up_budget -= owed * per_token
-            return ks
-        return [x if n <= FREE_CATCH_UP else 0 for x, n in zip(ks, backlog)]
+        return any(len(d) for d in drafts), t2 - t0
 
     def _verify_on_device(self, active: list[_Seq], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, run by the library's TensorIR kernels on the device

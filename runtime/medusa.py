@@ -8,18 +8,22 @@ is far too big, so the tree is the ``max_nodes`` most probable rank paths, where
 probability of a path is the product of the *measured* per-head, per-rank hit rates
 (the Medusa paper's construction): every proposal is scored later against the tokens
 actually committed, so the tree follows how good the heads are on this workload. With
-width 1 it is a chain of each head's top-1. Drafts are deterministic (one-hot q), so
+width 1 it is a chain of each head's top-1. Each node carries its head's softmax probability
+as confidence, and the step's plan verifies only the nodes worth their rows (and skips the
+heads' forward altogether when no draft is expected to pay). Drafts are deterministic (one-hot q), so
 rejection sampling stays exact (runtime/verify.py).
 """
 from __future__ import annotations
 
 import heapq
+import time
 
 import numpy as np
 from tvm.runtime import tensor as to_device
 
 from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids
 from .model import Model
+from .proposers import time_min
 from .verify import Draft
 
 
@@ -44,7 +48,6 @@ class MedusaHeadsModel(Model):
 
 class MedusaProposer:
     name = "medusa"
-    has_draft_model = True
     needs_hidden_states = True
 
     def __init__(self, heads: MedusaHeadsModel, tree_width: int = 1, max_nodes: int = 64,
@@ -78,9 +81,6 @@ class MedusaProposer:
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
-
-    def backlog(self, seq_id: int, history: list[int]) -> int:
-        return 0  # Medusa heads read only the last feature: nothing to catch up
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         if seq_id in self.proposed and len(hidden):
@@ -130,37 +130,62 @@ class MedusaProposer:
         self._tree_cache = (key, paths)
         return paths
 
-    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
+    def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
+        """All K heads over r features, plus each head's top-width search, for each r."""
+        feats = np.zeros((max(rows), self.heads.hidden_size), np.float32)
+
+        def step(r):
+            logits = self.heads.forward(feats[:r])
+            for j in range(self.heads.num_heads):
+                for row in range(r):
+                    _top_conf(logits[j, row], self.width)
+
+        return {r: time_min(lambda: step(r)) for r in rows}, 0.0
+
+    def propose(self, seq_ids, histories, ks, sampling, rngs, plan, node_limit: int | None = None) -> list[Draft]:
         drafts = [Draft() for _ in seq_ids]
         active = [i for i, k in enumerate(ks) if k > 0 and seq_ids[i] in self.last]
-        if not active:
+        if not active or not plan.should_draft(len(active), [(1.0, None)] * len(active)):
             return drafts
         for i in active:
             pos, _ = self.last[seq_ids[i]]
             if pos != len(histories[i]) - 2:
                 raise RuntimeError(f"Medusa: the last feature is at position {pos}, {len(histories[i]) - 2} expected")
+        t0 = time.perf_counter()
         logits = self.heads.forward(np.stack([self.last[seq_ids[i]][1] for i in active]))  # [K, a, vocab]
         self.forwards += 1
         budget = min(self.max_nodes, node_limit or self.max_nodes)
         for row, i in enumerate(active):
             depth = min(ks[i], self.heads.num_heads)
-            tops = []
+            tops, confs = [], []
             for j in range(depth):
-                lj = logits[j, row]
-                if self.width == 1:
-                    tops.append([int(np.argmax(lj))])
-                else:
-                    part = np.argpartition(-lj, self.width - 1)[: self.width]
-                    tops.append(sorted(part.tolist(), key=lambda t: (-lj[t], t)))
+                top, conf = _top_conf(logits[j, row], self.width)
                 if self.heads.vocab_ids is not None:
-                    tops[-1] = self.heads.vocab_ids[tops[-1]].tolist()
+                    top = self.heads.vocab_ids[top].tolist()
+                tops.append(list(top))
+                confs.append(conf)
             paths = self.tree(depth, budget)
             index = {p: n for n, p in enumerate(paths)}
             tokens = [tops[len(p) - 1][p[-1]] for p in paths]
+            conf = [confs[len(p) - 1][p[-1]] for p in paths]
             if self.width == 1:
-                drafts[i] = Draft(tokens)
+                drafts[i] = Draft(tokens, conf=conf)
             else:
-                drafts[i] = Draft(tokens, [index[p[:-1]] if len(p) > 1 else -1 for p in paths])
+                drafts[i] = Draft(tokens, [index[p[:-1]] if len(p) > 1 else -1 for p in paths], conf=conf)
             # head j proposed tokens for position len(history) + j
             self.proposed[seq_ids[i]].append((len(histories[i]), [list(t) for t in tops]))
+        plan.spent(time.perf_counter() - t0)
         return drafts
+
+
+def _top_conf(row: np.ndarray, width: int) -> tuple[list[int], list[float]]:
+    """The ``width`` most likely rows of one head's logits (ties: lower id first) and
+    their softmax probabilities."""
+    row = np.asarray(row, np.float32)
+    if width == 1:
+        top = [int(np.argmax(row))]
+    else:
+        part = np.argpartition(-row, width - 1)[:width]
+        top = sorted(part.tolist(), key=lambda t: (-row[t], t))
+    z = np.exp(row - row[top[0]]).sum()
+    return top, [float(np.exp(row[t] - row[top[0]]) / z) for t in top]

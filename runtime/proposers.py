@@ -8,7 +8,6 @@ proposers that set ``needs_hidden_states``.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Protocol
@@ -18,35 +17,41 @@ import numpy as np
 from .kv_cache import KVCacheFull
 from .model import Model, read_metadata
 from .sampling import SamplingParams, probs_from_logits
+from .adaptive import CATCH_UP_AMORTIZED, StepPlan
 from .verify import Draft
 
 
 class Proposer(Protocol):
+    """What the engine reads of a proposer; nothing else (no optional attributes)."""
+
     name: str
-    has_draft_model: bool
     needs_hidden_states: bool  # True: the engine calls observe_hidden with the target's features
+    forwards: int  # draft forwards run so far (metrics)
+
+    def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
+        """Seconds of one draft forward over each of these row counts, the proposer's host
+        work included, measured on scratch state; and a draft model's per-token price of
+        catching up on committed tokens (0 if it never has to). Called once per library
+        and host (the result is cached: runtime/costs.py)."""
+        ...
 
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None: ...
 
     def remove_sequence(self, seq_id: int) -> None: ...
 
     def propose(self, seq_ids: list[int], histories: list[list[int]], ks: list[int],
-                sampling: list[SamplingParams], rngs: list[np.random.Generator],
+                sampling: list[SamplingParams], rngs: list[np.random.Generator], plan: StepPlan,
                 node_limit: int | None = None) -> list[Draft]:
         """histories[i]: every committed token of sequence i, the last one not yet forwarded
-        by the target. Returns one draft per sequence: a chain of at most ks[i] tokens, or a
-        token tree at most ks[i] deep with at most node_limit nodes."""
+        by the target. Returns one draft per sequence -- a chain of at most ks[i] tokens, or
+        a token tree at most ks[i] deep with at most node_limit nodes -- with each node's
+        confidence; ``plan.should_draft`` says before each draft forward whether to run it."""
         ...
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         """The target just prefilled these prompt chunks (at positions starts[i].., in order
         per sequence). A draft model prefills them too, in the same bounded chunk, so that no
         decode step of a running batch ever stalls on a new request's whole prompt."""
-        ...
-
-    def backlog(self, seq_id: int, history: list[int]) -> int:
-        """Committed tokens a draft *model* would have to catch up on before drafting for
-        this sequence (0 for proposers whose catch-up is free or cheap)."""
         ...
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
@@ -60,19 +65,49 @@ class Proposer(Protocol):
         ...
 
 
+def time_min(fn, repeat: int = 3) -> float:
+    """Best of ``repeat`` timed calls after one untimed call (which allocates buffers)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def pick(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> tuple[int, float, np.ndarray | None]:
+    """(token, the draft's probability of it, q for rejection sampling or None if greedy)."""
+    if sampling.greedy:
+        tok = int(np.argmax(logits))
+        z = np.exp(logits.astype(np.float32) - logits[tok])
+        return tok, float(1.0 / z.sum()), None
+    q = probs_from_logits(logits, sampling)
+    tok = int(rng.choice(q.shape[-1], p=q))
+    return tok, float(q[tok]), q
+
+
 class NGramProposer:
     """Prompt lookup: find the latest earlier occurrence of the longest suffix n-gram
-    (max_n down to min_n) in prompt + output, and propose the tokens that followed it."""
+    (max_n down to min_n) in prompt + output, and propose the tokens that followed it.
+
+    Confidence of the i-th proposed token: how often the suffix was followed by the same
+    token across all its earlier occurrences (smoothed), discounted by the match length
+    the token rests on (n + i - 1: a 1-token match is weak, a 4-token match strong)."""
 
     name = "ngram"
-    has_draft_model = False
     needs_hidden_states = False
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:
             raise ValueError("ngram sizes need 1 <= min_n <= max_n")
         self.min_n, self.max_n = min_n, max_n
-        self.seconds = 0.0
+        self.forwards = 0
+
+    def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
+        history = (np.arange(512) * 7919 % 997).tolist()
+        one = time_min(lambda: self.lookup(history, 8), 3)
+        return {r: r * one for r in rows}, 0.0
 
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
         pass
@@ -86,18 +121,19 @@ class NGramProposer:
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass
 
-    def backlog(self, seq_id: int, history: list[int]) -> int:
-        return 0
-
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         pass
 
-    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
-        return [Draft(self.lookup(h, k)) for h, k in zip(histories, ks)]
+    def propose(self, seq_ids, histories, ks, sampling, rngs, plan, node_limit: int | None = None) -> list[Draft]:
+        drafts = []
+        for h, k in zip(histories, ks):
+            tokens, conf = self.lookup(h, k)
+            drafts.append(Draft(tokens, conf=conf))
+        return drafts
 
-    def lookup(self, history: list[int], k: int) -> list[int]:
+    def lookup(self, history: list[int], k: int) -> tuple[list[int], list[float]]:
         if k <= 0 or len(history) < self.min_n + 1:
-            return []
+            return [], []
         arr = np.asarray(history, dtype=np.int64)
         n_tok = arr.size
         for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
@@ -107,20 +143,28 @@ class NGramProposer:
             hits = np.flatnonzero((windows == suffix).all(axis=1))
             if hits.size:
                 start = int(hits[-1]) + n
-                return arr[start: start + k].tolist()
-        return []
+                tokens = arr[start: start + k].tolist()
+                nxt = arr[hits + n]  # every earlier occurrence's next token (hits end before the suffix)
+                agree = (int((nxt == tokens[0]).sum()) + 1) / (hits.size + 2)
+                return tokens, [agree * (1 - 0.5 ** (n + i)) for i in range(len(tokens))]
+        return [], []
 
 
 class SmallDraftProposer:
-    """A smaller compiled model with the target's vocabulary drafts k tokens autoregressively.
+    """A smaller compiled model with the target's vocabulary drafts autoregressively.
 
     Its KV cache holds a prefix of the committed history; ``propose`` first feeds whatever
-    it has not seen (1 token normally, 2 after a fully accepted chain), then samples
-    (or takes the argmax of) k tokens, returning q for rejection sampling."""
+    it has not seen (1 token normally, 2 after a fully accepted chain, more after a plain
+    stretch: the catch-up, priced per token in the plan), then drafts token by token while
+    the plan says the next one pays, returning q for rejection sampling.
+
+    A sequence more than ``MAX_BACKLOG / batch`` tokens behind is not drafted for: a
+    catch-up that long inside a decode step stalls a server's whole batch (8 sequences x
+    120 tokens took a second)."""
 
     name = "small_draft"
-    has_draft_model = True
     needs_hidden_states = False
+    MAX_BACKLOG = 256  # tokens of catch-up one step may carry, shared by the batch
 
     def __init__(self, model: Model, max_total_tokens: int):
         self.model = model
@@ -128,23 +172,33 @@ class SmallDraftProposer:
         self.cached: dict[int, list[int]] = {}  # tokens in the draft's KV cache, per sequence
         self.forwards = 0
         self.last_catch_up = 0  # most tokens one sequence had to catch up on in the last propose
-        self._token_seconds: list[float] = []  # recent prefill seconds per token (prompt chunks, catch-ups)
 
-    @property
-    def catch_up_seconds_per_token(self) -> float | None:
-        """What feeding the draft one committed token costs inside a multi-token forward:
-        the price of switching drafting back on after a plain stretch (median of recent
-        prefills; None before the first)."""
-        return statistics.median(self._token_seconds) if self._token_seconds else None
+    def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
+        scratch = [-1 - i for i in range(max(rows))]
+        for s in scratch:
+            self.kv.add_sequence(s)
+        try:
+            self.model.prefill(self.kv, scratch, [[0, 1, 2, 3]] * len(scratch))
+            greedy, rng = SamplingParams(), np.random.default_rng(0)
 
-    def _timed_prefill(self, seq_ids: list[int], chunks: list[list[int]]):
-        t0 = time.perf_counter()
-        logits = self.model.prefill(self.kv, seq_ids, chunks)
-        tokens = sum(len(c) for c in chunks)
-        if tokens > 4:  # a 1-2 token feed is a decode-sized forward, not a per-token price
-            self._token_seconds.append((time.perf_counter() - t0) / tokens)
-            del self._token_seconds[:-9]
-        return logits
+            def step(r):
+                logits = self.model.decode(self.kv, scratch[:r], [5] * r)
+                for row in logits:
+                    pick(row, greedy, rng)
+                for s in scratch[:r]:
+                    self.kv.popn(s, 1)
+
+            table = {r: time_min(lambda: step(r)) for r in rows}
+
+            def catch_up():
+                self.model.prefill(self.kv, scratch[:1], [list(range(6, 38))])
+                self.kv.popn(scratch[0], 32)
+
+            per_token = max(time_min(catch_up) - table[min(rows)], 0.0) / 31
+        finally:
+            for s in scratch:
+                self.kv.remove_sequence(s)
+        return table, per_token
 
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
         self.kv.add_sequence(seq_id)
@@ -165,6 +219,7 @@ class SmallDraftProposer:
         del cached[agreed:]
 
     def backlog(self, seq_id: int, history: list[int]) -> int:
+        """Committed tokens the draft must catch up on before drafting for this sequence."""
         return len(history) - len(self.cached.get(seq_id, ()))
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
@@ -175,7 +230,7 @@ class SmallDraftProposer:
             return
         seq_ids, chunks = [s for s, _ in pairs], [c for _, c in pairs]
         try:
-            self._timed_prefill(seq_ids, chunks)
+            self.model.prefill(self.kv, seq_ids, chunks)
         except KVCacheFull:
             return  # nothing was written; propose catches up later
         for sid, chunk in zip(seq_ids, chunks):
@@ -184,43 +239,52 @@ class SmallDraftProposer:
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
         pass
 
-    def propose(self, seq_ids, histories, ks, sampling, rngs, node_limit: int | None = None) -> list[Draft]:
-        active = [i for i, k in enumerate(ks) if k > 0]
-        drafts = [Draft() for _ in seq_ids]
+    def propose(self, seq_ids, histories, ks, sampling, rngs, plan, node_limit: int | None = None) -> list[Draft]:
+        drafts = [Draft(conf=[]) for _ in seq_ids]
+        most = self.MAX_BACKLOG // max(len(seq_ids), 1)
+        for i, sid in enumerate(seq_ids):
+            if ks[i] > 0:
+                self.accept(sid, histories[i])
+        active = [i for i, k in enumerate(ks) if k > 0 and self.backlog(seq_ids[i], histories[i]) <= most]
         if not active:
             return drafts
-        ids = [seq_ids[i] for i in active]
-        for i, sid in zip(active, ids):
-            self.accept(sid, histories[i])
         pending = [histories[i][len(self.cached[seq_ids[i]]):] for i in active]
-        self.last_catch_up = max(len(p) for p in pending)
-        logits = self._timed_prefill(ids, pending)
+        fed = sum(len(p) for p in pending)
+        if not plan.should_draft(len(active), [(1.0, None)] * len(active),
+                                 CATCH_UP_AMORTIZED * plan.cost.catch_up(fed - len(active))):
+            return drafts
+        ids = [seq_ids[i] for i in active]
+        t0 = time.perf_counter()
+        logits = self.model.prefill(self.kv, ids, pending)
         self.forwards += 1
-        for i, sid, chunk in zip(active, ids, pending):
+        self.last_catch_up = max(len(p) for p in pending)
+        for sid, chunk in zip(ids, pending):
             self.cached[sid].extend(chunk)
+        path = {i: 1.0 for i in active}  # P of each sequence's last drafted node
         probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
         live = list(active)
-        for step in range(max(ks[i] for i in active)):
-            tokens = []
+        while True:
+            new, last_p = [], []
             for row, i in enumerate(live):
-                if sampling[i].greedy:
-                    tok = int(np.argmax(logits[row]))
-                else:
-                    q = probs_from_logits(logits[row], sampling[i])
-                    tok = int(rngs[i].choice(q.shape[-1], p=q))
-                    probs[i].append(q)
+                tok, conf, q = pick(logits[row], sampling[i], rngs[i])
                 drafts[i].tokens.append(tok)
-                tokens.append(tok)
-            keep = [(row, i) for row, i in enumerate(live) if len(drafts[i].tokens) < ks[i]]
-            if not keep:
+                drafts[i].conf.append(conf)
+                if q is not None:
+                    probs[i].append(q)
+                path[i] *= plan.p(conf)
+                new.append(path[i])
+            plan.spent(time.perf_counter() - t0)
+            plan.drafted(new)
+            live = [i for i in live if len(drafts[i].tokens) < ks[i]]
+            if not live or not plan.should_draft(len(live), [(path[i], plan.p(drafts[i].conf[-1])) for i in live]):
                 break
-            live = [i for _, i in keep]
-            logits = self.model.decode(self.kv, [seq_ids[i] for i in live], [tokens[row] for row, _ in keep])
+            t0 = time.perf_counter()
+            logits = self.model.decode(self.kv, [seq_ids[i] for i in live], [drafts[i].tokens[-1] for i in live])
             self.forwards += 1
-            for row, i in keep:
-                self.cached[seq_ids[i]].append(tokens[row])
+            for i in live:
+                self.cached[seq_ids[i]].append(drafts[i].tokens[-1])
         for i in active:
-            if not sampling[i].greedy:
+            if probs[i]:
                 drafts[i].probs = np.stack(probs[i])
         return drafts
 

@@ -34,6 +34,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)  # [k]
     parents: list[int] | None = None  # [k] local parent index, -1 = root; None = chain
     probs: np.ndarray | None = None  # [k, vocab] draft distribution at each node; None = one-hot
+    conf: list[float] | None = None  # [k] the proposer's confidence in each node (runtime/adaptive.py)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -289,11 +289,13 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
                    "(small_draft with --draft-gguf, or ngram)")
 @click.option("--draft-gguf", type=click.Path(path_type=Path), default=None,
               help="with --llama-speculative in small_draft mode: the draft's GGUF file")
+@click.option("--one-shot", is_flag=True, default=False,
+              help="each run a fresh `generate` process (plain/spec/spec/plain per prompt), as users run it")
 @click.option("--llama-draft-max", type=int, default=3, show_default=True,
               help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
               per_category, spec, endpoint, concurrency, api_key, compare, ab, llama_bench, gguf, llama_spec, draft_gguf,
-              llama_draft_max):
+              one_shot, llama_draft_max):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
@@ -320,6 +322,12 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
                 gguf = fetch(model_name, quiet=True)
         if model_dir is None or model_lib is None:
             raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+        if one_shot:
+            from speccompile.bench_oneshot import run_one_shot
+
+            run_one_shot(model_dir, model_lib, spec, prompts, max_tokens, list(categories) or None, per_category,
+                         num_prompts, out_json)
+            return
         if llama_bench and (gguf is None or not Path(llama_bench).exists()):
             raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")
         lspec = None

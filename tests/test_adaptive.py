@@ -1,141 +1,233 @@
-"""The adaptive draft-length controller on synthetic costs and acceptance."""
-from speccompile.runtime.adaptive import DraftLengthController
+"""The cost model, the acceptance model and the draft-length policy, on synthetic costs.
+
+Nothing here is timed: every cost is given, every acceptance drawn from a seeded generator.
+"""
+import numpy as np
+import pytest
+
+from speccompile.runtime.adaptive import AcceptanceModel, Policy, node_probs
+from speccompile.runtime.costs import CostModel, CostTable, profile_path
+from speccompile.runtime.verify import Draft
+
+MS = 1e-3
 
 
-def _run(ctrl: DraftLengthController, verify_ms, accept_prob: float, steps: int = 400) -> list[int]:
-    """Feed the controller a deterministic world: verify of k drafts costs verify_ms[k], each
-    draft position is accepted with ``accept_prob`` (as an exact long-run fraction)."""
-    chosen, credit = [], 0.0
-    for _ in range(steps):
-        k = ctrl.choose(1, 8)
-        chosen.append(k)
-        ctrl.observe_verify(1, k, verify_ms[min(k, len(verify_ms) - 1)] / 1e3)
-        if k:
-            accepted = 0
-            for _ in range(k):
-                credit += accept_prob
-                if credit >= 1.0:
-                    credit -= 1.0
-                    accepted += 1
-                else:
-                    break
-            ctrl.observe_acceptance(k, accepted)
-    return chosen
+def _model(verify_ms: dict, draft_ms: float = 0.0, catch_up_ms: float = 0.0) -> CostModel:
+    return CostModel(CostTable({r: v * MS for r, v in verify_ms.items()}),
+                     CostTable({1: draft_ms * MS, 8: 8 * draft_ms * MS}), catch_up_ms * MS)
 
 
-def test_speculates_deeper_when_acceptance_is_high_and_verify_is_cheap():
-    ctrl = DraftLengthController(draft_is_free=True)
-    chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95)
-    assert sum(k >= 3 for k in chosen[-100:]) > 80
+# what one VNNI host measured for Qwen2.5-Coder-1.5B (rows -> ms) and a 0.5B draft step
+QWEN = {1: 38, 2: 44, 4: 46, 8: 54, 16: 103}
+FLAT = {1: 10, 2: 10.3, 4: 10.9, 8: 12, 16: 14}  # memory-bound: extra rows nearly free
+LINEAR = {1: 10, 2: 20, 4: 40, 8: 80, 16: 160}  # compute-bound: a row costs a whole step
 
 
-def test_plain_decoding_when_verify_is_nearly_linear():
-    ctrl = DraftLengthController(draft_is_free=True)
-    chosen = _run(ctrl, [10, 19, 28, 37, 46, 55, 64, 73, 82], 0.6)
-    assert chosen[-100:].count(0) >= 99  # not even perfect acceptance pays: only rare probes
+# ------------------------------------------------------------------ costs
+def test_cost_table_interpolates_extrapolates_and_is_monotone():
+    t = CostTable({1: 10.0, 2: 12.0, 4: 30.0, 6: 20.0, 8: 40.0})  # 4 was measured in a slow moment
+    values = [t(r) for r in range(1, 12)]
+    assert values == sorted(values)  # never cheaper with more rows
+    assert t(4) == t(6) == 25.0  # the violating pair pooled
+    assert t(10) == pytest.approx(40.0 + 2 * (40.0 - 25.0) / 2)  # the last slope carries on
+    assert t(3) == pytest.approx(12.0 + (25.0 - 12.0) / 2)
 
 
-def test_marginal_gain_is_not_taken_and_probes_are_rare():
-    # k = 1 would promise 1.3 tokens per 1.25 steps (1.04x): inside the noise margin
-    ctrl = DraftLengthController(draft_is_free=True)
-    chosen = _run(ctrl, [10, 12.5, 15, 17.5, 20, 22.5, 25, 27.5, 30], 0.3)
-    tail = chosen[-200:]
-    assert tail.count(0) >= 185 and max(tail) == 1  # at most a few probe steps
+def test_pace_scales_every_cost_and_keeps_the_shape():
+    cost = _model(QWEN, draft_ms=13)
+    for _ in range(15):  # the machine runs 30% faster than when profiled
+        cost.observe_target(1, 0.7 * 38 * MS)
+        cost.observe_target(4, 0.7 * 46 * MS)
+    assert cost.pace == pytest.approx(0.7)
+    assert cost.target(8) == pytest.approx(0.7 * 54 * MS)
+    assert cost.draft(1) == pytest.approx(0.7 * 13 * MS)
+    assert cost.target(8) / cost.target(1) == pytest.approx(54 / 38)
 
 
-def test_probe_one_longer_refreshes_a_stale_cost():
-    ctrl = DraftLengthController(draft_is_free=True)
-    # a noisy first measurement makes k = 2 look expensive; probes must re-measure it
-    ctrl.observe_verify(1, 2, 0.050)
-    chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95, steps=600)
-    assert sum(k >= 2 for k in chosen[-100:]) > 80
+def test_refreshed_profile_is_anchored_at_one_row(tmp_path):
+    """Real steps rewrite the cached table's shape (a 4-row forward that was profiled in a
+    noisy second), never its level: the next process starts from the healed profile."""
+    cost = _model({1: 10, 2: 11, 4: 30, 8: 40})
+    cost.path = tmp_path / "p.json"
+    for _ in range(10):  # now 2x slower overall; 4 rows really cost 1.3x one row
+        cost.observe_target(1, 20 * MS)
+        cost.observe_target(4, 26 * MS)
+    cost.save()
+    again = CostModel.load(cost.path)
+    assert again.target_table(1) == pytest.approx(10 * MS)
+    assert again.target_table(4) == pytest.approx(13 * MS, rel=0.05)
+    assert CostModel.load(tmp_path / "missing.json") is None
 
 
-def test_a_cost_spike_does_not_switch_speculation_off_for_good():
-    ctrl = DraftLengthController(draft_is_free=True)
-    ctrl.observe_verify(1, 0, 0.010)
-    ctrl.observe_verify(1, 1, 0.100)  # measured while another process held the CPU
-    chosen = _run(ctrl, [10, 11, 12, 13, 14, 15, 16, 17, 18], 0.95, steps=800)
-    assert sum(k >= 2 for k in chosen[-100:]) > 80
+def test_profile_key_depends_on_library_mode_and_host(tmp_path, monkeypatch):
+    lib = tmp_path / "a.so"
+    lib.write_bytes(b"x" * 100)
+    monkeypatch.setenv("SPECCOMPILE_CACHE", str(tmp_path))
+    a = profile_path([lib], "ngram")
+    assert a.parent == tmp_path / "costs" and profile_path([lib], "ngram") == a
+    assert profile_path([lib], "small_draft") != a
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    assert profile_path([lib], "ngram") != a
+    lib.write_bytes(b"y" * 100)
+    monkeypatch.delenv("TVM_NUM_THREADS")
+    assert profile_path([lib], "ngram") != a
 
 
-def test_costs_learned_at_one_batch_size_inform_another():
-    """Forward time depends on the rows it carries: plain batches of 4 and 8 that cost
-    nearly 2x apart (compute-bound) keep a batch of 8 from drafting at all."""
-    ctrl = DraftLengthController(draft_is_free=True)
-    for rows, ms in ((1, 10), (2, 12), (4, 20), (8, 40)):
-        for _ in range(3):
-            ctrl.observe_verify(rows, 0, ms / 1e3)
-    for _ in range(3):
-        ctrl.observe_acceptance(1, 1)
-    assert ctrl.choose(1, 8) >= 1  # one sequence: a 2-row forward is nearly free
-    assert [ctrl.choose(8, 8) for _ in range(20)].count(0) == 20  # 16 rows would cost ~2x
-
-
-def test_realized_step_throughput_overrules_a_promising_estimate():
-    """The cost model promises a gain (cheap verify, good acceptance), but whole drafting
-    steps carry a cost it cannot see (say a draft model catching up inside the step): once
-    drafting steps have delivered fewer tokens per second than plain ones at this batch
-    size, the controller decodes plainly, apart from rare probes; at another batch size
-    where drafting wins, it keeps drafting."""
-    ctrl = DraftLengthController(draft_is_free=True)
-    hidden_cost = {4: 0.050, 2: 0.0}  # seconds added to every drafting step, per batch size
-    chosen = {4: [], 2: []}
-    for step in range(600):
-        for batch in (4, 2):
-            k = ctrl.choose(batch, 8)
-            chosen[batch].append(k)
-            verify = 0.010 + 0.001 * batch * (k + 1)  # memory-bound: extra rows are cheap
-            ctrl.observe_verify(batch, k, verify)
-            accepted = min(k, 1)
-            if k:
-                ctrl.observe_acceptance(k, accepted)
-            tokens = batch * (1 + accepted)
-            ctrl.observe_step(batch, k > 0, tokens, verify + (hidden_cost[batch] if k else 0.0))
-    assert sum(k > 0 for k in chosen[4][-200:]) <= 6  # plain, but for probes
-    assert sum(k > 0 for k in chosen[2][-200:]) >= 190  # drafting pays here and continues
-
-
-def test_a_draft_model_at_high_acceptance_drafts_beyond_one():
-    """Measured Qwen2.5-Coder 1.5B target / 0.5B draft costs on a 2-core CPU (draft forward
-    9.3 ms, verify of k+1 tokens 25-35 ms), every draft position accepted with probability
-    0.85 independently: k = 2-3 promise ~1.35x over plain, k = 1 1.27x. Positions beyond
-    the first are unmeasured until tried; they must not be assumed worse than the first,
-    or the controller stays at k = 1."""
-    import numpy as np
-
+# ------------------------------------------------------------- acceptance
+def test_calibration_learns_what_a_confidence_is_worth():
+    acc = AcceptanceModel()
+    assert acc.predict(0.95) == pytest.approx(0.95)  # the prior: confidence is acceptance
     rng = np.random.default_rng(0)
-    verify_ms = [25, 26, 27.7, 28, 29.4, 30.5, 31.4, 33.3, 35.3]
-    ctrl = DraftLengthController()
-    ctrl.observe_draft(1, 0.0093)
-    chosen = []
-    for _ in range(600):
-        k = ctrl.choose(1, 8)
-        chosen.append(k)
-        ctrl.observe_verify(1, k, verify_ms[k] / 1e3)
-        if k:
-            hits = rng.random(k) < 0.85
-            ctrl.observe_acceptance(k, int(k if hits.all() else np.argmin(hits)))
-    assert sum(k >= 2 for k in chosen[-200:]) > 180
+    for _ in range(300):  # an over-confident draft: 0.95 means 0.5
+        acc.observe([0.95], [-1], [0] if rng.random() < 0.5 else [])
+    assert acc.predict(0.95) == pytest.approx(0.5, abs=0.08)
+    assert acc.predict(0.25) == pytest.approx(0.25)  # other bins keep their prior
 
 
-def test_costs_measured_while_the_machine_was_slower_are_rescaled():
-    """The CPU speeds up 30% (clock change) while the controller decodes plainly for a while:
-    the draft and verify costs it measured before must scale with the plain steps it keeps
-    measuring, or stale costs make drafting look too dear and speculation stays off."""
-    verify_ms = [25, 26, 27.7, 28, 29.4]
-    ctrl = DraftLengthController(max_k=4)
-    for _ in range(12):  # slow phase: every length measured, acceptance 0.85 at every position
-        for k in range(5):
-            ctrl.observe_verify(1, k, verify_ms[k] / 1e3)
-        ctrl.observe_draft(1, 0.0093)
-        for _ in range(3):
-            ctrl.observe_acceptance(4, 4)
-        ctrl.observe_acceptance(4, 0)
-    assert ctrl.choose(1, 4) >= 2
-    for _ in range(12):  # fast phase: only plain steps are measured
-        ctrl.observe_verify(1, 0, 0.7 * verify_ms[0] / 1e3)
-    assert abs(ctrl.verify_cost[4] - 0.7 * verify_ms[3] / 1e3) < 1e-9
-    chosen = [ctrl.choose(1, 4) for _ in range(10)]
-    assert abs(ctrl.draft_cost - 0.7 * 0.0093) < 1e-9
-    assert sum(k >= 2 for k in chosen) >= 8, chosen
+def test_only_nodes_whose_parent_was_accepted_are_evidence():
+    acc = AcceptanceModel()
+    acc.observe([0.95, 0.95, 0.15], [-1, 0, 1], [0])  # node 1 rejected, node 2 never reached
+    assert acc.trials[9] == pytest.approx(1 + 0.998)  # nodes 0 and 1, decayed once
+    assert acc.hits[9] == pytest.approx(0.998)
+    assert acc.trials[1] == 0
+
+
+def test_first_token_estimate_falls_with_misses_and_recovers_over_plain_steps():
+    acc = AcceptanceModel(first_prior=0.6)
+    for _ in range(20):
+        acc.observe([0.5], [-1], [])
+    assert acc.first < 0.2
+    for _ in range(80):
+        acc.relax()
+    assert acc.first > 0.45  # drafting is retried after a plain stretch
+    acc.observe([0.5], [-1], [])  # ... and the retry misses at once: the next wait is longer
+    assert acc.backoff == 2
+    before = acc.first
+    for _ in range(80):
+        acc.relax()
+    assert acc.first - before < 0.8 * (0.5 - 0.2)
+    for _ in range(200):
+        acc.relax()
+    acc.observe([0.5], [-1], [0])  # a retry that hits resets the wait
+    assert acc.backoff == 1
+
+
+def test_learned_calibration_survives_the_process():
+    acc = AcceptanceModel()
+    for _ in range(50):
+        acc.observe([0.95], [-1], [])
+    again = AcceptanceModel().restore(acc.state())
+    assert again.predict(0.95) == pytest.approx(acc.predict(0.95))
+    assert AcceptanceModel().restore({"hits": [1] * 3}).predict(0.95) == pytest.approx(0.95)  # malformed: ignored
+
+
+# ----------------------------------------------------------------- policy
+def test_a_draft_model_drafts_long_when_verify_is_cheap_and_stops_where_confidence_drops():
+    """Per-token stopping: the chain goes on while the draft is sure and stops right after
+    the token it is unsure of; that token is verified only where a row is nearly free."""
+    policy = Policy(_model(FLAT, draft_ms=1.0), AcceptanceModel())
+    plan = policy.plan(1)
+    confs = [0.97, 0.95, 0.96, 0.1, 0.9, 0.9]
+    assert plan.should_draft(1, [(1.0, None)])
+    drafted, p = [], 1.0
+    for c in confs:
+        drafted.append(c)
+        p *= plan.p(c)
+        plan.spent(1 * MS)
+        plan.drafted([p])
+        if not plan.should_draft(1, [(p, plan.p(c))]):
+            break
+    assert drafted == confs[:4]
+    kept = plan.select([Draft(list(range(4)), conf=drafted)])[0]
+    assert kept.tokens == [0, 1, 2, 3]
+    dear = Policy(_model(QWEN, draft_ms=1.0), AcceptanceModel()).plan(1)
+    assert dear.select([Draft(list(range(4)), conf=drafted)])[0].tokens == [0, 1, 2]
+
+
+def test_no_drafting_where_verify_rows_cost_whole_steps():
+    policy = Policy(_model(LINEAR), AcceptanceModel())
+    plan = policy.plan(1)
+    assert not plan.should_draft(1, [(1.0, 0.99)])  # not even near-perfect acceptance pays
+    assert plan.select([Draft([1, 2, 3], conf=[0.99, 0.99, 0.99])])[0].tokens == []
+
+
+def test_a_draft_slower_than_its_target_never_drafts():
+    """Qwen2.5-Coder-0.5B as target and the 1.5B as its draft: a draft step costs more
+    than a target step, so no acceptance can pay for it."""
+    policy = Policy(_model({1: 13, 2: 15, 4: 17, 8: 22}, draft_ms=38), AcceptanceModel(first_prior=1.0))
+    assert not policy.plan(1).should_draft(1, [(1.0, None)])
+    assert not policy.expects_drafting(1)
+
+
+def test_measured_qwen_costs_draft_at_good_acceptance_and_not_at_poor():
+    """The 1.5B + 0.5B costs above: a first token accepted 80% of the time is worth a
+    draft forward of 0.34 steps, one accepted 30% of the time is not."""
+    good = Policy(_model(QWEN, draft_ms=13), AcceptanceModel(first_prior=0.8))
+    poor = Policy(_model(QWEN, draft_ms=13), AcceptanceModel(first_prior=0.3))
+    assert good.plan(1).should_draft(1, [(1.0, None)])
+    assert not poor.plan(1).should_draft(1, [(1.0, None)])
+
+
+def test_batch_sizes_use_the_costs_of_their_row_counts():
+    """A batch of 8 drafting one token each forwards 16 rows, which costs 2x a plain step
+    of 8 here: drafting pays at batch 1 and not at batch 8."""
+    policy = Policy(_model(QWEN), AcceptanceModel(first_prior=0.7))
+    assert policy.plan(1).should_draft(1, [(1.0, None)])
+    plan8 = policy.plan(8)
+    drafts = plan8.select([Draft([1, 2], conf=[0.7, 0.7]) for _ in range(8)])
+    assert sum(len(d) for d in drafts) <= 8  # at most one extra row per sequence is worth its cost
+    assert policy.plan(1).select([Draft([1, 2], conf=[0.7, 0.7])])[0].tokens == [1, 2]
+
+
+def test_tree_selection_keeps_parents_and_the_most_probable_nodes():
+    policy = Policy(_model(QWEN), AcceptanceModel())
+    d = Draft([10, 11, 12, 13, 14], parents=[-1, -1, 0, 0, 2], conf=[0.9, 0.05, 0.8, 0.05, 0.7])
+    probs, depths = node_probs(d, policy.acceptance.predict)
+    assert depths == [1, 1, 2, 2, 3] and probs[4] == pytest.approx(0.95 * 0.85 * 0.75)  # bin centers
+    kept = policy.plan(1).select([d])[0]
+    assert kept.tokens == [10, 12, 14] and kept.parents == [-1, 0, 1]
+
+
+def test_fixed_length_is_left_alone():
+    policy = Policy(_model(LINEAR), AcceptanceModel(), fixed_k=3)
+    plan = policy.plan(1)
+    assert plan.should_draft(1, [(1.0, 0.01)])
+    assert plan.select([Draft([1, 2, 3], conf=[0.01] * 3)])[0].tokens == [1, 2, 3]
+
+
+def _steps(policy: Policy, batch: int, speedup: float, n: int) -> list[bool]:
+    """n steps of a world where drafting delivers ``speedup`` x plain at this batch size
+    (when the policy drafts); returns whether each step was allowed to draft."""
+    drafted = []
+    plain = policy.plain_step_time(batch)
+    for _ in range(n):
+        on = not policy.guard_off(batch)
+        drafted.append(on)
+        if on:
+            policy.observe_step(batch, True, 2 * batch, 2 * plain / speedup, 2 * plain / speedup)
+        else:
+            policy.observe_step(batch, False, batch, plain, plain)
+    return drafted
+
+
+def test_guard_switches_drafting_off_only_when_measurably_slower_and_retries():
+    policy = Policy(_model(QWEN), AcceptanceModel())
+    steps = _steps(policy, 1, 0.8, 200)  # drafting delivers 0.8x: switched off after a few steps
+    assert not all(steps[:40]) and steps[:8] == [True] * 8
+    assert sum(steps) < 60  # mostly plain, with retries that grow rarer
+    fine = Policy(_model(QWEN), AcceptanceModel())
+    assert all(_steps(fine, 1, 1.02, 300))  # a small but real gain is never switched off
+    noisy = Policy(_model(QWEN), AcceptanceModel())
+    rng = np.random.default_rng(1)
+    plain = noisy.plain_step_time(2)
+    for _ in range(300):  # a gain of 10% with 40% step-to-step noise: the guard stays quiet
+        seconds = 2 * plain / (1.1 * rng.uniform(0.6, 1.4))
+        noisy.observe_step(2, True, 4, seconds, seconds)
+    assert not noisy.guard_off(2)
+
+
+def test_guard_off_is_per_batch_size():
+    policy = Policy(_model(QWEN), AcceptanceModel())
+    _steps(policy, 4, 0.7, 20)
+    assert policy.guard_off(4) and not policy.guard_off(1)
+    assert policy.plan(4).select([Draft([1], conf=[0.99])] * 4) == [Draft()] * 4

@@ -141,48 +141,102 @@ def test_draft_model_prefills_with_the_target(target, reference):
     assert seq.result.token_ids == expected[4]
 
 
-def test_a_lagging_draft_model_never_catches_up_inside_a_step(target, reference, monkeypatch):
-    """Where plain decoding is chosen at the batch size, the draft model does not prefill new
-    prompts; a sequence that far behind then decodes plainly rather than stall the batch on
-    a catch-up (at batch 8 one took a second). Where drafting is chosen, the draft prefills
-    with the target and drafts. The output is the target's either way."""
-    from speccompile.runtime import engine as engine_mod
+def _costs(verify_ms: dict, draft_ms: float, catch_up_ms: float = 0.0):
+    """A synthetic cost profile (rows -> ms): what the policy decides from, not timed."""
+    from speccompile.runtime.costs import CostModel, CostTable
 
-    monkeypatch.setattr(engine_mod, "MAX_BACKLOG", 16)  # the test prompt is shorter than the default
+    return CostModel(CostTable({r: v * 1e-3 for r, v in verify_ms.items()}),
+                     CostTable({1: draft_ms * 1e-3, 8: 8 * draft_ms * 1e-3}), catch_up_ms * 1e-3)
+
+
+CHEAP = {1: 10, 2: 10.2, 4: 10.5, 8: 11, 16: 12, 32: 14}  # extra verified rows nearly free
+
+
+def _adaptive(eng, cost):
+    """The engine with this cost profile and fresh acceptance estimates, adaptive length.
+    The pace factor still follows real forwards, but one factor scales every cost alike,
+    so the decisions follow the profile's shape."""
+    eng.cost = cost
+    eng.set_draft_length(0)
+    return eng
+
+
+def test_a_fresh_engine_drafts_from_its_first_step_when_the_costs_say_so(target, reference):
+    """No warm-up, no learning of costs: with a profile where drafting pays, the first
+    decode step of a fresh engine drafts (the target drafting for itself: every token is
+    accepted), and with one where the draft costs more than a target step it never does."""
     prompts, expected = reference
-    eng = _engine(target, "self")
-    eng.controller.choose = lambda batch=1, limit=None: 2
-    for state, drafts in ((0, False), (2, True)):  # as if measured at batch 1: plain, then k = 2
-        eng.controller.state_by_batch[1] = state
+    for draft_ms, drafts in ((0.5, True), (12.0, False)):
+        eng = _adaptive(_engine(target, "self"), _costs(CHEAP, draft_ms))
+        seq = eng.new_sequence(prompts[1], NEW_TOKENS, ignore_eos=True)
+        eng.attach(seq)
+        while seq.to_prefill:
+            eng.prefill([seq], 64)
+        eng.step([seq])
+        assert (seq.result.stats.spec.draft_tokens > 0) == drafts
+        assert (seq.result.stats.spec.mean_accepted_length > 2) == drafts
+        while not seq.done:
+            eng.step([seq])
+        eng.detach(seq)
+        assert seq.result.token_ids == expected[1]
+        assert (seq.result.stats.spec.draft_tokens > 0) == drafts
+
+
+def test_ngram_drafts_only_confident_matches_worth_their_rows(target, reference):
+    """The repetitive prompt gives long, often-seen n-gram matches: verified at cheap rows.
+    Where a verified row costs as much as a step, none is verified. Output is the target's."""
+    prompts, expected = reference
+    for verify, drafts in ((CHEAP, True), ({1: 10, 2: 20, 4: 40, 8: 80, 16: 160, 32: 320}, False)):
+        eng = _adaptive(_engine(target, "ngram"), _costs(verify, 0.0))
+        res = eng.generate(prompts[2], NEW_TOKENS, ignore_eos=True)
+        assert res.token_ids == expected[2]
+        assert (res.stats.spec.accepted_tokens > 8) == drafts
+        assert (res.stats.spec.draft_tokens > 0) == drafts
+
+
+def test_a_lagging_draft_model_never_catches_up_inside_a_step(target, reference, monkeypatch):
+    """Where the costs say drafting does not pay at the batch size, the draft model does not
+    prefill new prompts; a sequence that far behind then decodes plainly rather than stall
+    the batch on a catch-up (at batch 8 one took a second), even at a fixed draft length.
+    Where drafting pays, the draft prefills with the target and drafts. The output is the
+    target's either way."""
+    from speccompile.runtime.proposers import SmallDraftProposer
+
+    monkeypatch.setattr(SmallDraftProposer, "MAX_BACKLOG", 16)  # the test prompt is shorter than the default
+    prompts, expected = reference
+    for draft_ms, drafts in ((12.0, False), (0.5, True)):
+        eng = _adaptive(_engine(target, "self"), _costs(CHEAP, draft_ms))
         seq = eng.new_sequence(prompts[4], NEW_TOKENS, ignore_eos=True)
         eng.attach(seq)
         while seq.to_prefill:
             eng.prefill([seq], 7)
         assert (eng.proposer.backlog(seq.seq_id, seq.history) > 16) != drafts
+        eng.policy.fixed_k = 2  # would draft if it could
         while not seq.done:
             eng.step([seq])
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts and seq.result.token_ids == expected[4]
         eng.detach(seq)
 
 
-def test_a_draft_model_catches_up_only_within_its_budget(target, reference):
+def test_a_draft_model_catch_up_is_priced(target, reference):
     """After a plain stretch a draft model must prefill what it missed before it drafts
-    again. That catch-up is paid from a budget (a share of decode time): without budget
-    the sequence keeps decoding plainly, with it the draft catches up and drafts. Either
-    way the output is the target's."""
+    again. The plan prices that catch-up per token: at a prohibitive price the sequence
+    keeps decoding plainly, at a cheap one the draft catches up and drafts. Either way the
+    output is the target's."""
     prompts, expected = reference
-    for budget, drafts_after in ((0.0, False), (10.0, True)):
-        eng = _engine(target, "self")
-        plan = iter([0] * 8)  # eight plain steps, then k = 2
-        eng.controller.choose = lambda batch=1, limit=None: next(plan, 2)
+    for catch_up_ms, drafts_after in ((50.0, False), (0.01, True)):
+        eng = _adaptive(_engine(target, "self"), _costs(CHEAP, 0.5, catch_up_ms))
         seq = eng.new_sequence(prompts[4], NEW_TOKENS, ignore_eos=True)
         eng.attach(seq)
+        eng.policy.off_until[1] = 8  # as if the guard had switched drafting off for 8 steps
         while seq.to_prefill:
             eng.prefill([seq], 7)
+        proposer = eng.proposer
+        for sid in list(proposer.cached):  # the draft missed the prompt (decided plain at prefill)
+            proposer.accept(sid, [])
         for _ in range(8):
             eng.step([seq])
-        assert seq.result.stats.spec.draft_tokens == 0 and eng.proposer.backlog(seq.seq_id, seq.history) > 2
-        eng._catch_up_budget = budget  # what 8 plain steps earned is far less than a catch-up costs
+        assert seq.result.stats.spec.draft_tokens == 0 and proposer.backlog(seq.seq_id, seq.history) > 2
         eng.step([seq])
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts_after
         while not seq.done:

@@ -245,6 +245,8 @@ def test_medusa_rows_match_the_runtime_offsets():
     head k's draft against: a stub head that always drafts our training label is always
     right in MedusaProposer's own bookkeeping (runtime/medusa.py), and rows start at the
     last prompt token, the first feature the runtime drafts from."""
+    from speccompile.runtime.adaptive import AcceptanceModel, Policy
+    from speccompile.runtime.costs import CostModel, CostTable
     from speccompile.runtime.medusa import MedusaProposer
     from speccompile.train_medusa import medusa_rows
 
@@ -269,11 +271,12 @@ def test_medusa_rows_match_the_runtime_offsets():
             return out
 
     prop = MedusaProposer(Stub())
+    fixed = Policy(CostModel(CostTable({1: 1.0}), CostTable({1: 0.0})), AcceptanceModel(), fixed_k=k_heads)
     tries0, hits0 = prop.tries.copy(), prop.hits[:, 0].copy()
     prop.add_sequence(0, list(toks[:a]))
     for length in range(a, len(toks) - 1):  # history = committed tokens + the pending one
         prop.observe_hidden(0, 0, feats[:length])  # features of positions 0..length-1
-        prop.propose([0], [list(toks[:length + 1])], [k_heads], None, None)
+        prop.propose([0], [list(toks[:length + 1])], [k_heads], None, None, fixed.plan(1))
     prop.accept(0, list(toks))
     assert (prop.tries - tries0).tolist() == [6, 5, 4]
     assert np.allclose(prop.hits[:, 0] - hits0, prop.tries - tries0)

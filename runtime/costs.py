@@ -1,0 +1,231 @@
+"""What forwards cost on this machine, known before the first decode step (and what the
+draft's confidence is worth, as learned by earlier processes).
+
+Speculation pays only when a draft and a verify of k+1 rows cost less than the tokens they
+save, and those costs differ by 10x between hosts (an extra verified row of Qwen2.5-1.5B is
+~5% of a decode step with AVX-512 VNNI, 30-90% with AVX2 only). Learned from zero in every
+process, the costs arrived after the request they were needed for: a fresh ``generate`` ran
+plainly while a fixed k = 3 was 1.7x faster. So:
+
+- ``CostTable``: seconds of one forward per row count, measured once per (library, host
+  CPU, threads) by timing real forwards on scratch sequences (about a second for a 1.5B
+  model), and kept in ``$SPECCOMPILE_CACHE/costs/`` keyed by the libraries' fingerprints and
+  the host;
+- ``CostModel``: the target's and the proposer's tables plus *one* pace factor that online
+  observations move (this machine's clock changes 10-30% within seconds: the ratios between
+  row counts hold, the absolute level does not). What real steps measure per row count is
+  written back into the cached profile, so one taken in a noisy second heals.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+
+PACE_WINDOW = 15  # recent observed/predicted ratios of target forwards whose median is the pace
+REFRESH = 0.1  # weight of one observation in its row count's running cost
+
+
+class CostTable:
+    """Seconds of one forward per total row count; linear between measured counts, and
+    beyond the largest along the slope of the last two (forwards grow linearly once
+    compute-bound). Made monotone when built (pool-adjacent-violators: one forward slowed
+    by another process, or one lucky one, must not make 4 rows look dearer than 6)."""
+
+    def __init__(self, seconds: dict[int, float]):
+        if not seconds:
+            raise ValueError("a cost table needs at least one measured row count")
+        rows = sorted(int(r) for r in seconds)
+        self.seconds = dict(zip(rows, _monotone([float(seconds[r]) for r in rows])))
+
+    def __call__(self, rows: int) -> float:
+        known = sorted(self.seconds)
+        if rows <= known[0]:
+            return self.seconds[known[0]]
+        for lo, hi in zip(known, known[1:]):
+            if rows <= hi:
+                a, b = self.seconds[lo], self.seconds[hi]
+                return a + (b - a) * (rows - lo) / (hi - lo)
+        if len(known) == 1:
+            return self.seconds[known[0]] * rows / known[0]
+        a, b = known[-2], known[-1]
+        slope = (self.seconds[b] - self.seconds[a]) / (b - a)
+        return self.seconds[b] + slope * (rows - b)
+
+    def to_json(self) -> dict:
+        return {str(r): s for r, s in sorted(self.seconds.items())}
+
+
+def _monotone(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    out: list[float] = []
+    for s, n in blocks:
+        out.extend([s / n] * int(n))
+    return out
+
+
+class CostModel:
+    """Target and draft forward costs at the machine's current pace.
+
+    target(rows): one target forward (and its verification kernel) over ``rows`` tokens;
+    draft(rows): one draft forward over ``rows`` rows, the proposer's host work included
+    (microseconds for n-gram lookups); catch_up(tokens): feeding a draft model committed
+    tokens it has not seen (per-token prefill price).
+
+    The pace is the median ratio of recent target forwards to the table: one number, so
+    that the table's shape -- what the decisions depend on -- is never pulled around by
+    it. Observations are also kept per row count (pace removed) and written back into the
+    cached profile, anchored at the one-row entry, so the next process starts from a
+    profile healed by real steps."""
+
+    def __init__(self, target: CostTable, draft: CostTable, catch_up_per_token: float = 0.0,
+                 path: Path | None = None):
+        self.target_table, self.draft_table = target, draft
+        self.catch_up_per_token = catch_up_per_token
+        self.path = path
+        self.ratios: list[float] = []
+        self.pace = 1.0
+        self.seen: dict[int, tuple[float, int]] = {}  # rows -> (EMA of seconds, count)
+        self.acceptance: dict | None = None  # what the acceptance model learned (runtime/adaptive.py)
+
+    def target(self, rows: int) -> float:
+        return self.pace * self.target_table(rows)
+
+    def draft(self, rows: int) -> float:
+        return self.pace * self.draft_table(rows) if rows > 0 else 0.0
+
+    def catch_up(self, tokens: int) -> float:
+        return self.pace * self.catch_up_per_token * max(tokens, 0)
+
+    def marginal(self, rows: int) -> float:
+        """What one more verified row costs on top of ``rows``: never below 1% of a one-row
+        step, so that a flat stretch of the table does not make rows look free."""
+        return max(self.target(rows + 1) - self.target(rows), 0.01 * self.target(1))
+
+    # --------------------------------------------------------------- online
+    def observe_target(self, rows: int, seconds: float) -> None:
+        predicted = self.target_table(rows)
+        if predicted <= 0 or seconds <= 0:
+            return
+        self.ratios.append(seconds / predicted)
+        del self.ratios[:-PACE_WINDOW]
+        self.pace = statistics.median(self.ratios)
+        ema, n = self.seen.get(rows, (seconds, 0))
+        self.seen[rows] = ((1 - REFRESH) * ema + REFRESH * seconds, n + 1)
+
+    # ------------------------------------------------------------ the cache
+    def refreshed(self) -> CostTable:
+        """The target table with each row count seen often enough replaced by what real
+        steps measured, scaled so that the one-row entry keeps the profile's level (row
+        counts are observed interleaved, so the machine's pace cancels in their ratios)."""
+        seen = {r: v for r, (v, n) in self.seen.items() if n >= 8}
+        if 1 not in seen or len(seen) < 2:
+            return self.target_table
+        scale = self.target_table.seconds[min(self.target_table.seconds)] / seen[1]
+        merged = dict(self.target_table.seconds)
+        merged.update({r: v * scale for r, v in seen.items()})
+        return CostTable(merged)
+
+    def to_json(self) -> dict:
+        return {"target": self.refreshed().to_json(), "draft": self.draft_table.to_json(),
+                "catch_up_per_token": self.catch_up_per_token, "acceptance": self.acceptance}
+
+    def save(self) -> None:
+        """Write the refreshed profile (best effort: a read-only cache only loses the refresh)."""
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(self.to_json(), indent=1))
+            tmp.replace(self.path)
+        except OSError:
+            pass
+
+    @classmethod
+    def load(cls, path: Path) -> "CostModel | None":
+        try:
+            data = json.loads(Path(path).read_text())
+            cost = cls(CostTable({int(r): s for r, s in data["target"].items()}),
+                       CostTable({int(r): s for r, s in data["draft"].items()}),
+                       float(data.get("catch_up_per_token", 0.0)), Path(path))
+            cost.acceptance = data.get("acceptance")
+            return cost
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent or unreadable: measure again
+
+
+def measure_target(model, kv, rows: list[int], hidden_states: bool) -> dict[int, float]:
+    """Seconds of a target forward plus greedy verification over r rows of one scratch
+    sequence (after a 16-token prefix), through the very calls a decode step makes: the
+    fused logits entry points, or (for heads that read them) hidden states + get_logits."""
+    from .proposers import time_min
+
+    sid = -1
+    kv.add_sequence(sid)
+    try:
+        model.prefill(kv, [sid], [list(range(16))])
+
+        def forward(r):
+            tokens = [list(range(16, 16 + r))]
+            parents = [list(range(-1, r - 1))]
+            if hidden_states:
+                hidden = model.forward_hidden(kv, [sid], tokens)
+                logits = model.get_logits(hidden)
+                hidden.numpy()
+            elif r == 1:
+                logits = model.decode(kv, [sid], tokens[0], on_device=True)
+            else:
+                logits = model.verify(kv, [sid], tokens, on_device=True)
+            model.greedy_verify(logits, tokens, parents)
+            kv.popn(sid, r)
+
+        return {r: time_min(lambda: forward(r)) for r in rows}
+    finally:
+        kv.remove_sequence(sid)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECCOMPILE_CACHE", Path.home() / ".cache" / "speccompile")) / "costs"
+
+
+def host_fingerprint() -> str:
+    """The CPU model and the threads TVM runs on: a profile from another host kind or
+    thread count says nothing about this one."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}|threads={os.environ.get('TVM_NUM_THREADS', '')}|cpus={os.cpu_count()}"
+
+
+def profile_path(libraries: list[Path], mode: str, extra: str = "") -> Path:
+    """Cache file of the profile of these libraries (by content) in this mode on this host."""
+    h = hashlib.sha256()
+    for lib in libraries:
+        h.update(_file_digest(Path(lib)).encode())
+    h.update(f"{mode}|{extra}|{host_fingerprint()}".encode())
+    return cache_dir() / f"{h.hexdigest()[:20]}.json"
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    h = hashlib.sha256(f"{st.st_size}".encode())
+    with path.open("rb") as f:  # a library is a few MB; hashing it costs milliseconds
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,109 @@
+"""``speccompile bench --one-shot``: speculation as users meet it, one fresh process per run.
+
+Users run ``generate``, ``chat`` and freshly started servers, not warm benchmark loops: a
+policy that needs hundreds of steps to learn its costs never pays for them. Each prompt is
+decoded by four fresh ``speccompile generate --json`` processes, plain / spec / spec / plain
+(this kind of machine drifts 10-30% in speed within seconds; the mean of each pair cancels a
+linear drift), and the four outputs must be token-identical at temperature 0. Decode tok/s
+is what each process reports for its own decode loop (model loading and the one-time cost
+profile are outside it and reported apart as process seconds).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from speccompile.bench import DEFAULT_PROMPTS, load_prompts, select_prompts
+
+
+def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None) -> dict:
+    cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
+           "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+    for key, value in (spec or {}).items():
+        if value is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.expanduser("~"))
+    if done.returncode != 0:
+        raise RuntimeError(f"generate failed ({done.returncode}): {done.stderr.strip()[-800:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["process_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Path | None = None,
+                 max_tokens: int = 128, categories: list[str] | None = None, per_category: int | None = None,
+                 limit: int | None = None, out_json: Path | None = None, quiet: bool = False) -> dict:
+    if spec.get("speculative_mode", "disable") == "disable":
+        raise ValueError("--one-shot compares plain and speculative decoding: give a --speculative-mode")
+    prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
+    rows = []
+    for i, p in enumerate(prompts):
+        a = _generate(model_dir, model_lib, p["prompt"], max_tokens, None)
+        s1 = _generate(model_dir, model_lib, p["prompt"], max_tokens, spec)
+        s2 = _generate(model_dir, model_lib, p["prompt"], max_tokens, spec)
+        b = _generate(model_dir, model_lib, p["prompt"], max_tokens, None)
+        tokens = a["stats"]["decode_tokens"]
+        plain_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in (a, b))
+        spec_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in (s1, s2))
+        st = s1["stats"]
+        row = {"id": p["id"], "category": p["category"], "decode_tokens": tokens,
+               "plain_seconds": plain_s, "spec_seconds": spec_s,
+               "plain_tokens_per_s": tokens / plain_s, "spec_tokens_per_s": tokens / spec_s,
+               "speedup": plain_s / spec_s,
+               "identical_output": a["token_ids"] == s1["token_ids"] == s2["token_ids"] == b["token_ids"],
+               "plain_process_seconds": statistics.fmean(r["process_seconds"] for r in (a, b)),
+               "spec_process_seconds": statistics.fmean(r["process_seconds"] for r in (s1, s2)),
+               **{k: st[k] for k in ("accept_rate", "mean_accepted_length", "draft_tokens", "accepted_tokens",
+                                     "verify_steps", "plain_steps", "draft_steps")}}
+        rows.append(row)
+        if not quiet:
+            print(f"[{i + 1}/{len(prompts)}] {p['category']:<13} plain {row['plain_tokens_per_s']:6.1f} | spec "
+                  f"{row['spec_tokens_per_s']:6.1f} tok/s x{row['speedup']:.2f} accept {row['accept_rate']:.2f} "
+                  f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']}/"
+                  f"{row['verify_steps'] + row['plain_steps']} steps"
+                  f"{'' if row['identical_output'] else '  OUTPUT DIFFERS'}", flush=True)
+    by_cat: dict[str, list[dict]] = {}
+    for r in rows:
+        by_cat.setdefault(r["category"], []).append(r)
+
+    def summarize(group: list[dict]) -> dict:
+        plain = sum(r["decode_tokens"] for r in group) / sum(r["plain_seconds"] for r in group)
+        spec_rate = sum(r["decode_tokens"] for r in group) / sum(r["spec_seconds"] for r in group)
+        drafted = sum(r["draft_tokens"] for r in group)
+        steps = sum(r["verify_steps"] for r in group)
+        return {"prompts": len(group), "plain_tokens_per_s": plain, "spec_tokens_per_s": spec_rate,
+                "speedup": spec_rate / plain,
+                "accept_rate": sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0,
+                "mean_accepted_length": (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
+                                         if steps else 0.0),
+                "identical_outputs": sum(r["identical_output"] for r in group)}
+
+    categories_out = {c: summarize(g) for c, g in by_cat.items()}
+    report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,
+              "max_tokens": max_tokens, "host": _host(), "overall": summarize(rows),
+              "mean_of_categories": statistics.fmean(c["speedup"] for c in categories_out.values()),
+              "categories": categories_out, "prompts": rows}
+    if not quiet:
+        print(f"overall x{report['overall']['speedup']:.2f}, mean of categories x{report['mean_of_categories']:.2f}, "
+              + ", ".join(f"{c} {v['speedup']:.2f}" for c, v in categories_out.items())
+              + f"; identical {report['overall']['identical_outputs']}/{len(rows)}", flush=True)
+    if out_json:
+        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _host() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs"
