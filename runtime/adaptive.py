@@ -34,6 +34,7 @@ from .verify import Draft
 BINS = 10  # confidence bins of the calibration curve
 PRIOR_TRIALS = 4.0  # pseudo-observations of the prior per bin: a few real ones outweigh it
 DECAY = 0.998  # per verified node: evidence fades over ~500 nodes (prompts change)
+RESTORED_TRIALS = 20.0  # most observations per bin carried over from earlier processes
 # A first draft token's acceptance, before any confidence is known: decayed hit / trial
 # counts (about the last 20 drafting steps) over a prior worth FIRST_PRIOR_TRIALS of them.
 # Plain steps decay the counts too, so a low estimate drifts back to the prior and drafting
@@ -108,12 +109,15 @@ class AcceptanceModel:
 
     def restore(self, state: dict | None) -> "AcceptanceModel":
         """Start from what an earlier process learned with this draft and target (the
-        calibration is theirs, not the prompt's; the first-token counts are halved so that a
-        new prompt moves them quickly). A malformed state is ignored."""
+        calibration is theirs more than the prompt's), each bin worth at most
+        RESTORED_TRIALS observations and the first-token counts halved, so that this
+        process's prompt -- n-gram matches on a Q&A prompt are far worse than on a summary --
+        moves them within a few dozen nodes. A malformed state is ignored."""
         try:
             hits, trials = np.asarray(state["hits"], float), np.asarray(state["trials"], float)
             if hits.shape == trials.shape == (BINS,) and (0 <= hits).all() and (hits <= trials).all():
-                self.hits, self.trials = hits, trials
+                keep = np.minimum(1.0, RESTORED_TRIALS / np.maximum(trials, 1e-9))
+                self.hits, self.trials = hits * keep, trials * keep
                 self.first_hits = 0.5 * float(state["first_hits"])
                 self.first_trials = 0.5 * float(state["first_trials"])
         except (TypeError, KeyError, ValueError):
