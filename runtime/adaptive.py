@@ -224,9 +224,23 @@ class Policy:
         self.speedups: dict[int, list[float]] = {}  # batch -> realized speedups of drafting steps
         self.off_until: dict[int, int] = {}
         self.cooldown: dict[int, int] = {}
+        self._hopeless: dict[tuple[int, int], bool] = {}
 
     def plan(self, batch: int) -> StepPlan:
         return StepPlan(self, batch)
+
+    def hopeless(self, batch: int) -> bool:
+        """Not even drafts accepted every time could pay at this batch size (a draft slower
+        than its target, verify rows that cost whole steps): the step skips the proposer.
+        Cached per batch size while the pace stays within 5%."""
+        if self.fixed_k is not None:
+            return False
+        key = (batch, round(math.log(max(self.cost.pace, 1e-9)) * 20))
+        if key not in self._hopeless:
+            plan = self.plan(batch)
+            plan.off = False
+            self._hopeless[key] = not plan.should_draft(batch, [(1.0, 1.0)] * batch)
+        return self._hopeless[key]
 
     def save(self) -> None:
         """Keep what was learned (costs and calibration) for the next process."""
@@ -242,8 +256,9 @@ class Policy:
     def expects_drafting(self, batch: int) -> bool:
         """Would a step of this batch size draft now? (A draft model prefills new prompts
         only then: at batch sizes where drafting does not pay, that prefill is pure loss.)"""
-        plan = self.plan(batch)
-        return plan.should_draft(batch, [(1.0, None)] * batch)
+        if self.hopeless(batch):
+            return False
+        return self.plan(batch).should_draft(batch, [(1.0, None)] * batch)
 
     def observe_verdict(self, draft: Draft, path: list[int]) -> None:
         if len(draft) and draft.conf is not None:

@@ -40,8 +40,14 @@ class CostTable:
             raise ValueError("a cost table needs at least one measured row count")
         rows = sorted(int(r) for r in seconds)
         self.seconds = dict(zip(rows, _monotone([float(seconds[r]) for r in rows])))
+        self._memo: dict[int, float] = {}
 
     def __call__(self, rows: int) -> float:
+        if rows not in self._memo:  # a plan asks for the same few row counts every step
+            self._memo[rows] = self._interpolate(rows)
+        return self._memo[rows]
+
+    def _interpolate(self, rows: int) -> float:
         known = sorted(self.seconds)
         if rows <= known[0]:
             return self.seconds[known[0]]

@@ -454,7 +454,8 @@ class Engine:
         drafts = [Draft() for _ in active]
         t0 = time.perf_counter()
         fw0 = self.proposer.forwards if self.proposer else 0
-        if self.proposer is not None and cap > 0 and any(s.speculative for s in active):
+        if (self.proposer is not None and cap > 0 and any(s.speculative for s in active)
+                and not self.policy.hopeless(b)):
             plan = self.policy.plan(b)
             try:
                 drafts = self.proposer.propose(ids, [s.history for s in active],
