@@ -189,7 +189,7 @@ class ModelFacts:
     ``_metadata`` (from the file's bytes: nothing is loaded)."""
 
     context_window: int
-    prefill_chunk: int  # the library's compiled chunk
+    prefill_chunk: int  # the library's compiled chunk (or the config's, if smaller)
     max_batch_size: int  # gen_config --max-batch-size
     kv_bytes_per_token: int  # target plus any draft model or head holding a KV cache
     weight_bytes: int  # every model's parameters
@@ -227,7 +227,8 @@ def model_facts(model_dir: Path, model_lib: Path, additional_models: str | None 
     if len(parts) == 2 and Path(parts[1]).exists():  # a bad pair is the engine's error to give
         extra_kv, extra_weights = _kv_and_weight_bytes(_library_meta(Path(parts[1])))
         kv, weights = kv + extra_kv, weights + extra_weights
-    return ModelFacts(int(config["context_window_size"]), int(meta["prefill_chunk_size"]),
+    chunk = min(int(meta["prefill_chunk_size"]), int(config.get("prefill_chunk_size", meta["prefill_chunk_size"])))
+    return ModelFacts(int(config["context_window_size"]), chunk,
                       int(config.get("max_batch_size", 8)), kv, weights, str(meta.get("target", "llvm")))
 
 
