@@ -74,6 +74,12 @@ class MedusaConfig:
         layers = int(raw.get("medusa_num_layers", max(j for _, j in found) + int(shared)))
         if heads <= 0 or layers < 0:
             raise ConfigError(f"bad Medusa config: medusa_num_heads={heads}, medusa_num_layers={layers}")
+        have = max(i for i, _ in found) + 1  # the sizes may come from --overrides: fewer heads is fine, more is not
+        if heads > have:
+            raise ConfigError(f"medusa_num_heads={heads} but the checkpoint holds {have} heads (medusa_head.0..{have - 1})")
+        lacking = [j for j in range(layers) if f"medusa_head.0.{j}.linear.weight" not in names]
+        if lacking:
+            raise ConfigError(f"medusa_num_layers={layers} but the checkpoint lacks medusa_head.0.{lacking[0]}.linear.weight")
         h, v = target.hidden_size, target.vocab_size
         out = f"medusa_head.0.{layers}.weight"
         if shared:

@@ -137,7 +137,10 @@ class Engine:
                  speculative_mode: str = "disable", additional_models: list[tuple[str, str]] | None = None,
                  spec_draft_length: int = 0, ngram_min: int = 1, ngram_max: int = 4,
                  max_total_seq_len: int | None = None, max_num_sequence: int = 4,
-                 max_batch_tokens: int | None = None, spec_tree_width: int = 1, spec_tree_nodes: int = 64):
+                 max_batch_tokens: int | None = None, spec_tree_width: int = 1, spec_tree_nodes: int = 64,
+                 context_window_size: int | None = None, prefill_chunk_size: int | None = None):
+        """``context_window_size``, ``prefill_chunk_size`` (MLC-LLM's run-time overrides) only lower what the
+        config and library were built for; a lowered chunk is also the token budget per forward."""
         # ---- validate everything cheap before loading anything
         if speculative_mode not in SPECULATIVE_MODES:
             raise GenerationError(f"unknown --speculative-mode {speculative_mode!r}; choose {', '.join(SPECULATIVE_MODES)}")
@@ -156,10 +159,21 @@ class Engine:
             raise GenerationError("--spec-tree-width must be >= 1 and --spec-tree-nodes in 1..256")
         self.model_dir = Path(model_dir)
         self.config = read_model_config(self.model_dir)
+        configured = int(self.config["context_window_size"])
+        if context_window_size is not None and not 2 <= context_window_size <= configured:
+            raise GenerationError(
+                f"context_window_size={context_window_size}: {self.model_dir} was configured and compiled for a "
+                f"{configured}-token window, which can only be lowered at run time (2..{configured}); for a larger "
+                "one rerun gen_config --context-window-size and compile")
+        chunk = int(self.config.get("prefill_chunk_size", 2048))
+        if prefill_chunk_size is not None and not 1 <= prefill_chunk_size <= chunk:
+            raise GenerationError(f"prefill_chunk_size={prefill_chunk_size}: the library was compiled for prefill "
+                                  f"chunks of at most {chunk} tokens (1..{chunk}); for larger ones rerun gen_config "
+                                  "--prefill-chunk-size and compile")
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.context_window = int(self.config["context_window_size"])
+        self.context_window = context_window_size or configured
         self.max_num_sequence = max_num_sequence
-        self.max_batch_tokens = max_batch_tokens or int(self.config.get("prefill_chunk_size", 2048))
+        self.max_batch_tokens = max_batch_tokens or prefill_chunk_size or chunk
         k_need = spec_draft_length + 1
         if speculative_mode != "disable" and k_need > self.max_batch_tokens:
             raise GenerationError(f"the token budget per forward ({self.max_batch_tokens}) cannot hold "
@@ -168,6 +182,10 @@ class Engine:
         self.model = Model(self.model_dir, Path(model_lib), device)
         if self.model.meta["model_type"] != self.config["model_type"]:
             raise GenerationError("model library and config disagree on the model type")
+        if prefill_chunk_size is not None and prefill_chunk_size > self.model.prefill_chunk_size:
+            raise GenerationError(f"prefill_chunk_size={prefill_chunk_size} exceeds the {self.model.prefill_chunk_size}"
+                                  f"-token chunk {model_lib} was compiled for")
+        self.model.prefill_chunk_size = prefill_chunk_size or self.model.prefill_chunk_size  # read by every prefill
         # KV budget shared by all sequences (pages are only touched when used)
         total = max_total_seq_len or min(self.context_window * max_num_sequence, 32768)
         self.kv = self.model.create_kv_cache(total)

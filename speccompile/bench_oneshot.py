@@ -21,9 +21,12 @@ from pathlib import Path
 from speccompile.bench import DEFAULT_PROMPTS, load_prompts, select_prompts
 
 
-def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None) -> dict:
+def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
+              overrides: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
            "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+    if overrides:
+        cmd += ["--overrides", overrides]
     for key, value in (spec or {}).items():
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -38,16 +41,15 @@ def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, sp
 
 def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Path | None = None,
                  max_tokens: int = 128, categories: list[str] | None = None, per_category: int | None = None,
-                 limit: int | None = None, out_json: Path | None = None, quiet: bool = False) -> dict:
+                 limit: int | None = None, out_json: Path | None = None, quiet: bool = False,
+                 overrides: str | None = None) -> dict:
     if spec.get("speculative_mode", "disable") == "disable":
         raise ValueError("--one-shot compares plain and speculative decoding: give a --speculative-mode")
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     rows = []
     for i, p in enumerate(prompts):
-        a = _generate(model_dir, model_lib, p["prompt"], max_tokens, None)
-        s1 = _generate(model_dir, model_lib, p["prompt"], max_tokens, spec)
-        s2 = _generate(model_dir, model_lib, p["prompt"], max_tokens, spec)
-        b = _generate(model_dir, model_lib, p["prompt"], max_tokens, None)
+        a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides)
+                        for sp in (None, spec, spec, None))
         tokens = a["stats"]["decode_tokens"]
         plain_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in (a, b))
         spec_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in (s1, s2))

@@ -6,13 +6,45 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 USER_ERRORS = (ValueError, FileNotFoundError)
+OVERRIDES_SYNTAX = 'key=value pairs separated by ";" or spaces (keys: README, speccompile/overrides.py)'
+OVERRIDES_HELP = f'MLC-LLM style engine settings, e.g. "max_num_sequence=6;prefill_chunk_size=512": {OVERRIDES_SYNTAX}'
 
 
 def _fail(err: Exception) -> None:
     click.echo(f"error: {err}", err=True)
     sys.exit(2)
+
+
+def _typed() -> set[str]:
+    """The current command's parameters the user gave (not left at their defaults)."""
+    ctx = click.get_current_context()
+    return {n for n in ctx.params if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE,
+                                                                      ParameterSource.ENVIRONMENT)}
+
+
+def _model_overrides(command: str, text: str | None, params: dict) -> tuple[dict, dict]:
+    """gen_config/convert_weight --overrides: (the options' values after the overrides, the
+    head config fields to pass on)."""
+    from speccompile.overrides import MEDUSA_KEYS, merge_options, parse_overrides
+
+    settings = merge_options(command, parse_overrides(text, command), params, _typed())
+    head = {k: settings.pop(k) for k in MEDUSA_KEYS if k in settings}
+    return {**params, **settings}, head
+
+
+def _runtime_settings(command: str, text: str | None, mode: str | None, model_dir, model_lib,
+                      spec: dict) -> tuple[dict, dict, str | None]:
+    """--overrides and --mode for serve/chat/generate/bench: (Engine arguments, settings by
+    MLC-LLM key, the mode's summary line). Precedence: speccompile/overrides.py."""
+    from speccompile.overrides import engine_kwargs, resolve_runtime
+
+    ctx = click.get_current_context()
+    settings, summary = resolve_runtime(command, text, mode, ctx.params, _typed(), model_dir, model_lib,
+                                        spec.get("additional_models"))
+    return {**spec, **engine_kwargs(settings)}, settings, summary
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,12 +60,17 @@ def main() -> None:
               help="auto, llama, qwen2, or a draft head: eagle, medusa (needs --target)")
 @click.option("--target", type=click.Path(path_type=Path), default=None,
               help="eagle/medusa: the target model the head was trained for (HF folder or .gguf)")
-def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: str, target: Path | None) -> None:
+@click.option("--overrides", default=None,
+              help="medusa: medusa_num_heads=N;medusa_num_layers=M for a checkpoint whose config lacks them "
+                   "(give gen_config the same)")
+def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: str, target: Path | None,
+                       overrides: str | None) -> None:
     """Convert an HF folder or GGUF file (or an EAGLE/Medusa head) into quantized shards + tensor-cache.json."""
     from speccompile.convert_weight import convert_weight
 
     try:
-        path = convert_weight(src, quantization, output, model_type, target=target)
+        _, head = _model_overrides("convert_weight", overrides, {})
+        path = convert_weight(src, quantization, output, model_type, target=target, config_overrides=head)
     except USER_ERRORS as err:
         _fail(err)
     click.echo(f"wrote {path}")
@@ -50,14 +87,21 @@ def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: s
 @click.option("--model-type", default="auto", show_default=True, help="as convert_weight (eagle, medusa: draft heads)")
 @click.option("--target", type=click.Path(path_type=Path), default=None,
               help="eagle/medusa: the target model (HF folder or .gguf) that gives sizes and context window")
+@click.option("--overrides", default=None,
+              help="model config fields: context_window_size, prefill_chunk_size, max_batch_size; medusa heads: "
+                   f"medusa_num_heads, medusa_num_layers: {OVERRIDES_SYNTAX}")
 def gen_config_cmd(src, quantization, output, conv_template, context_window_size, prefill_chunk_size, max_batch_size,
-                   model_type, target):
+                   model_type, target, overrides):
     """Write speccompile-config.json and the tokenizer files."""
     from speccompile.gen_config import gen_config
 
     try:
-        path = gen_config(src, quantization, output, conv_template, context_window_size, prefill_chunk_size,
-                          max_batch_size, target=target, model_type=model_type)
+        fields = {"context_window_size": context_window_size, "prefill_chunk_size": prefill_chunk_size,
+                  "max_batch_size": max_batch_size}
+        fields, head = _model_overrides("gen_config", overrides, fields)
+        path = gen_config(src, quantization, output, conv_template, fields["context_window_size"],
+                          fields["prefill_chunk_size"], fields["max_batch_size"], target=target, model_type=model_type,
+                          config_overrides=head)
     except USER_ERRORS as err:
         _fail(err)
     click.echo(f"wrote {path}")
@@ -161,11 +205,14 @@ def with_sampling(f):
 @click.option("--raw", is_flag=True, help="skip the chat template")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
-def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, spec, raw, as_json, stop):
+@click.option("--overrides", default=None, help=OVERRIDES_HELP)
+def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, spec, raw, as_json, stop,
+                 overrides):
     """Generate a completion for one prompt (optionally with speculative decoding)."""
     try:
         sampling = _sampling(temperature, top_p, top_k, seed)
-        engine = _engine(model_dir, model_lib, spec)
+        kwargs, _, _ = _runtime_settings("generate", overrides, None, model_dir, model_lib, spec)
+        engine = _engine(model_dir, model_lib, kwargs)
         ids = engine.encode_prompt(prompt, raw=raw)
         if as_json:
             res = engine.generate(ids, max_tokens, sampling, list(stop))
@@ -185,12 +232,17 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, t
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @with_sampling
 @with_spec
-def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec):
+@click.option("--mode", type=click.Choice(["interactive"]), default="interactive", show_default=True,
+              help="chat holds one conversation: MLC-LLM's interactive preset (one sequence, KV for one "
+                   "context window); local and server are serve's")
+@click.option("--overrides", default=None, help=OVERRIDES_HELP)
+def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec, mode, overrides):
     """Interactive chat. Commands: /stats, /reset, /exit."""
     from speccompile.runtime.chat import ChatSession
 
     try:
-        engine = _engine(model_dir, model_lib, spec)
+        kwargs, _, _ = _runtime_settings("chat", overrides, mode, model_dir, model_lib, spec)
+        engine = _engine(model_dir, model_lib, kwargs)
         session = ChatSession(engine, _sampling(temperature, top_p, top_k, seed), max_tokens)
     except USER_ERRORS as err:
         _fail(err)
@@ -237,8 +289,13 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, 
 @click.option("--served-model-name", default=None, help="model id clients send (default: MODEL_DIR's name)")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
+@click.option("--mode", type=click.Choice(["local", "interactive", "server"]), default=None,
+              help="MLC-LLM's presets for max_num_sequence / max_total_seq_length / prefill_chunk_size: "
+                   "local (4 sequences, one context window of KV), interactive (1), server (the config's "
+                   "max_batch_size, KV from available memory); options and --overrides win over them")
+@click.option("--overrides", default=None, help=OVERRIDES_HELP)
 def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence, max_total_tokens, prefill_tokens_per_step, max_queue,
-              served_model_name, log_level):
+              served_model_name, log_level, mode, overrides):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) with continuous batching and speculative decoding."""
     try:
@@ -250,13 +307,21 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
             raise ValueError("--max-total-tokens must be >= 16 (one KV page)")
         if prefill_tokens_per_step < 1 or max_queue < 1:
             raise ValueError("--prefill-tokens-per-step and --max-queue must be >= 1")
-        engine = _engine(model_dir, model_lib, {**spec, "max_num_sequence": max_num_sequence,
-                                                "max_total_seq_len": max_total_tokens})
+        kwargs, settings, summary = _runtime_settings("serve", overrides, mode, model_dir, model_lib, spec)
+        chunk = settings.get("prefill_chunk_size")  # MLC-LLM's chunk is also what a step prefills
+        if "prefill_tokens_per_step" not in _typed():
+            prefill_tokens_per_step = chunk or prefill_tokens_per_step
+        elif chunk is not None and prefill_tokens_per_step > chunk:
+            raise ValueError(f"--prefill-tokens-per-step {prefill_tokens_per_step} exceeds prefill_chunk_size={chunk}, "
+                             "the most tokens one forward takes")
+        if summary:
+            click.echo(f"speccompile serve {summary}, prefill_tokens_per_step={prefill_tokens_per_step}")
+        engine = _engine(model_dir, model_lib, kwargs)
     except USER_ERRORS as err:
         _fail(err)
     from speccompile.serve import run_server
 
-    run_server(engine, host, port, api_key, max_num_sequence, prefill_tokens_per_step, max_queue,
+    run_server(engine, host, port, api_key, settings["max_num_sequence"], prefill_tokens_per_step, max_queue,
                served_model_name, log_level)
 
 
@@ -293,9 +358,10 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
               help="each run a fresh `generate` process (plain/spec/spec/plain per prompt), as users run it")
 @click.option("--llama-draft-max", type=int, default=3, show_default=True,
               help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
+@click.option("--overrides", default=None, help=OVERRIDES_HELP + "; not with --endpoint")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
               per_category, spec, endpoint, concurrency, api_key, compare, ab, llama_bench, gguf, llama_spec, draft_gguf,
-              one_shot, llama_draft_max):
+              one_shot, llama_draft_max, overrides):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
@@ -304,6 +370,9 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 
     if endpoint:
         try:
+            if overrides:
+                raise ValueError("--overrides configures a local engine; with --endpoint the server's settings apply "
+                                 "(give them to `speccompile serve`)")
             levels = [int(c) for c in concurrency.split(",") if c.strip()]
             if not levels or min(levels) < 1:
                 raise ValueError("--concurrency takes positive integers, e.g. 1,4,8,16")
@@ -314,6 +383,8 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             _fail(err)
         return
     try:
+        cli_spec = dict(spec)  # as typed: --one-shot hands it to each generate process
+        spec, _, _ = _runtime_settings("bench", overrides, None, model_dir, model_lib, spec)
         if model_name:
             from speccompile.fetch import fetch, prepare
 
@@ -325,8 +396,8 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
         if one_shot:
             from speccompile.bench_oneshot import run_one_shot
 
-            run_one_shot(model_dir, model_lib, spec, prompts, max_tokens, list(categories) or None, per_category,
-                         num_prompts, out_json)
+            run_one_shot(model_dir, model_lib, cli_spec, prompts, max_tokens, list(categories) or None, per_category,
+                         num_prompts, out_json, overrides=overrides)
             return
         if llama_bench and (gguf is None or not Path(llama_bench).exists()):
             raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")

@@ -28,14 +28,19 @@ def logical_name(param: str) -> str:
     return param
 
 
-def open_any(src: Path, model_type: str = "auto", target: Path | None = None):
-    """The checkpoint as a source: a target model, or an eagle/medusa head (needs ``target``)."""
+def open_any(src: Path, model_type: str = "auto", target: Path | None = None, config_overrides: dict | None = None):
+    """The checkpoint as a source: a target model, or an eagle/medusa head (needs ``target``).
+    ``config_overrides`` (``--overrides``: ``medusa_num_heads``/``medusa_num_layers``) replace
+    the head's config.json fields; they mean nothing for another kind of checkpoint."""
     kinds = ("auto", "llama", "qwen2", *HEAD_TYPES)
     if model_type not in kinds:
         raise SourceError(f"unknown --model-type {model_type!r}; choose one of {', '.join(kinds)}")
     head = model_type if model_type in HEAD_TYPES else (detect_head(Path(src)) if model_type == "auto" else None)
+    if config_overrides and head != "medusa":
+        raise SourceError(f"--overrides {', '.join(config_overrides)} apply to Medusa heads (--model-type medusa); "
+                          f"{src} is {'an ' + head + ' head' if head else 'not a draft head'}")
     if head:
-        return HeadSource(head, Path(src), Path(target) if target else None)
+        return HeadSource(head, Path(src), Path(target) if target else None, config_overrides)
     source = open_source(Path(src))
     if model_type not in ("auto", source.config.model_type):
         raise SourceError(f"--model-type {model_type} does not match the checkpoint ({source.config.model_type})")
@@ -43,9 +48,9 @@ def open_any(src: Path, model_type: str = "auto", target: Path | None = None):
 
 
 def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str = "auto", progress: bool = True,
-                   target: Path | None = None) -> Path:
+                   target: Path | None = None, config_overrides: dict | None = None) -> Path:
     quant = get_quantization(quantization)  # validate before any long work
-    source = open_any(Path(src), model_type, target)
+    source = open_any(Path(src), model_type, target, config_overrides)
     cfg = source.config
     model = build_model(cfg, quant)
     params = [(n, p) for n, p in model.named_parameters()]

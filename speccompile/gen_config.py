@@ -31,11 +31,13 @@ CONV_TEMPLATES = {
 
 def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str = "auto",
                context_window_size: int | None = None, prefill_chunk_size: int | None = None,
-               max_batch_size: int = 8, target: Path | None = None, model_type: str = "auto") -> Path:
+               max_batch_size: int = 8, target: Path | None = None, model_type: str = "auto",
+               config_overrides: dict | None = None) -> Path:
+    """``config_overrides``: head config fields (Medusa sizes) as ``convert_weight`` got them."""
     quant = get_quantization(quantization)
     from speccompile.convert_weight import open_any
 
-    source = open_any(Path(src), model_type, target)
+    source = open_any(Path(src), model_type, target, config_overrides)
     if isinstance(source, HeadSource):
         return _gen_head_config(source, quant.name, Path(out_dir), context_window_size, prefill_chunk_size)
     if conv_template not in ("auto", *CONV_TEMPLATES):

@@ -239,7 +239,7 @@ class HeadSource:
     here, before any tensor is converted. Medusa's bare ``I.J.*`` keys (its
     ``medusa_lm_head.pt``) are read as ``medusa_head.I.J.*``."""
 
-    def __init__(self, kind: str, folder: Path, target: Path | None):
+    def __init__(self, kind: str, folder: Path, target: Path | None, config_overrides: dict | None = None):
         from speccompile.models import ConfigError, head_config_class
 
         folder = Path(folder)
@@ -251,6 +251,7 @@ class HeadSource:
         self.target_config = open_source(Path(target)).config
         cfg_path = folder / "config.json"
         raw = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        raw.update(config_overrides or {})  # --overrides: e.g. Medusa sizes the checkpoint's config lacks
         if kind == "eagle" and not raw:
             raise SourceError(f"{cfg_path} not found: an EAGLE head folder needs its (Llama) config.json")
         self.files = TensorFiles(folder, extra_bin=("medusa_lm_head.pt",) if kind == "medusa" else ())
