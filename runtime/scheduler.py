@@ -17,7 +17,7 @@ locked inbox. Each iteration of the loop:
    logits, so the output is exactly what it would have been);
 5. runs ``Engine.step`` once for all running sequences: with speculation on, one draft
    and one target forward for the whole batch, the draft length chosen by the adaptive
-   controller from costs it measures at this batch size.
+   policy from the measured costs of its row counts (runtime/adaptive.py).
 
 Every sequence's length is capped at the KV capacity when it is submitted, so a sequence
 alone always fits and preemption cannot loop. Results are delivered through a callback

@@ -146,7 +146,7 @@ def test_every_mlc_llm_command_of_the_readme_runs(tiny, recorded, tmp_path):
                                                                                               TINY_CHUNK)
             assert "capped at max_num_sequence x context window = 4096" in res.output
         elif key == "serve spec_draft_length=3 --speculative-mode small_draft":
-            assert eng.speculative_mode == "small_draft" and eng.controller.fixed_k == 3
+            assert eng.speculative_mode == "small_draft" and eng.policy.fixed_k == 3
         elif key == "serve max_num_sequence=6 --speculative-mode ngram":
             assert eng.speculative_mode == "ngram" and (eng.max_num_sequence, sched.max_num_sequence) == (6, 6)
             assert sched.prefill_tokens_per_step == 256  # no chunk given: serve's own default
@@ -156,7 +156,7 @@ def test_every_mlc_llm_command_of_the_readme_runs(tiny, recorded, tmp_path):
         elif key == "generate max_total_seq_length=1024;prefill_chunk_size=32":
             assert (kv_tokens(eng), eng.model.prefill_chunk_size, eng.context_window) == (1024, 32, TINY_WINDOW)
         elif key == "bench spec_draft_length=2 --speculative-mode ngram":
-            assert eng.controller.fixed_k == 2 and "tok/s" in res.output
+            assert eng.policy.fixed_k == 2 and "tok/s" in res.output
         else:
             pytest.fail(f"README command without a check here: {cmd}")
     assert len(checked) == len(readme_commands())
