@@ -98,8 +98,11 @@ def compiler_hash() -> str:
     return h.hexdigest()[:10]
 
 
-def prepare(name: str, quantization: str, quiet: bool = False) -> tuple[Path, Path]:
-    """Fetch, convert, gen_config and compile once; returns (model_dir, model_lib)."""
+def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None = None) -> tuple[Path, Path]:
+    """Fetch, convert, gen_config and compile once; returns (model_dir, model_lib).
+
+    ``mcpu``: the CPU to compile for (an LLVM CPU name, e.g. x86-64-v3); default this
+    machine's. The library's file name carries it, so builds for several CPUs coexist."""
     from speccompile.compile import compile_model
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
@@ -112,8 +115,8 @@ def prepare(name: str, quantization: str, quiet: bool = False) -> tuple[Path, Pa
         gen_config(gguf, quantization, model_dir)
     import tvm
 
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    cpu = mcpu if mcpu not in (None, "native") else tvm.target.codegen.llvm_get_system_cpu()
     lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
     if not lib.exists():
-        compile_model(model_dir / "speccompile-config.json", "llvm", lib, verbose=not quiet)
+        compile_model(model_dir / "speccompile-config.json", "llvm", lib, verbose=not quiet, mcpu=mcpu)
     return model_dir, lib
