@@ -57,7 +57,8 @@ def baked_metadata(lib_path: Path) -> dict | None:
 
 def _device_hint(meta: dict) -> str:
     kind = meta.get("target", "?")
-    return f"{meta.get('device', kind)} ({kind}{', ' + ', '.join(meta['cuda_archs']) if meta.get('cuda_archs') else ''})"
+    detail = ", ".join(meta.get("cuda_archs") or ([f"-mcpu {meta['mcpu']}"] if meta.get("mcpu") else []))
+    return f"{meta.get('device', kind)} ({kind}{', ' + detail if detail else ''})"
 
 
 def read_metadata(lib_path: Path) -> tuple[Any, dict]:
@@ -86,11 +87,13 @@ def read_metadata(lib_path: Path) -> tuple[Any, dict]:
         meta = json.loads(str(vm["_metadata"]()))
     except Exception as err:  # noqa: BLE001
         raise ModelLoadError(f"{lib_path} has no speccompile _metadata; it was not built by `speccompile compile`") from err
-    _check_cpu(meta, lib_path)
+    if baked is None:  # the JSON was not found in the file's bytes: check the VM's copy
+        _check_cpu(meta, lib_path)
     return lib, meta
 
 
 def _check_cpu(meta: dict, lib_path: Path) -> None:
+    """runtime/cpu.py's check, raised as the loader's error type (the CLI reports those)."""
     try:
         check_cpu_features(meta, lib_path)
     except CPUFeatureError as err:

@@ -87,14 +87,18 @@ def fetch(name: str, quiet: bool = False) -> Path:
 
 
 def compiler_hash() -> str:
-    """Hash of the model and pass sources: a cached library is rebuilt when they change."""
+    """Hash of the sources that shape a library: a cached library is rebuilt when they change."""
     pkg = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for sub in ("models", "passes"):
         mod = __import__(f"speccompile.{sub}", fromlist=["x"])
         for f in sorted(Path(mod.__file__).parent.glob("*.py")):
             h.update(f.read_bytes())
-    h.update(str(pkg / "compile.py").encode())
+    # what goes into the library and its _metadata: compile, target planning, the CPU feature table
+    from speccompile.runtime import cpu
+
+    for f in (pkg / "compile.py", pkg / "targets.py", Path(cpu.__file__)):
+        h.update(f.read_bytes())
     return h.hexdigest()[:10]
 
 
