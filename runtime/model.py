@@ -17,6 +17,8 @@ import tvm
 from tvm.runtime import tensor as to_device
 from tvm.runtime.vm import VirtualMachine
 
+from .cpu import CPUFeatureError, check_cpu_features
+from .device import DeviceError, parse_device
 from .kv_cache import PAGE, ForwardBatch, PagedKV
 from .tensor_cache import TensorCacheError, load_params, read_index
 
@@ -55,7 +57,8 @@ def baked_metadata(lib_path: Path) -> dict | None:
 
 def _device_hint(meta: dict) -> str:
     kind = meta.get("target", "?")
-    return f"{meta.get('device', kind)} ({kind}{', ' + ', '.join(meta['cuda_archs']) if meta.get('cuda_archs') else ''})"
+    detail = ", ".join(meta.get("cuda_archs") or ([f"-mcpu {meta['mcpu']}"] if meta.get("mcpu") else []))
+    return f"{meta.get('device', kind)} ({kind}{', ' + detail if detail else ''})"
 
 
 def read_metadata(lib_path: Path) -> tuple[Any, dict]:
@@ -66,10 +69,13 @@ def read_metadata(lib_path: Path) -> tuple[Any, dict]:
         meta = baked_metadata(lib_path) or {}
         raise ModelLoadError(f"{lib_path} is an archive of objects built for {_device_hint(meta)}, meant to be "
                              "linked into an app (runtime/capi/README.md); to run here, compile a .so with --device llvm")
+    baked = baked_metadata(lib_path)
+    if baked is not None:  # refuse a CPU library this machine cannot run before it is even opened
+        _check_cpu(baked, lib_path)
     try:
         lib = tvm.runtime.load_module(str(lib_path))
     except Exception as err:  # noqa: BLE001 - any dlopen or device-loader failure
-        meta = baked_metadata(lib_path)
+        meta = baked
         if meta is not None and meta.get("target") != "llvm":
             raise ModelLoadError(
                 f"{lib_path} was built for {_device_hint(meta)}, and this machine's TVM runtime cannot load "
@@ -81,20 +87,39 @@ def read_metadata(lib_path: Path) -> tuple[Any, dict]:
         meta = json.loads(str(vm["_metadata"]()))
     except Exception as err:  # noqa: BLE001
         raise ModelLoadError(f"{lib_path} has no speccompile _metadata; it was not built by `speccompile compile`") from err
+    if baked is None:  # the JSON was not found in the file's bytes: check the VM's copy
+        _check_cpu(meta, lib_path)
     return lib, meta
 
 
+def _check_cpu(meta: dict, lib_path: Path) -> None:
+    """runtime/cpu.py's check, raised as the loader's error type (the CLI reports those)."""
+    try:
+        check_cpu_features(meta, lib_path)
+    except CPUFeatureError as err:
+        raise ModelLoadError(str(err)) from None
+
+
 def resolve_device(meta: dict, requested: str, lib_path: Path):
-    """The device to run on: the library's own unless the caller insists on another."""
+    """The device to run on: the library's own kind, at the index asked for (``cuda:1``).
+
+    ``requested`` is any MLC-LLM device form (runtime/device.py); ``auto`` takes the
+    library's kind, device 0. A kind other than the library's is refused by name."""
     kind = meta["target"]
-    if requested not in ("auto", "cpu", "llvm", kind):
-        raise ModelLoadError(f"--device {requested}: {lib_path} was built for {_device_hint(meta)}")
-    if requested in ("cpu", "llvm") and kind != "llvm":
-        raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, not for this CPU; "
-                             "compile with --device llvm")
-    dev = tvm.cpu() if kind == "llvm" else tvm.device(kind, 0)
+    try:
+        spec = parse_device(requested)
+    except DeviceError as err:
+        raise ModelLoadError(str(err)) from None
+    if spec.kind not in ("auto", kind):
+        if spec.kind == "llvm":
+            raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, not for this CPU; "
+                                 "compile with --device llvm")
+        raise ModelLoadError(f"--device {requested}: {lib_path} was built for {_device_hint(meta)}; run it with "
+                             f"--device {'cpu' if kind == 'llvm' else kind} or compile it for {spec.kind}")
+    dev = tvm.cpu() if kind == "llvm" else tvm.device(kind, spec.index or 0)
     if not dev.exist:
-        raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, but no {kind} device is visible "
+        which = f"{kind}:{spec.index}" if spec.index else kind
+        raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, but no {which} device is visible "
                              "on this machine")
     return dev
 

@@ -110,7 +110,12 @@ def gen_config_cmd(src, quantization, output, conv_template, context_window_size
 @main.command("compile")
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--device", default="llvm", show_default=True,
-              help="llvm|cpu|cuda|opencl|android|metal|iphone|vulkan|auto (see speccompile/targets.py)")
+              help='llvm|cpu|cuda|opencl|android|metal|iphone|vulkan|auto, or a target string such as '
+                   '"llvm -mcpu=znver3" (see speccompile/targets.py)')
+@click.option("--mcpu", default=None,
+              help="CPU to build for (--device llvm): any LLVM CPU name, e.g. x86-64-v3, znver3, skylake-avx512, "
+                   "sapphirerapids; default: this machine's CPU. The library refuses to load on a CPU without "
+                   "the features it implies")
 @click.option("--host", default=None, help="host LLVM triple, e.g. aarch64-linux-gnu (cross builds produce a .tar)")
 @click.option("--cuda-arch", "cuda_arch", default=None,
               help="comma-separated sm_XX list for the embedded fatbin (default sm_75,sm_80,sm_86,sm_89,sm_90)")
@@ -118,14 +123,14 @@ def gen_config_cmd(src, quantization, output, conv_template, context_window_size
               help="LIB.so, or LIB.tar for metal/iphone/android and cross-compiled hosts")
 @click.option("--dump-source", type=click.Path(path_type=Path), default=None,
               help="also write the generated GPU kernel source (CUDA, OpenCL C or Metal) to this file")
-def compile_cmd(config: Path, device: str, host: str | None, cuda_arch: str | None, output: Path,
+def compile_cmd(config: Path, device: str, mcpu: str | None, host: str | None, cuda_arch: str | None, output: Path,
                 dump_source: Path | None) -> None:
     """Compile a model config into a library for a device."""
     from speccompile.compile import compile_model
 
     archs = [a.strip() for a in cuda_arch.split(",") if a.strip()] if cuda_arch else None
     try:
-        compile_model(config, device, output, host=host, cuda_archs=archs, dump_source=dump_source)
+        compile_model(config, device, output, host=host, cuda_archs=archs, dump_source=dump_source, mcpu=mcpu)
     except USER_ERRORS as err:
         _fail(err)
 
@@ -136,9 +141,11 @@ def _sampling(temperature, top_p, top_k, seed):
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
 
 
-def _engine(model_dir: Path, model_lib: Path, spec: dict | None = None):
+def _engine(model_dir: Path, model_lib: Path, spec: dict | None = None, device: str = "auto"):
+    from speccompile.runtime.device import parse_device
     from speccompile.runtime.engine import Engine
 
+    parse_device(device)  # a bad --device is refused before anything loads
     spec = dict(spec or {})
     extra = spec.pop("additional_models", None)
     models = None
@@ -147,7 +154,7 @@ def _engine(model_dir: Path, model_lib: Path, spec: dict | None = None):
         if len(parts) != 2:
             raise ValueError("--additional-models takes DRAFT_DIR,DRAFT_LIB (or HEAD_DIR,HEAD_LIB)")
         models = [(parts[0], parts[1])]
-    return Engine(model_dir, model_lib, additional_models=models, **spec)
+    return Engine(model_dir, model_lib, device=device, additional_models=models, **spec)
 
 
 spec_options = [
@@ -206,13 +213,15 @@ def with_sampling(f):
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP)
+@click.option("--device", default="auto", show_default=True,
+              help="where to run: auto (the library's device), cpu, cuda, cuda:1, opencl, metal, vulkan, ...")
 def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, spec, raw, as_json, stop,
-                 overrides):
+                 overrides, device):
     """Generate a completion for one prompt (optionally with speculative decoding)."""
     try:
         sampling = _sampling(temperature, top_p, top_k, seed)
         kwargs, _, _ = _runtime_settings("generate", overrides, None, model_dir, model_lib, spec)
-        engine = _engine(model_dir, model_lib, kwargs)
+        engine = _engine(model_dir, model_lib, kwargs, device)
         ids = engine.encode_prompt(prompt, raw=raw)
         if as_json:
             res = engine.generate(ids, max_tokens, sampling, list(stop))
@@ -236,13 +245,15 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, t
               help="chat holds one conversation: MLC-LLM's interactive preset (one sequence, KV for one "
                    "context window); local and server are serve's")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP)
-def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec, mode, overrides):
+@click.option("--device", default="auto", show_default=True,
+              help="where to run: auto (the library's device), cpu, cuda, cuda:1, opencl, metal, vulkan, ...")
+def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec, mode, overrides, device):
     """Interactive chat. Commands: /stats, /reset, /exit."""
     from speccompile.runtime.chat import ChatSession
 
     try:
         kwargs, _, _ = _runtime_settings("chat", overrides, mode, model_dir, model_lib, spec)
-        engine = _engine(model_dir, model_lib, kwargs)
+        engine = _engine(model_dir, model_lib, kwargs, device)
         session = ChatSession(engine, _sampling(temperature, top_p, top_k, seed), max_tokens)
     except USER_ERRORS as err:
         _fail(err)
@@ -294,8 +305,10 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, 
                    "local (4 sequences, one context window of KV), interactive (1), server (the config's "
                    "max_batch_size, KV from available memory); options and --overrides win over them")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP)
+@click.option("--device", default="auto", show_default=True,
+              help="where to run: auto (the library's device), cpu, cuda, cuda:1, opencl, metal, vulkan, ...")
 def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence, max_total_tokens, prefill_tokens_per_step, max_queue,
-              served_model_name, log_level, mode, overrides):
+              served_model_name, log_level, mode, overrides, device):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) with continuous batching and speculative decoding."""
     try:
@@ -316,7 +329,7 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
                              "the most tokens one forward takes")
         if summary:
             click.echo(f"speccompile serve {summary}, prefill_tokens_per_step={prefill_tokens_per_step}")
-        engine = _engine(model_dir, model_lib, kwargs)
+        engine = _engine(model_dir, model_lib, kwargs, device)
     except USER_ERRORS as err:
         _fail(err)
     from speccompile.serve import run_server

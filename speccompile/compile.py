@@ -13,13 +13,15 @@ from typing import Any
 
 import tvm
 from tvm import relax
+from tvm.target import codegen
 
 from speccompile import __version__
 from speccompile.models import LlamaConfig, build_model, config_from_dict, get_quantization
 from speccompile.passes.cpu_kernels import TILE, int8_dot_isa, is_tiled_param
 from speccompile.passes.pipeline import build_pipeline
 from speccompile.runtime.tensor_cache import layout_fingerprint
-from speccompile.targets import CompileError, TargetPlan, fatbin_packer, find_device_module, plan_target
+from speccompile.targets import (CompileError, TargetPlan, fatbin_packer, find_device_module, plan_target,
+                                 required_cpu_features)
 
 __all__ = ["CompileError", "compile_model", "read_config"]
 
@@ -56,6 +58,12 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         "target_json": str(target),
         "host": str(target.host) if target.host is not None else None,
         "cuda_archs": plan.cuda_archs,
+        # CPU libraries: the CPU compiled for and the features its code may use (runtime/cpu.py
+        # refuses the library on a CPU without them)
+        "mcpu": str(target.attrs["mcpu"]) if target.kind.name == "llvm" and "mcpu" in target.attrs else None,
+        "mtriple": (str(target.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple())
+        if target.kind.name == "llvm" else None,
+        "cpu_features": required_cpu_features(target) if target.kind.name == "llvm" else [],
         "cuda_binary": plan.cuda_binary,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -87,13 +95,13 @@ def attach_metadata(mod: tvm.IRModule, metadata: dict) -> tvm.IRModule:
 
 def compile_model(config_path: Path, device: str, output: Path, verbose: bool = True,
                   host: str | None = None, cuda_archs: list[str] | None = None,
-                  dump_source: Path | None = None) -> dict:
+                  dump_source: Path | None = None, mcpu: str | None = None) -> dict:
     """Build the library; returns its metadata plus a ``build`` report (time, size, kernels)."""
     conf = read_config(Path(config_path))
     cfg = config_from_dict(conf["model_type"], conf["model_config"])  # a target or a draft head
     quant = get_quantization(conf["quantization"])
     output = Path(output)
-    plan = plan_target(device, output, host, cuda_archs)
+    plan = plan_target(device, output, host, cuda_archs, mcpu)
     target = plan.target
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -121,7 +129,12 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
     report.update(seconds=round(time.time() - t0, 1), bytes=output.stat().st_size,
                   kernel_source_bytes=len(device_mod.inspect_source()) if device_mod is not None else 0)
     if verbose:
-        where = target.attrs.get("mcpu", "") if target.kind.name == "llvm" else ", ".join(plan.cuda_archs)
+        where = ", ".join(plan.cuda_archs)
+        if target.kind.name == "llvm":
+            where = metadata["mcpu"] or "generic"
+            if quant.is_q4:
+                isa = metadata["q4_int8_isa"]
+                where += f", q4 kernels: {'int8 activations on ' + isa if isa else 'float activations'}"
         print(f"compiled {cfg.model_type} {quant.name} for {plan.device} ({target.kind.name} {where}) "
               f"in {report['seconds']}s -> {output} ({report['bytes'] / 1e6:.1f} MB)")
         if plan.cuda_binary == "fatbin":

@@ -87,19 +87,26 @@ def fetch(name: str, quiet: bool = False) -> Path:
 
 
 def compiler_hash() -> str:
-    """Hash of the model and pass sources: a cached library is rebuilt when they change."""
+    """Hash of the sources that shape a library: a cached library is rebuilt when they change."""
     pkg = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for sub in ("models", "passes"):
         mod = __import__(f"speccompile.{sub}", fromlist=["x"])
         for f in sorted(Path(mod.__file__).parent.glob("*.py")):
             h.update(f.read_bytes())
-    h.update(str(pkg / "compile.py").encode())
+    # what goes into the library and its _metadata: compile, target planning, the CPU feature table
+    from speccompile.runtime import cpu
+
+    for f in (pkg / "compile.py", pkg / "targets.py", Path(cpu.__file__)):
+        h.update(f.read_bytes())
     return h.hexdigest()[:10]
 
 
-def prepare(name: str, quantization: str, quiet: bool = False) -> tuple[Path, Path]:
-    """Fetch, convert, gen_config and compile once; returns (model_dir, model_lib)."""
+def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None = None) -> tuple[Path, Path]:
+    """Fetch, convert, gen_config and compile once; returns (model_dir, model_lib).
+
+    ``mcpu``: the CPU to compile for (an LLVM CPU name, e.g. x86-64-v3); default this
+    machine's. The library's file name carries it, so builds for several CPUs coexist."""
     from speccompile.compile import compile_model
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
@@ -112,8 +119,8 @@ def prepare(name: str, quantization: str, quiet: bool = False) -> tuple[Path, Pa
         gen_config(gguf, quantization, model_dir)
     import tvm
 
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    cpu = mcpu if mcpu not in (None, "native") else tvm.target.codegen.llvm_get_system_cpu()
     lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
     if not lib.exists():
-        compile_model(model_dir / "speccompile-config.json", "llvm", lib, verbose=not quiet)
+        compile_model(model_dir / "speccompile-config.json", "llvm", lib, verbose=not quiet, mcpu=mcpu)
     return model_dir, lib

@@ -1,8 +1,11 @@
 """--device -> TVM target, output format, and how the device code is packaged.
 
+--device is read by runtime/device.py (MLC-LLM's forms, shared with the runtime):
+
 | --device        | TVM target                      | artifact                                    |
 |-----------------|---------------------------------|---------------------------------------------|
-| llvm, cpu       | host CPU (mcpu, cores detected) | .so                                         |
+| llvm, cpu       | --mcpu, default the build host  | .so                                         |
+| "llvm -mcpu=X"  | the same, as a target string    | .so                                         |
 | cuda            | cuda, arch = lowest --cuda-arch | .so; fatbin for every arch if nvcc is found, |
 |                 |                                 | else CUDA source compiled at load time      |
 | opencl          | opencl                          | .so with the OpenCL C kernels               |
@@ -11,6 +14,9 @@
 | iphone          | metal, host arm64-apple-ios     | .tar                                        |
 | vulkan          | refused: this TVM has no SPIR-V codegen                                       |
 | auto            | cuda if a CUDA GPU is visible, else the host CPU                              |
+
+A CPU library runs only where its -mcpu's instructions exist: the features it implies are
+recorded in ``_metadata`` (``cpu_features``, runtime/cpu.py) and checked at load.
 """
 from __future__ import annotations
 
@@ -24,8 +30,11 @@ from pathlib import Path
 
 import tvm
 import tvm_ffi
+from tvm.target import codegen
 
-DEVICES = ("auto", "llvm", "cpu", "cuda", "opencl", "android", "metal", "iphone", "vulkan")
+from speccompile.runtime.cpu import cpu_arch, feature_table, host_cpu_features
+from speccompile.runtime.device import DeviceError, parse_device
+
 DEFAULT_CUDA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 _DEFAULT_HOSTS = {"android": "aarch64-linux-android", "metal": "arm64-apple-macos", "iphone": "arm64-apple-ios"}
 
@@ -66,10 +75,85 @@ def _check_archs(archs: list[str]) -> list[str]:
     return sorted(set(archs), key=lambda a: int(a[3:].rstrip("af")))
 
 
-def plan_target(device: str, output: Path, host: str | None = None, cuda_archs: list[str] | None = None) -> TargetPlan:
-    """Resolve --device/--host/--cuda-arch, refusing what cannot be built before any work."""
-    if device not in DEVICES:
-        raise CompileError(f"unknown --device {device!r}; choose one of {', '.join(DEVICES)}")
+def cpu_target(mcpu: str | None, triple: str | None, mattr: list[str] | None = None,
+               num_cores: int | None = None) -> dict:
+    """The llvm target dict for --mcpu (any LLVM CPU name; None or "native": the build host).
+
+    For the build host we also switch off (-mattr) features its CPU name implies but this
+    machine does not report -- a VM may hide AVX-512 from a CPU that has it -- as clang's
+    -march=native does, so a library built here always loads here."""
+    check_triple = triple or codegen.llvm_get_system_triple()
+    spec: dict = {"kind": "llvm", "num-cores": num_cores or (4 if triple else os.cpu_count() or 1)}
+    if triple:
+        spec["mtriple"] = triple
+    if mcpu == "native" and triple:
+        raise CompileError(f"--mcpu native means this machine's CPU, not one of {triple}: name an LLVM CPU "
+                           "(e.g. cortex-a76, apple-m1) or leave --mcpu out for the triple's generic CPU")
+    native = mcpu in (None, "native") and not triple
+    if native:
+        mcpu = codegen.llvm_get_system_cpu()
+    if mcpu is not None:
+        if not codegen.llvm_is_valid_cpu(mcpu, check_triple):
+            raise CompileError(_unknown_cpu(mcpu, check_triple))
+        spec["mcpu"] = mcpu
+    mattr = list(mattr or [])
+    if native:
+        host = host_cpu_features()
+        if host is not None:
+            table = feature_table(check_triple)
+            implied = codegen.llvm_get_cpu_features(tvm.target.Target(spec))
+            mattr += [f"-{llvm}" for llvm, flag in table.items() if llvm in implied and flag not in host]
+    if mattr:
+        spec["mattr"] = mattr
+    return spec
+
+
+def _unknown_cpu(mcpu: str, triple: str) -> str:
+    import difflib
+
+    names = [str(n) for n in codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm", "mtriple": triple}))]
+    close = difflib.get_close_matches(mcpu, names, n=4)
+    msg = f"--mcpu {mcpu!r} is not a CPU LLVM knows for {triple}"
+    if close:
+        msg += f"; did you mean {', '.join(close)}?"
+    if cpu_arch(triple) != "aarch64" and codegen.llvm_is_valid_cpu(mcpu, "aarch64-linux-gnu"):
+        msg += f" ({mcpu} is an aarch64 CPU: add --host aarch64-linux-gnu, or arm64-apple-macos for a Mac)"
+    return msg + ". Generic choices: x86-64-v2, x86-64-v3 (AVX2), x86-64-v4 (AVX-512); or leave --mcpu out for this machine's CPU"
+
+
+def required_cpu_features(target: tvm.target.Target) -> list[str]:
+    """The CPU features (in /proc/cpuinfo spelling) that code built for ``target`` may use:
+    what its -mcpu and -mattr imply, restricted to runtime/cpu.py's table."""
+    implied = set(codegen.llvm_get_cpu_features(target))
+    table = feature_table(str(target.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple())
+    return sorted({flag for llvm, flag in table.items() if llvm in implied})
+
+
+def _merge(option: str, given, attr, device: str):
+    """A setting given both as an option and as a target-string attribute must agree."""
+    if given is not None and attr is not None and given != attr:
+        raise CompileError(f"{option} {given} contradicts --device {device!r}; give it once")
+    return given if given is not None else attr
+
+
+def plan_target(device: str, output: Path, host: str | None = None, cuda_archs: list[str] | None = None,
+                mcpu: str | None = None) -> TargetPlan:
+    """Resolve --device/--mcpu/--host/--cuda-arch, refusing what cannot be built before any work."""
+    try:
+        parsed = parse_device(device, for_compile=True)
+    except DeviceError as err:
+        raise CompileError(str(err)) from None
+    attrs = parsed.attrs
+    device = parsed.kind
+    host = _merge("--host", host, attrs.get("mtriple"), parsed.text)
+    mcpu = _merge("--mcpu", mcpu, attrs.get("mcpu"), parsed.text)
+    if "arch" in attrs:
+        if cuda_archs and list(cuda_archs) != [attrs["arch"]]:
+            raise CompileError(f"--cuda-arch {','.join(cuda_archs)} contradicts --device {parsed.text!r}; give it once")
+        cuda_archs = [attrs["arch"]]
+    if mcpu is not None and device not in ("llvm", "auto"):
+        raise CompileError(f"--mcpu names the CPU of a --device llvm build; {device} kernels do not use it"
+                           + (" (for cuda choose --cuda-arch)" if device == "cuda" else ""))
     if device == "auto":
         device = "cuda" if tvm.cuda(0).exist else "llvm"
     if device == "vulkan":
@@ -82,11 +166,10 @@ def plan_target(device: str, output: Path, host: str | None = None, cuda_archs: 
     host_target: dict = {"kind": "llvm"}
     if host:
         host_target["mtriple"] = host
-    if device in ("llvm", "cpu"):
-        spec: dict = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(), "num-cores": os.cpu_count() or 1}
-        if host:  # cross-compiling for another CPU: no host mcpu
-            spec = {"kind": "llvm", "mtriple": host, "num-cores": 4}
-        device = "llvm"
+    if mcpu is not None and device != "llvm":
+        raise CompileError(f"--device auto chose {device} here; --mcpu applies to --device llvm only")
+    if device == "llvm":
+        spec = cpu_target(mcpu, host, attrs.get("mattr"), attrs.get("num-cores"))
     elif device == "cuda":
         cuda_archs = _check_archs(list(cuda_archs or DEFAULT_CUDA_ARCHS))
         spec = {"kind": "cuda", "arch": cuda_archs[0], "host": host_target}

@@ -153,3 +153,24 @@ def test_missing_library_is_reported(capi_bin, smollm2_q4, tmp_path):
     proc = run_c(capi_bin, model_dir, tmp_path / "nope.so", [1, 2, 3], 4)
     assert proc.returncode != 0
     assert "not found" in proc.stderr
+
+
+def test_library_needing_a_missing_cpu_feature_is_refused(capi_bin, smollm2_q4, monkeypatch):
+    """runtime/capi/src/cpu_features.cc: the same check, the same words as the Python runtime,
+    on a (faked) host lacking one feature the library's -mcpu implies."""
+    from speccompile.runtime.cpu import HOST_FEATURES_ENV
+    from speccompile.runtime.model import Model, ModelLoadError, baked_metadata
+
+    model_dir, lib = smollm2_q4
+    needed = baked_metadata(lib)["cpu_features"]
+    dropped = "avx2" if "avx2" in needed else needed[-1]
+    monkeypatch.setenv(HOST_FEATURES_ENV, ",".join(f for f in needed if f != dropped))
+    with pytest.raises(ModelLoadError) as err:
+        Model(model_dir, lib)
+    proc = run_c(capi_bin, model_dir, lib, [1, 2, 3], 4)
+    assert proc.returncode != 0
+    assert f"uses CPU features this machine lacks: {dropped};" in proc.stderr
+    assert "rebuild with: speccompile compile" in proc.stderr
+    assert str(err.value) in proc.stderr  # word for word the Python runtime's message
+    monkeypatch.setenv(HOST_FEATURES_ENV, ",".join(needed))
+    assert generate_c(capi_bin, model_dir, lib, [1, 2, 3], 4)["token_ids"]

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "cpu_features.h"
 #include "json_util.h"
 
 namespace spc {
@@ -134,6 +135,8 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
     throw IncompatibleError(lib_path + " was built for " + target + ", not for device '" + device +
                             "'; compile with --device " + (device_kind == "llvm" ? std::string("llvm") : device_kind));
   }
+  // ---- runtime/cpu.py check_cpu_features: a CPU library needing instructions this CPU lacks
+  CheckCpuFeatures(meta, lib_path);
   if (json::GetString(meta, "model_type") != config_.model_type) {
     throw IncompatibleError("model library and config disagree on the model type");
   }
