@@ -55,9 +55,8 @@ class AcceptanceModel:
     """Calibration of draft confidence to acceptance, plus the first-token estimate used
     before a draft forward has produced any confidence."""
 
-    def __init__(self, prior: Callable[[float], float] = lambda c: c, first_prior: float = 0.7):
-        centers = (np.arange(BINS) + 0.5) / BINS
-        self.prior = np.clip([prior(float(c)) for c in centers], 0.01, 0.99)
+    def __init__(self, first_prior: float = 0.7):
+        self.prior = np.clip((np.arange(BINS) + 0.5) / BINS, 0.01, 0.99)  # confidence is acceptance
         self.hits = np.zeros(BINS)
         self.trials = np.zeros(BINS)
         self.first_prior = first_prior
@@ -124,8 +123,6 @@ class AcceptanceModel:
             pass
         return self
 
-    def curve(self) -> list[float]:
-        return [self.predict((b + 0.5) / BINS) for b in range(BINS)]
 
 
 class StepPlan:

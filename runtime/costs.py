@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from pathlib import Path
 
 PACE_WINDOW = 15  # recent observed/predicted ratios of target forwards whose median is the pace
@@ -171,12 +172,21 @@ class CostModel:
             return None  # absent or unreadable: measure again
 
 
+def time_min(fn, repeat: int = 3) -> float:
+    """Best of ``repeat`` timed calls after one untimed call (which allocates buffers)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def measure_target(model, kv, rows: list[int], hidden_states: bool) -> dict[int, float]:
     """Seconds of a target forward plus greedy verification over r rows of one scratch
     sequence (after a 16-token prefix), through the very calls a decode step makes: the
     fused logits entry points, or (for heads that read them) hidden states + get_logits."""
-    from .proposers import time_min
-
     sid = -1
     kv.add_sequence(sid)
     try:

@@ -32,7 +32,7 @@ from tvm.runtime import tensor as to_device
 
 from .kv_cache import PAGE, ForwardBatch
 from .model import Model
-from .proposers import time_min
+from .costs import time_min
 from .verify import Draft
 
 MAX_TREE_NODES = 256

@@ -21,9 +21,9 @@ import time
 import numpy as np
 from tvm.runtime import tensor as to_device
 
-from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids
+from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids, top_tokens
 from .model import Model
-from .proposers import time_min
+from .costs import time_min
 from .verify import Draft
 
 
@@ -138,7 +138,7 @@ class MedusaProposer:
             logits = self.heads.forward(feats[:r])
             for j in range(self.heads.num_heads):
                 for row in range(r):
-                    _top_conf(logits[j, row], self.width)
+                    top_tokens(logits[j, row], self.width)
 
         return {r: time_min(lambda: step(r)) for r in rows}, 0.0
 
@@ -159,11 +159,11 @@ class MedusaProposer:
             depth = min(ks[i], self.heads.num_heads)
             tops, confs = [], []
             for j in range(depth):
-                top, conf = _top_conf(logits[j, row], self.width)
+                top, logp = top_tokens(logits[j, row], self.width)  # the head's softmax probability: confidence
                 if self.heads.vocab_ids is not None:
-                    top = self.heads.vocab_ids[top].tolist()
-                tops.append(list(top))
-                confs.append(conf)
+                    top = self.heads.vocab_ids[top]
+                tops.append(top.tolist())
+                confs.append(np.exp(logp).tolist())
             paths = self.tree(depth, budget)
             index = {p: n for n, p in enumerate(paths)}
             tokens = [tops[len(p) - 1][p[-1]] for p in paths]
@@ -177,15 +177,3 @@ class MedusaProposer:
         plan.spent(time.perf_counter() - t0)
         return drafts
 
-
-def _top_conf(row: np.ndarray, width: int) -> tuple[list[int], list[float]]:
-    """The ``width`` most likely rows of one head's logits (ties: lower id first) and
-    their softmax probabilities."""
-    row = np.asarray(row, np.float32)
-    if width == 1:
-        top = [int(np.argmax(row))]
-    else:
-        part = np.argpartition(-row, width - 1)[:width]
-        top = sorted(part.tolist(), key=lambda t: (-row[t], t))
-    z = np.exp(row - row[top[0]]).sum()
-    return top, [float(np.exp(row[t] - row[top[0]]) / z) for t in top]

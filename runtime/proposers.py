@@ -18,6 +18,7 @@ from .kv_cache import KVCacheFull
 from .model import Model, read_metadata
 from .sampling import SamplingParams, probs_from_logits
 from .adaptive import CATCH_UP_AMORTIZED, StepPlan
+from .costs import time_min
 from .verify import Draft
 
 
@@ -63,17 +64,6 @@ class Proposer(Protocol):
     def accept(self, seq_id: int, history: list[int]) -> None:
         """The sequence's committed history after a verify step (to resynchronize state)."""
         ...
-
-
-def time_min(fn, repeat: int = 3) -> float:
-    """Best of ``repeat`` timed calls after one untimed call (which allocates buffers)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def pick(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> tuple[int, float, np.ndarray | None]:

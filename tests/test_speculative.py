@@ -161,6 +161,21 @@ def _adaptive(eng, cost):
     return eng
 
 
+def _prefilled(eng, prompt, chunk):
+    """A sequence attached and prefilled in chunks of ``chunk`` tokens, not yet decoded."""
+    seq = eng.new_sequence(prompt, NEW_TOKENS, ignore_eos=True)
+    eng.attach(seq)
+    while seq.to_prefill:
+        eng.prefill([seq], chunk)
+    return seq
+
+
+def _finish(eng, seq):
+    while not seq.done:
+        eng.step([seq])
+    eng.detach(seq)
+
+
 def test_a_fresh_engine_drafts_from_its_first_step_when_the_costs_say_so(target, reference):
     """No warm-up, no learning of costs: with a profile where drafting pays, the first
     decode step of a fresh engine drafts (the target drafting for itself: every token is
@@ -168,16 +183,11 @@ def test_a_fresh_engine_drafts_from_its_first_step_when_the_costs_say_so(target,
     prompts, expected = reference
     for draft_ms, drafts in ((0.5, True), (12.0, False)):
         eng = _adaptive(_engine(target, "self"), _costs(CHEAP, draft_ms))
-        seq = eng.new_sequence(prompts[1], NEW_TOKENS, ignore_eos=True)
-        eng.attach(seq)
-        while seq.to_prefill:
-            eng.prefill([seq], 64)
+        seq = _prefilled(eng, prompts[1], 64)
         eng.step([seq])
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts
         assert (seq.result.stats.spec.mean_accepted_length > 2) == drafts
-        while not seq.done:
-            eng.step([seq])
-        eng.detach(seq)
+        _finish(eng, seq)
         assert seq.result.token_ids == expected[1]
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts
 
@@ -206,16 +216,11 @@ def test_a_lagging_draft_model_never_catches_up_inside_a_step(target, reference,
     prompts, expected = reference
     for draft_ms, drafts in ((12.0, False), (0.5, True)):
         eng = _adaptive(_engine(target, "self"), _costs(CHEAP, draft_ms))
-        seq = eng.new_sequence(prompts[4], NEW_TOKENS, ignore_eos=True)
-        eng.attach(seq)
-        while seq.to_prefill:
-            eng.prefill([seq], 7)
+        seq = _prefilled(eng, prompts[4], 7)
         assert (eng.proposer.backlog(seq.seq_id, seq.history) > 16) != drafts
         eng.policy.fixed_k = 2  # would draft if it could
-        while not seq.done:
-            eng.step([seq])
+        _finish(eng, seq)
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts and seq.result.token_ids == expected[4]
-        eng.detach(seq)
 
 
 def test_a_draft_model_catch_up_is_priced(target, reference):
@@ -226,20 +231,14 @@ def test_a_draft_model_catch_up_is_priced(target, reference):
     prompts, expected = reference
     for catch_up_ms, drafts_after in ((50.0, False), (0.01, True)):
         eng = _adaptive(_engine(target, "self"), _costs(CHEAP, 0.5, catch_up_ms))
-        seq = eng.new_sequence(prompts[4], NEW_TOKENS, ignore_eos=True)
-        eng.attach(seq)
-        eng.policy.off_until[1] = 8  # as if the guard had switched drafting off for 8 steps
-        while seq.to_prefill:
-            eng.prefill([seq], 7)
+        eng.policy.off_until[1] = 8  # as if the guard had switched drafting off for 8 steps ...
+        seq = _prefilled(eng, prompts[4], 7)  # ... so the draft model skips the prompt
         proposer = eng.proposer
-        for sid in list(proposer.cached):  # the draft missed the prompt (decided plain at prefill)
-            proposer.accept(sid, [])
+        assert proposer.cached[seq.seq_id] == []
         for _ in range(8):
             eng.step([seq])
         assert seq.result.stats.spec.draft_tokens == 0 and proposer.backlog(seq.seq_id, seq.history) > 2
         eng.step([seq])
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts_after
-        while not seq.done:
-            eng.step([seq])
-        eng.detach(seq)
+        _finish(eng, seq)
         assert seq.result.token_ids == expected[4]
