@@ -1,6 +1,6 @@
 """Rejection-sampling verification as TensorIR kernels compiled into every model library.
 
-The sampling half of the one verification routine (``runtime/verify.py`` is its numpy
+The sampling half of the one verification routine (``runtime/acceptance.py`` is its numpy
 reference). Two kernels, so the runtime only moves a few integers per sequence:
 
 - ``sampling_probs``: logits -> probabilities with temperature, top-k and top-p, per row.
@@ -118,7 +118,7 @@ def sampling_probs(vocab: int):
 
 
 def verify_sampling(vocab: int):
-    """Recursive rejection sampling, one sequence per work item (see runtime/verify.py).
+    """Recursive rejection sampling, one sequence per work item (see runtime/acceptance.py).
 
     p [n, vocab] target probs per row; q [nq, vocab] the draft distribution each row's
     node was sampled from (nq = n, or 1 when every row is one-hot); one_hot [n] (q is the

@@ -1,6 +1,6 @@
 """Greedy verification as a TensorIR kernel compiled into every model library.
 
-Batched over sequences, tree-aware, and a twin of ``runtime/verify.py`` (the numpy
+Batched over sequences, tree-aware, and a twin of ``runtime/acceptance.py`` (the numpy
 reference, which also handles sampling): per row, the argmax of the target logits
 (first index of the maximum, as numpy); per sequence, a walk from the root that follows
 the child whose token equals its parent row's argmax. Only a few integers per sequence

@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from .costs import CostModel
-from .verify import Draft
+from .acceptance import Draft
 
 BINS = 10  # confidence bins of the calibration curve
 PRIOR_TRIALS = 4.0  # pseudo-observations of the prior per bin: a few real ones outweigh it

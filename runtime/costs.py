@@ -202,8 +202,8 @@ def measure_target(model, kv, rows: list[int], hidden_states: bool) -> dict[int,
             elif r == 1:
                 logits = model.decode(kv, [sid], tokens[0], on_device=True)
             else:
-                logits = model.verify(kv, [sid], tokens, on_device=True)
-            model.greedy_verify(logits, tokens, parents)
+                logits = model.forward_tokens(kv, [sid], tokens, on_device=True)
+            model.accept_greedy(logits, tokens, parents)
             kv.popn(sid, r)
 
         return {r: time_min(lambda: forward(r)) for r in rows}

@@ -21,7 +21,7 @@ sequences), each giving its ``width`` best children, for as long as the step's p
 the next head forward pays. The proposer hands over the ``max_nodes`` most probable
 candidates (a parent is never less probable than its child, so it is a tree) and the plan
 keeps those worth their verify rows; width 1 is a chain. Draft tokens are deterministic
-(one-hot q), which keeps rejection sampling exact for trees too (runtime/verify.py).
+(one-hot q), which keeps rejection sampling exact for trees too (runtime/acceptance.py).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from tvm.runtime import tensor as to_device
 from .kv_cache import PAGE, ForwardBatch
 from .model import Model
 from .costs import time_min
-from .verify import Draft
+from .acceptance import Draft
 
 MAX_TREE_NODES = 256
 
@@ -137,7 +137,7 @@ class EagleProposer:
             raise RuntimeError(f"EAGLE: features for position {position} arrived, {have} expected")
         self.pending[seq_id].append(np.asarray(hidden))
 
-    def accept(self, seq_id: int, history: list[int]) -> None:
+    def on_commit(self, seq_id: int, history: list[int]) -> None:
         pass  # the head's cache already holds only rows built from true features
 
     def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:

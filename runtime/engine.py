@@ -33,7 +33,7 @@ from .model import Model
 from .proposers import NGramProposer, Proposer, SmallDraftProposer, load_head
 from .sampling import SamplingParams, sample
 from .tokenizer import StreamDecoder, load_tokenizer, render_chat
-from .verify import Draft, Verdict
+from .acceptance import Draft, Verdict
 
 CONFIG_NAME = "speccompile-config.json"
 SPECULATIVE_MODES = ("disable", "small_draft", "ngram", "eagle", "medusa")
@@ -518,7 +518,7 @@ class Engine:
                 s.result.stats.spec.draft_steps += draft_forwards
             s.result.stats.decode_tokens += self._emit(s, verdict.tokens)
             if self.proposer and not s.done:
-                self.proposer.accept(s.seq_id, s.history)
+                self.proposer.on_commit(s.seq_id, s.history)
         if any(s.result.stats.spec is not None for s in active):
             self.totals.spec.draft_steps += draft_forwards  # once per step, whatever the batch
             rest = time.perf_counter() - t2
@@ -530,14 +530,14 @@ class Engine:
 
     def _verify_on_device(self, active: list[_Seq], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, run by the library's TensorIR kernels on the device
-        logits (runtime/verify.py is their numpy reference): greedy -- argmax and tree walk
+        logits (runtime/acceptance.py is their numpy reference): greedy -- argmax and tree walk
         -- when every sequence is greedy, else temperature/top-k/top-p probabilities and
         recursive rejection sampling for the whole batch (a greedy row's probabilities are
         one-hot at its argmax, so it follows the greedy rule there too)."""
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
         parents = [d.verify_parents() for d in drafts]
         if all(s.sampling.greedy for s in active):
-            res = self.model.greedy_verify(logits, tokens, parents)
+            res = self.model.accept_greedy(logits, tokens, parents)
         else:
             per_row = [s.sampling for s, d in zip(active, drafts) for _ in range(len(d) + 1)]
             p = self.model.sampling_probs(logits, [x.temperature for x in per_row], [x.top_k for x in per_row],
@@ -552,7 +552,7 @@ class Engine:
                         q[row + 1: row + 1 + len(d)] = d.probs
                     row += len(d) + 1
             uniforms = [s.rng.random(len(d) + 1) for s, d in zip(active, drafts)]  # each node's test, then the bonus
-            res = self.model.verify_sampling(p, q, one_hot, tokens, parents, uniforms)
+            res = self.model.accept_sampled(p, q, one_hot, tokens, parents, uniforms)
         return [Verdict(path, [d.tokens[j] for j in path] + [last]) for (path, last), d in zip(res, drafts)]
 
     def _target_forward(self, active: list[_Seq], drafts: list[Draft]):
@@ -575,8 +575,8 @@ class Engine:
             return self.model.decode(self.kv, ids, [s.history[-1] for s in active], on_device=True), None
         try:
             if tree:
-                return self.model.verify(self.kv, ids, tokens, parents, True), None
-            return self.model.verify(self.kv, ids, tokens, on_device=True), None
+                return self.model.forward_tokens(self.kv, ids, tokens, parents, True), None
+            return self.model.forward_tokens(self.kv, ids, tokens, on_device=True), None
         except KVCacheFull:
             return None, None
 

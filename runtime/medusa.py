@@ -11,7 +11,7 @@ actually committed, so the tree follows how good the heads are on this workload.
 width 1 it is a chain of each head's top-1. Each node carries its head's softmax probability
 as confidence, and the step's plan verifies only the nodes worth their rows (and skips the
 heads' forward altogether when no draft is expected to pay). Drafts are deterministic (one-hot q), so
-rejection sampling stays exact (runtime/verify.py).
+rejection sampling stays exact (runtime/acceptance.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tvm.runtime import tensor as to_device
 from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids, top_tokens
 from .model import Model
 from .costs import time_min
-from .verify import Draft
+from .acceptance import Draft
 
 
 class MedusaHeadsModel(Model):
@@ -86,7 +86,7 @@ class MedusaProposer:
         if seq_id in self.proposed and len(hidden):
             self.last[seq_id] = (position + len(hidden) - 1, np.asarray(hidden[-1]))
 
-    def accept(self, seq_id: int, history: list[int]) -> None:
+    def on_commit(self, seq_id: int, history: list[int]) -> None:
         """Score earlier proposals against the tokens now committed."""
         keep = []
         for first, tops in self.proposed.get(seq_id, []):

@@ -233,7 +233,7 @@ class Model:
         self.check_token_ids(ids)
         return self._run("decode", ids, kv, kv.plan_chain(seq_ids, [1] * len(tokens)), on_device=on_device)
 
-    def verify(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
+    def forward_tokens(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
                tree_parents: list[list[int]] | None = None, on_device: bool = False):
         """Several tokens per sequence in one forward; logits at every position [n, vocab].
 
@@ -243,10 +243,10 @@ class Model:
 
     def forward_hidden(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
                        tree_parents: list[list[int]] | None = None):
-        """As :meth:`prefill`/:meth:`verify` but returning the final-normed hidden states of
+        """As :meth:`prefill`/:meth:`forward_tokens` but returning the final-normed hidden states of
         every token on device [n, hidden] (draft heads read them); :meth:`get_logits` turns
         them into the very logits the fused entry points give. Chains are appended, trees
-        planned as in :meth:`verify`."""
+        planned as in :meth:`forward_tokens`."""
         return self._run("verify_to_last_hidden_states", *self._plan(kv, seq_ids, token_lists, tree_parents),
                          on_device=True)
 
@@ -265,7 +265,7 @@ class Model:
             hidden = to_device(np.ascontiguousarray(hidden, self.dtype), self.device)
         return self._fn["get_logits"](hidden, self.params)
 
-    def greedy_verify(self, logits, token_lists: list[list[int]],
+    def accept_greedy(self, logits, token_lists: list[list[int]],
                       parents: list[list[int]]) -> list[tuple[list[int], int]]:
         """The library's greedy verification kernel on device logits [n, vocab].
 
@@ -289,15 +289,15 @@ class Model:
                                           to_device(np.asarray(top_ks, np.int32).reshape(n), self.device),
                                           to_device(np.asarray(top_ps, np.float32).reshape(n), self.device))
 
-    def verify_sampling(self, p, q, one_hot, token_lists: list[list[int]], parents: list[list[int]],
+    def accept_sampled(self, p, q, one_hot, token_lists: list[list[int]], parents: list[list[int]],
                         uniforms: list) -> list[tuple[list[int], int]]:
         """The library's rejection-sampling kernel on device target probs p [n, vocab].
 
         q: the draft distribution of each row [n, vocab] (device or numpy; row 0 of each
         sequence unused), or None when every draft is one-hot. one_hot[i]: per sequence, a
         bool for all its rows or a list of per-row flags (q is the one-hot of the row's
-        token). token_lists, parents: as :meth:`greedy_verify`. uniforms[i]: [k_i + 1] in
-        [0, 1), as runtime/verify.py's ``uniforms`` (node j's accept test, then the bonus).
+        token). token_lists, parents: as :meth:`accept_greedy`. uniforms[i]: [k_i + 1] in
+        [0, 1), as runtime/acceptance.py's ``uniforms`` (node j's accept test, then the bonus).
         Returns (accepted draft nodes, final sampled token) per sequence."""
         sizes = [len(t) for t in token_lists]
         n, b = sum(sizes), len(token_lists)

@@ -19,7 +19,7 @@ from .model import Model, read_metadata
 from .sampling import SamplingParams, probs_from_logits
 from .adaptive import CATCH_UP_AMORTIZED, StepPlan
 from .costs import time_min
-from .verify import Draft
+from .acceptance import Draft
 
 
 class Proposer(Protocol):
@@ -61,7 +61,7 @@ class Proposer(Protocol):
         when ``needs_hidden_states``)."""
         ...
 
-    def accept(self, seq_id: int, history: list[int]) -> None:
+    def on_commit(self, seq_id: int, history: list[int]) -> None:
         """The sequence's committed history after a verify step (to resynchronize state)."""
         ...
 
@@ -105,7 +105,7 @@ class NGramProposer:
     def remove_sequence(self, seq_id: int) -> None:
         pass
 
-    def accept(self, seq_id: int, history: list[int]) -> None:
+    def on_commit(self, seq_id: int, history: list[int]) -> None:
         pass
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
@@ -198,7 +198,7 @@ class SmallDraftProposer:
         self.kv.remove_sequence(seq_id)
         self.cached.pop(seq_id, None)
 
-    def accept(self, seq_id: int, history: list[int]) -> None:
+    def on_commit(self, seq_id: int, history: list[int]) -> None:
         # keep the longest prefix of the cache that agrees with the committed history
         cached = self.cached[seq_id]
         agreed = 0
@@ -234,7 +234,7 @@ class SmallDraftProposer:
         most = self.MAX_BACKLOG // max(len(seq_ids), 1)
         for i, sid in enumerate(seq_ids):
             if ks[i] > 0:
-                self.accept(sid, histories[i])
+                self.on_commit(sid, histories[i])
         active = [i for i, k in enumerate(ks) if k > 0 and self.backlog(seq_ids[i], histories[i]) <= most]
         if not active:
             return drafts

@@ -7,7 +7,7 @@ import pytest
 
 from speccompile.runtime.adaptive import AcceptanceModel, Policy, node_probs
 from speccompile.runtime.costs import CostModel, CostTable, profile_path
-from speccompile.runtime.verify import Draft
+from speccompile.runtime.acceptance import Draft
 
 MS = 1e-3
 

@@ -7,7 +7,7 @@ import pytest
 
 from speccompile.runtime.model import Model, to_device
 from speccompile.runtime.sampling import SamplingParams, probs_from_logits
-from speccompile.runtime.verify import Draft, verify
+from speccompile.runtime.acceptance import Draft, accept_reference
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +93,9 @@ def test_verify_sampling_matches_numpy_on_same_uniforms(model, tree):
             flags.append(one_hot)
             uniforms.append(rng.random(k + 1, dtype=np.float32))
             offset += k + 1
-        got = model.verify_sampling(to_device(p, model.device), q, flags, token_lists, parents, uniforms)
+        got = model.accept_sampled(to_device(p, model.device), q, flags, token_lists, parents, uniforms)
         for (k, _, s, target, _, _), d, u, (path, token) in zip(cases, drafts, uniforms, got):
-            ref = verify(target, d, s, np.random.default_rng(), uniforms=u)
+            ref = accept_reference(target, d, s, np.random.default_rng(), uniforms=u)
             assert path == ref.path and [d.tokens[j] for j in path] + [token] == ref.tokens
             accepted += len(path)
             rejected_all += int(k > 0 and not path)
@@ -111,7 +111,7 @@ def test_verify_sampling_without_q_and_with_greedy_rows(model):
     best = logits.argmax(axis=1)
     p = model.sampling_probs(to_device(logits, model.device), [0.0] * 4, [0] * 4, [1.0] * 4)
     tokens = [[1, int(best[0]), int(best[1]), (int(best[2]) + 1) % vocab]]
-    got = model.verify_sampling(p, None, None, tokens, [[-1, 0, 1, 2]], [rng.random(4)])
+    got = model.accept_sampled(p, None, None, tokens, [[-1, 0, 1, 2]], [rng.random(4)])
     assert got == [([0, 1], int(best[2]))]
 
 
@@ -128,7 +128,7 @@ def _first_tokens(model, p_row, q_row, n, rng, one_hot):
             toks = rng.choice(vocab, size=(b, 2), p=q_row / q_row.sum())
         p = to_device(np.broadcast_to(p_row, (3 * b, vocab)).astype(np.float32), model.device)
         q = None if one_hot else np.broadcast_to(q_row, (3 * b, vocab)).astype(np.float32)
-        out = model.verify_sampling(p, q, [one_hot] * b, [[1, int(x), int(y)] for x, y in toks], [[-1, 0, 0]] * b,
+        out = model.accept_sampled(p, q, [one_hot] * b, [[1, int(x), int(y)] for x, y in toks], [[-1, 0, 0]] * b,
                                     list(rng.random((b, 3), dtype=np.float32)))
         for (x, y), (path, token) in zip(toks, out):
             counts[int((x, y)[path[0]]) if path else token] += 1

@@ -277,7 +277,7 @@ def test_medusa_rows_match_the_runtime_offsets():
     for length in range(a, len(toks) - 1):  # history = committed tokens + the pending one
         prop.observe_hidden(0, 0, feats[:length])  # features of positions 0..length-1
         prop.propose([0], [list(toks[:length + 1])], [k_heads], None, None, fixed.plan(1))
-    prop.accept(0, list(toks))
+    prop.on_commit(0, list(toks))
     assert (prop.tries - tries0).tolist() == [6, 5, 4]
     assert np.allclose(prop.hits[:, 0] - hits0, prop.tries - tries0)
 

@@ -3,7 +3,7 @@ import numpy as np
 
 from speccompile.runtime.model import Model, to_device
 from speccompile.runtime.sampling import SamplingParams
-from speccompile.runtime.verify import Draft, verify
+from speccompile.runtime.acceptance import Draft, accept_reference
 
 
 def _random_tree(rng, size):
@@ -33,9 +33,9 @@ def test_greedy_kernel_matches_numpy_on_chains_and_trees(build_tiny):
             parents.append(d.verify_parents())
             blocks.append(logits)
         dev = to_device(np.concatenate(blocks), model.device)
-        got = model.greedy_verify(dev, token_lists, parents)
+        got = model.accept_greedy(dev, token_lists, parents)
         for d, logits, (path, bonus) in zip(drafts, blocks, got):
-            ref = verify(logits, d, SamplingParams(), np.random.default_rng(0))
+            ref = accept_reference(logits, d, SamplingParams(), np.random.default_rng(0))
             assert path == ref.path and [d.tokens[j] for j in path] + [bonus] == ref.tokens
 
 
@@ -45,5 +45,5 @@ def test_greedy_kernel_breaks_ties_like_numpy(build_tiny):
     logits = np.zeros((2, model.vocab_size), np.float32)
     logits[0, [5, 9]] = 3.0  # tie: numpy argmax takes the first
     logits[1, 2] = 1.0
-    got = model.greedy_verify(to_device(logits, model.device), [[1, 5]], [[-1, 0]])
+    got = model.accept_greedy(to_device(logits, model.device), [[1, 5]], [[-1, 0]])
     assert got == [([0], 2)]

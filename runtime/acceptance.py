@@ -1,4 +1,5 @@
-"""The one verification routine every proposer goes through (chain or token tree).
+"""The acceptance rule every draft goes through (chain or token tree): the numpy reference
+of the library's kernels (``Model.accept_greedy``, ``Model.accept_sampled``).
 
 A draft for one sequence is a list of nodes: token, parent (-1 = the last committed
 token), and optionally the draft's distribution q at that node. Row 0 of the target
@@ -53,7 +54,7 @@ class Verdict:
     tokens: list[int]  # emitted tokens: accepted drafts then the bonus token
 
 
-def verify(logits: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.random.Generator,
+def accept_reference(logits: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.random.Generator,
            uniforms: np.ndarray | None = None) -> Verdict:
     """logits: [k + 1, vocab] target logits for [last] + draft nodes.
 

@@ -4,7 +4,7 @@ import pytest
 
 from speccompile.runtime.proposers import NGramProposer
 from speccompile.runtime.sampling import SamplingParams, probs_from_logits
-from speccompile.runtime.verify import Draft, verify
+from speccompile.runtime.acceptance import Draft, accept_reference
 
 V = 8
 
@@ -13,11 +13,11 @@ def test_greedy_chain_accepts_matching_prefix_and_adds_bonus():
     logits = np.zeros((4, V))
     for row, tok in enumerate([3, 5, 1, 6]):
         logits[row, tok] = 1.0
-    v = verify(logits, Draft([3, 5, 2]), SamplingParams(), np.random.default_rng(0))
+    v = accept_reference(logits, Draft([3, 5, 2]), SamplingParams(), np.random.default_rng(0))
     assert v.path == [0, 1] and v.tokens == [3, 5, 1]
-    v = verify(logits, Draft([3, 5, 1]), SamplingParams(), np.random.default_rng(0))
+    v = accept_reference(logits, Draft([3, 5, 1]), SamplingParams(), np.random.default_rng(0))
     assert v.tokens == [3, 5, 1, 6]
-    v = verify(logits, Draft([4]), SamplingParams(), np.random.default_rng(0))
+    v = accept_reference(logits, Draft([4]), SamplingParams(), np.random.default_rng(0))
     assert v.path == [] and v.tokens == [3]
 
 
@@ -26,7 +26,7 @@ def test_greedy_tree_follows_the_matching_branch():
     d = Draft([2, 3, 4, 7], parents=[-1, -1, 1, 1])
     logits = np.zeros((5, V))
     logits[0, 3] = logits[2, 7] = logits[4, 0] = 1.0  # row j+1 = after node j
-    v = verify(logits, d, SamplingParams(), np.random.default_rng(0))
+    v = accept_reference(logits, d, SamplingParams(), np.random.default_rng(0))
     assert v.path == [1, 3] and v.tokens == [3, 7, 0]
     assert d.verify_parents() == [-1, 0, 0, 2, 2]
 
@@ -43,7 +43,7 @@ def _empirical(n, target_logits, draft_q, sampling, tree=False, seed=0):
             tok = int(rng.choice(V, p=draft_q[0]))
             d = Draft([tok], probs=draft_q[:1])
             logits = target_logits
-        counts[verify(logits, d, sampling, rng).tokens[0]] += 1
+        counts[accept_reference(logits, d, sampling, rng).tokens[0]] += 1
     return counts / n
 
 
@@ -71,7 +71,7 @@ def test_one_hot_draft_keeps_target_distribution():
     counts = np.zeros(V)
     n = 30000
     for _ in range(n):
-        counts[verify(logits, Draft([2]), sampling, rng).tokens[0]] += 1  # n-gram style draft
+        counts[accept_reference(logits, Draft([2]), sampling, rng).tokens[0]] += 1  # n-gram style draft
     assert 0.5 * np.abs(counts / n - p).sum() < 4.0 / np.sqrt(n)
 
 
