@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -32,6 +31,7 @@ from .metrics import SpecMetrics
 from .model import Model
 from .proposers import NGramProposer, Proposer, SmallDraftProposer, load_head
 from .sampling import SamplingParams, sample
+from .sequence import GenerationError, GenerationResult, Sequence, Stats
 from .tokenizer import StreamDecoder, load_tokenizer, render_chat
 from .acceptance import Draft, Verdict
 
@@ -42,69 +42,6 @@ MAX_DEPTH = 8  # the longest chain / deepest tree an adaptive step drafts
 # Row counts whose forward cost is measured before the first step (others interpolate).
 TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 DRAFT_ROWS = (1, 2, 3, 4, 6, 8)
-
-
-class GenerationError(ValueError):
-    pass
-
-
-@dataclass
-class Stats:
-    prefill_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-    spec: SpecMetrics | None = None
-
-    def to_dict(self) -> dict:
-        out = {
-            "prefill_tokens": self.prefill_tokens,
-            "decode_tokens": self.decode_tokens,
-            "prefill_tokens_per_s": self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0,
-            "decode_tokens_per_s": self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0,
-        }
-        if self.spec is not None:
-            out.update(self.spec.to_dict())
-        return out
-
-
-@dataclass
-class GenerationResult:
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    stats: Stats = field(default_factory=Stats)
-
-    def to_dict(self) -> dict:
-        return {"prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids, "text": self.text,
-                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
-
-
-@dataclass
-class _Seq:
-    """One sequence in the decode loop."""
-
-    seq_id: int
-    history: list[int]  # prompt + emitted tokens; history[-1] is not yet in the target's KV
-    budget: int
-    sampling: SamplingParams
-    rng: np.random.Generator
-    stop: list[str]
-    ignore_eos: bool
-    result: GenerationResult
-    decoder: StreamDecoder
-    pending_text: str = ""
-    to_prefill: list[int] = field(default_factory=list)  # history not yet in the target's KV (besides history[-1])
-    speculative: bool = True  # False: never drafted for (a server's per-request A/B)
-
-    @property
-    def done(self) -> bool:
-        return self.result.finish_reason is not None
-
-    @property
-    def prefilling(self) -> bool:
-        return bool(self.to_prefill)
 
 
 def read_model_config(model_dir: Path) -> dict:
@@ -359,7 +296,7 @@ class Engine:
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None,
-                     speculative: bool = True) -> _Seq:
+                     speculative: bool = True) -> Sequence:
         """A validated sequence, not yet holding KV pages. ``max_len`` caps prompt + output
         (a server passes its KV capacity so that one sequence alone always fits)."""
         if max_tokens <= 0:
@@ -370,7 +307,7 @@ class Engine:
             raise GenerationError(f"the prompt has {len(prompt_ids)} tokens but at most {limit - 1} fit "
                                   "(context window and KV cache capacity)")
         sp = sampling or SamplingParams()
-        seq = _Seq(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
+        seq = Sequence(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
                    np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
                    GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer))
         seq.speculative = speculative
@@ -378,7 +315,7 @@ class Engine:
         self._next_seq += 1
         return seq
 
-    def attach(self, seq: _Seq) -> None:
+    def attach(self, seq: Sequence) -> None:
         """Give the sequence a KV slot; its history is prefilled by :meth:`prefill`. A
         sequence that already emitted tokens (resumed after preemption) re-prefills all
         but its last token, which the next step feeds as usual: prefill and decode give
@@ -388,14 +325,14 @@ class Engine:
             self.proposer.add_sequence(seq.seq_id, seq.history)
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
 
-    def detach(self, seq: _Seq) -> None:
+    def detach(self, seq: Sequence) -> None:
         """Free the sequence's KV pages (target and draft); safe to call twice."""
         self.kv.remove_sequence(seq.seq_id)
         if self.proposer:
             self.proposer.remove_sequence(seq.seq_id)
         seq.to_prefill = []
 
-    def prefill(self, seqs: list[_Seq], budget: int) -> list[_Seq]:
+    def prefill(self, seqs: list[Sequence], budget: int) -> list[Sequence]:
         """Prefill the next chunks of these sequences in one forward, at most ``budget``
         tokens in all (and at most the library's prefill chunk). A sequence whose prompt is
         complete gets its first token. Returns the sequences that finished prefilling.
@@ -440,12 +377,12 @@ class Engine:
             if not s.to_prefill:
                 done.append(s)
                 if not s.result.token_ids:
-                    self._emit(s, [sample(logits[row], s.sampling, s.rng)])
+                    s.emit([sample(logits[row], s.sampling, s.rng)], self.stop_token_ids)
         self.totals.prefill_tokens += total
         self.totals.prefill_seconds += dt
         return done
 
-    def step(self, active: list[_Seq]) -> None:
+    def step(self, active: list[Sequence]) -> None:
         """One batched decode (draft + verify) step for these prefilled, unfinished sequences."""
         t0 = time.perf_counter()
         before = sum(len(s.result.token_ids) for s in active)
@@ -459,7 +396,7 @@ class Engine:
         self.totals.decode_seconds += dt
         self.totals.decode_tokens += emitted
 
-    def _step(self, active: list[_Seq]) -> tuple[bool, float]:
+    def _step(self, active: list[Sequence]) -> tuple[bool, float]:
         """One draft + verify step for every active sequence; (whether any draft was
         verified, seconds spent in draft and target forwards)."""
         b = len(active)
@@ -516,7 +453,7 @@ class Engine:
                     m.draft_seconds += (t1 - t0) * share
                     m.verify_seconds += (t2 - t1) * share
                 s.result.stats.spec.draft_steps += draft_forwards
-            s.result.stats.decode_tokens += self._emit(s, verdict.tokens)
+            s.result.stats.decode_tokens += s.emit(verdict.tokens, self.stop_token_ids)
             if self.proposer and not s.done:
                 self.proposer.on_commit(s.seq_id, s.history)
         if any(s.result.stats.spec is not None for s in active):
@@ -528,7 +465,7 @@ class Engine:
             self.totals.spec.other_seconds += rest
         return any(len(d) for d in drafts), t2 - t0
 
-    def _verify_on_device(self, active: list[_Seq], drafts: list[Draft], logits) -> list[Verdict]:
+    def _verify_on_device(self, active: list[Sequence], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, run by the library's TensorIR kernels on the device
         logits (runtime/acceptance.py is their numpy reference): greedy -- argmax and tree walk
         -- when every sequence is greedy, else temperature/top-k/top-p probabilities and
@@ -555,7 +492,7 @@ class Engine:
             res = self.model.accept_sampled(p, q, one_hot, tokens, parents, uniforms)
         return [Verdict(path, [d.tokens[j] for j in path] + [last]) for (path, last), d in zip(res, drafts)]
 
-    def _target_forward(self, active: list[_Seq], drafts: list[Draft]):
+    def _target_forward(self, active: list[Sequence], drafts: list[Draft]):
         """(device logits [n, vocab] of [last] + drafts for every sequence, their hidden states
         [n, hidden] on the host when the proposer reads them, else None); logits None if
         the KV cache is full. With hidden states the forward stops at the final norm and
@@ -580,41 +517,9 @@ class Engine:
         except KVCacheFull:
             return None, None
 
-    def _emit(self, s: _Seq, tokens: list[int]) -> int:
-        """Append accepted tokens, stopping at EOS, a stop string or the budget; returns
-        how many were emitted."""
-        n = 0
-        for tok in tokens:
-            if tok in self.stop_token_ids and not s.ignore_eos:
-                s.result.finish_reason = "stop"
-                break
-            s.history.append(tok)
-            s.result.token_ids.append(tok)
-            n += 1
-            delta = s.decoder.push([tok])
-            hit = _find_stop(s.decoder.text, s.stop)
-            if hit is not None:
-                s.pending_text += delta[: max(0, len(delta) - (len(s.decoder.text) - hit))]
-                s.result.text = s.decoder.text[:hit]
-                s.result.finish_reason = "stop"
-                break
-            s.pending_text += delta
-            s.result.text = s.decoder.text
-            if len(s.result.token_ids) >= s.budget:
-                s.result.finish_reason = "length"
-                break
-        return n
-
 
 def _depths(parents: list[int]) -> list[int]:
     depth: list[int] = []
     for p in parents:
         depth.append(1 if p < 0 else depth[p] + 1)
     return depth
-
-
-def _find_stop(text: str, stop: list[str] | None) -> int | None:
-    if not stop:
-        return None
-    hits = [text.find(s) for s in stop if s and s in text]
-    return min(hits) if hits else None

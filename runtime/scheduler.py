@@ -33,7 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .engine import Engine, GenerationError, _Seq
+from .engine import Engine
+from .sequence import GenerationError, Sequence
 from .kv_cache import PAGE, KVCacheFull
 from .sampling import SamplingParams
 
@@ -63,7 +64,7 @@ class Request:
     from other threads only after the finishing event."""
 
     id: int
-    seq: _Seq
+    seq: Sequence
     callback: Callable[[Request, Event], None]
     arrival: float = field(default_factory=time.perf_counter)
     first_token: float | None = None

@@ -1,0 +1,113 @@
+"""One generation request as the engine carries it from step to step (public: the
+scheduler holds these, and tests build them through ``Engine.new_sequence``).
+
+A ``Sequence`` owns everything that is per request: its token history, budget, sampling
+parameters and random stream, stop strings, streaming detokenizer and its result. The
+engine's steps read and extend it; the scheduler only decides which sequences take part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .metrics import SpecMetrics
+from .sampling import SamplingParams
+from .tokenizer import StreamDecoder
+
+
+class GenerationError(ValueError):
+    """A request that cannot run as asked (bad prompt, options, or a full cache); the
+    message says what to change."""
+
+
+@dataclass
+class Stats:
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    spec: SpecMetrics | None = None
+
+    def to_dict(self) -> dict:
+        out = {
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "prefill_tokens_per_s": self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0,
+            "decode_tokens_per_s": self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0,
+        }
+        if self.spec is not None:
+            out.update(self.spec.to_dict())
+        return out
+
+
+@dataclass
+class GenerationResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stats: Stats = field(default_factory=Stats)
+
+    def to_dict(self) -> dict:
+        return {"prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids, "text": self.text,
+                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+
+
+@dataclass
+class Sequence:
+    """One sequence in the decode loop."""
+
+    seq_id: int
+    history: list[int]  # prompt + emitted tokens; history[-1] is not yet in the target's KV
+    budget: int  # most tokens to emit
+    sampling: SamplingParams
+    rng: np.random.Generator
+    stop: list[str]
+    ignore_eos: bool
+    result: GenerationResult
+    decoder: StreamDecoder
+    pending_text: str = ""  # text emitted since the caller last took it
+    to_prefill: list[int] = field(default_factory=list)  # history not yet in the target's KV (besides history[-1])
+    speculative: bool = True  # False: never drafted for (a server's per-request A/B)
+
+    @property
+    def done(self) -> bool:
+        return self.result.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.to_prefill)
+
+    def emit(self, tokens: list[int], stop_token_ids: set[int]) -> int:
+        """Append accepted tokens, stopping at EOS, a stop string or the budget; returns
+        how many were emitted (tokens past a stop are dropped, never shown)."""
+        n = 0
+        for tok in tokens:
+            if tok in stop_token_ids and not self.ignore_eos:
+                self.result.finish_reason = "stop"
+                break
+            self.history.append(tok)
+            self.result.token_ids.append(tok)
+            n += 1
+            delta = self.decoder.push([tok])
+            hit = find_stop(self.decoder.text, self.stop)
+            if hit is not None:
+                self.pending_text += delta[: max(0, len(delta) - (len(self.decoder.text) - hit))]
+                self.result.text = self.decoder.text[:hit]
+                self.result.finish_reason = "stop"
+                break
+            self.pending_text += delta
+            self.result.text = self.decoder.text
+            if len(self.result.token_ids) >= self.budget:
+                self.result.finish_reason = "length"
+                break
+        return n
+
+
+def find_stop(text: str, stop: list[str] | None) -> int | None:
+    """Where the earliest stop string begins in text, or None."""
+    if not stop:
+        return None
+    hits = [text.find(s) for s in stop if s and s in text]
+    return min(hits) if hits else None
