@@ -6,6 +6,7 @@ source map, dispatched here so conversion, compilation and metadata share them.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .config import ConfigError, LlamaConfig, preset
@@ -14,20 +15,29 @@ from .quantization import QUANTIZATIONS, Quantization, get_quantization
 __all__ = ["ConfigError", "LlamaConfig", "preset", "QUANTIZATIONS", "Quantization", "get_quantization",
            "MODELS", "HEAD_TYPES", "build_model", "config_from_dict", "source_map"]
 
-MODELS = {"llama": "LlamaForCausalLM", "qwen2": "LlamaForCausalLM", "eagle": "EagleHead", "medusa": "MedusaHeads"}
-HEAD_TYPES = ("eagle", "medusa")
+# model_type -> (module, its nn.Module class, its source-map function, its config class).
+# Qwen2 is Llama with QKV bias; ``eagle`` and ``medusa`` are draft heads. Named, not
+# imported: converting a target never loads the head modules.
+MODELS = {
+    "llama": ("llama", "LlamaForCausalLM", "hf_source_map", None),
+    "qwen2": ("llama", "LlamaForCausalLM", "hf_source_map", None),
+    "eagle": ("eagle", "EagleHead", "source_map", "EagleConfig"),
+    "medusa": ("medusa", "MedusaHeads", "source_map", "MedusaConfig"),
+}
+HEAD_TYPES = tuple(t for t, entry in MODELS.items() if entry[3] is not None)
+
+
+def _member(model_type: str, index: int):
+    if model_type not in MODELS:
+        raise ConfigError(f"unknown model type {model_type!r}; choose one of {', '.join(MODELS)}")
+    module = importlib.import_module(f"{__package__}.{MODELS[model_type][0]}")
+    return getattr(module, MODELS[model_type][index])
 
 
 def head_config_class(model_type: str):
-    if model_type == "eagle":
-        from .eagle import EagleConfig
-
-        return EagleConfig
-    if model_type == "medusa":
-        from .medusa import MedusaConfig
-
-        return MedusaConfig
-    raise ConfigError(f"{model_type!r} is not a draft head type; choose one of {', '.join(HEAD_TYPES)}")
+    if model_type not in HEAD_TYPES:
+        raise ConfigError(f"{model_type!r} is not a draft head type; choose one of {', '.join(HEAD_TYPES)}")
+    return _member(model_type, 3)
 
 
 def config_from_dict(model_type: str, data: dict[str, Any]):
@@ -38,30 +48,10 @@ def config_from_dict(model_type: str, data: dict[str, Any]):
 
 
 def build_model(cfg, quant: Quantization, target=None):
-    """Instantiate the nn.Module for a config (Qwen2 is Llama with QKV bias)."""
-    if cfg.model_type == "eagle":
-        from .eagle import EagleHead
-
-        return EagleHead(cfg, quant, target)
-    if cfg.model_type == "medusa":
-        from .medusa import MedusaHeads
-
-        return MedusaHeads(cfg, quant, target)
-    from .llama import LlamaForCausalLM
-
-    return LlamaForCausalLM(cfg, quant, target)
+    """Instantiate the nn.Module for a config."""
+    return _member(cfg.model_type, 1)(cfg, quant, target)
 
 
 def source_map(cfg) -> dict[str, list[str]]:
     """Logical parameter name -> checkpoint tensors concatenated on axis 0 to form it."""
-    if cfg.model_type == "eagle":
-        from .eagle import source_map as eagle_map
-
-        return eagle_map(cfg)
-    if cfg.model_type == "medusa":
-        from .medusa import source_map as medusa_map
-
-        return medusa_map(cfg)
-    from .llama import hf_source_map
-
-    return hf_source_map(cfg)
+    return _member(cfg.model_type, 2)(cfg)

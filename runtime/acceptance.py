@@ -43,6 +43,13 @@ class Draft:
     def parent_list(self) -> list[int]:
         return self.parents if self.parents is not None else list(range(-1, len(self.tokens) - 1))
 
+    def depths(self) -> list[int]:
+        """Each node's depth, 1 for a child of the last committed token."""
+        depth: list[int] = []
+        for p in self.parent_list():
+            depth.append(1 if p < 0 else depth[p] + 1)
+        return depth
+
     def verify_parents(self) -> list[int]:
         """Parents for the verify forward of [last] + nodes (node j -> row j + 1)."""
         return [-1] + [p + 1 for p in self.parent_list()]

@@ -45,6 +45,7 @@ RETRY_AFTER, MAX_BACKOFF = 8, 16  # plain steps that make the next drafting step
 # A draft model's catch-up after a plain stretch buys drafting for the steps that follow,
 # not only for the one it happens in: a plan charges this share of it to the step.
 CATCH_UP_AMORTIZED = 1 / 8
+MAX_DEPTH = 8  # the longest chain / deepest tree an adaptive step drafts
 LOOKAHEAD = 8  # draft forwards a plan looks ahead when deciding whether to run the next one
 GUARD_WINDOW, GUARD_MIN = 24, 8  # realized drafting steps kept / needed per batch size
 COOLDOWN_MIN, COOLDOWN_MAX = 32, 1024  # plain steps after the guard trips (doubling)
@@ -256,6 +257,16 @@ class Policy:
         if self.hopeless(batch):
             return False
         return self.plan(batch).should_draft(batch, [(1.0, None)] * batch)
+
+    def observe(self, step) -> None:
+        """Everything one decode step (a metrics.StepRecord) teaches: the target forward's
+        cost, the calibration from every speculative sequence's verdict, and the guard."""
+        self.cost.observe_target(step.rows, step.target_seconds)
+        for d, v, on in zip(step.drafts, step.verdicts, step.speculative):
+            if on:
+                self.observe_verdict(d, v.path)
+        if any(step.speculative):
+            self.observe_step(step.batch, step.drafted, sum(step.emitted), step.seconds, step.forward_seconds)
 
     def observe_verdict(self, draft: Draft, path: list[int]) -> None:
         if len(draft) and draft.conf is not None:

@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 PACE_WINDOW = 15  # recent observed/predicted ratios of target forwards whose median is the pace
+# Row counts whose forward cost is measured before the first step (others interpolate).
+TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+DRAFT_ROWS = (1, 2, 3, 4, 6, 8)
 REFRESH = 0.1  # weight of one observation in its row count's running cost
 
 
@@ -209,6 +212,21 @@ def measure_target(model, kv, rows: list[int], hidden_states: bool) -> dict[int,
         return {r: time_min(lambda: forward(r)) for r in rows}
     finally:
         kv.remove_sequence(sid)
+
+
+def load_or_measure(libraries: list[Path], mode: str, model, kv, proposer, max_rows: int) -> CostModel:
+    """The forward costs of a target and its proposer on this host: read from the cache,
+    or measured now on scratch sequences (about a second per model) and cached. The key
+    covers the libraries' contents, the mode (with its tree shape) and the host."""
+    rows = [r for r in TARGET_ROWS if r <= max_rows]
+    path = profile_path(libraries, mode, f"rows<={rows[-1]}")
+    cost = CostModel.load(path)
+    if cost is None:
+        target = CostTable(measure_target(model, kv, rows, proposer.needs_hidden_states))
+        draft, per_token = proposer.measure(list(DRAFT_ROWS))
+        cost = CostModel(target, CostTable(draft), per_token, path)
+        cost.save()
+    return cost
 
 
 def cache_dir() -> Path:

@@ -34,6 +34,8 @@ from .kv_cache import PAGE, ForwardBatch
 from .model import Model
 from .costs import time_min
 from .acceptance import Draft
+from .adaptive import MAX_DEPTH
+from .proposers import load_head
 
 MAX_TREE_NODES = 256
 
@@ -100,7 +102,21 @@ def top_tokens(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 class EagleProposer:
     name = "eagle"
+    supports_trees = True
+    additional_model, additional_model_form = "its EAGLE head", "HEAD_DIR,HEAD_LIB"
     needs_hidden_states = True
+
+    @classmethod
+    def check(cls, config, model_dir) -> None:
+        pass  # the head is checked against the target from its library's metadata, at build
+
+    @classmethod
+    def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "EagleProposer":
+        head_dir, head_lib = config.additional_models[0]
+        head = load_head(EagleHeadModel, cls.name, head_dir, head_lib, target, device)
+        depth = max(config.spec_draft_length, MAX_DEPTH)
+        return cls(head, target, head_kv_tokens(kv_tokens, max_num_sequence, config.spec_tree_width, depth),
+                   config.spec_tree_width, config.spec_tree_nodes)
 
     def __init__(self, head: EagleHeadModel, target: Model, max_total_tokens: int, tree_width: int = 1,
                  max_nodes: int = 64):

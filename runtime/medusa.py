@@ -25,6 +25,7 @@ from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids, top_token
 from .model import Model
 from .costs import time_min
 from .acceptance import Draft
+from .proposers import load_head
 
 
 class MedusaHeadsModel(Model):
@@ -48,7 +49,19 @@ class MedusaHeadsModel(Model):
 
 class MedusaProposer:
     name = "medusa"
+    supports_trees = True
+    additional_model, additional_model_form = "its Medusa heads", "HEAD_DIR,HEAD_LIB"
     needs_hidden_states = True
+
+    @classmethod
+    def check(cls, config, model_dir) -> None:
+        pass  # the heads are checked against the target from their library's metadata, at build
+
+    @classmethod
+    def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "MedusaProposer":
+        head_dir, head_lib = config.additional_models[0]
+        heads = load_head(MedusaHeadsModel, cls.name, head_dir, head_lib, target, device)
+        return cls(heads, config.spec_tree_width, config.spec_tree_nodes, target=target)
 
     def __init__(self, heads: MedusaHeadsModel, tree_width: int = 1, max_nodes: int = 64,
                  prior_hits: float = 2.0, target: Model | None = None):

@@ -8,10 +8,69 @@
 - per_position_accept_rate[i] = accepted at draft position (tree depth) i+1 / proposed
   there;
 - time is split into draft, verify and the rest of the decode loop.
+
+Every count comes from one place: the engine's ``StepRecord`` of each decode step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    """What one decode step did, per sequence of the batch: the one input of the metrics
+    (sequences, engine totals, a server's /metrics) and of the draft-length policy."""
+
+    drafts: list  # [Draft] per sequence, as verified (empty: plain decoding)
+    verdicts: list  # [Verdict] per sequence: accepted path and emitted tokens
+    emitted: list[int]  # tokens each sequence kept (a stop, EOS or the budget may cut a verdict)
+    speculative: list[bool]  # per sequence: counted in speculative metrics
+    draft_forwards: int  # draft forwards this step ran, for the whole batch
+    draft_seconds: float  # proposing
+    target_seconds: float  # the target forward and the acceptance kernel
+    other_seconds: float  # commit or rollback, emission, proposer bookkeeping
+
+    @property
+    def batch(self) -> int:
+        return len(self.drafts)
+
+    @property
+    def rows(self) -> int:
+        return sum(len(d) + 1 for d in self.drafts)
+
+    @property
+    def drafted(self) -> bool:
+        return any(len(d) for d in self.drafts)
+
+    @property
+    def forward_seconds(self) -> float:
+        return self.draft_seconds + self.target_seconds
+
+    @property
+    def seconds(self) -> float:
+        return self.draft_seconds + self.target_seconds + self.other_seconds
+
+
+def record_step(step: StepRecord, stats: list, totals) -> None:
+    """Account one step: ``stats`` are the sequences' ``Stats`` (runtime/sequence.py), in
+    batch order; ``totals`` the engine's. Each sequence sees the whole step's time; the
+    totals count it once (per-sequence verify counts, batch-shared seconds and forwards)."""
+    b = step.batch
+    spec = [(st, d, v) for st, d, v, on in zip(stats, step.drafts, step.verdicts, step.speculative)
+            if on and st.spec is not None]
+    for st, n in zip(stats, step.emitted):
+        st.decode_tokens += n
+        st.decode_seconds += step.seconds
+    totals.decode_tokens += sum(step.emitted)
+    totals.decode_seconds += step.seconds
+    for st, d, v in spec:
+        st.spec.add_step(d, v, step.draft_seconds, step.target_seconds)
+        st.spec.draft_steps += step.draft_forwards
+        st.spec.other_seconds += step.other_seconds
+        totals.spec.add_step(d, v, step.draft_seconds / b, step.target_seconds / b)
+    if spec:
+        totals.spec.draft_steps += step.draft_forwards
+        totals.spec.other_seconds += step.other_seconds
 
 
 @dataclass
@@ -42,6 +101,15 @@ class SpecMetrics:
             self.position_proposed[d - 1] += 1
         for d in range(accepted):
             self.position_accepted[d] += 1
+
+    def add_step(self, draft, verdict, draft_seconds: float, verify_seconds: float) -> None:
+        """One step of one sequence: its verified draft (a Draft) and the verdict on it."""
+        if len(draft):
+            self.record_verify(draft.depths(), len(verdict.path), len(verdict.tokens))
+        else:
+            self.plain_steps += 1
+        self.draft_seconds += draft_seconds
+        self.verify_seconds += verify_seconds
 
     @property
     def accept_rate(self) -> float:

@@ -8,6 +8,7 @@ proposers that set ``needs_hidden_states``.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Protocol
@@ -20,14 +21,31 @@ from .sampling import SamplingParams, probs_from_logits
 from .adaptive import CATCH_UP_AMORTIZED, StepPlan
 from .costs import time_min
 from .acceptance import Draft
+from .contract import read_model_config
 
 
 class Proposer(Protocol):
     """What the engine reads of a proposer; nothing else (no optional attributes)."""
 
-    name: str
+    name: str  # the --speculative-mode it serves (runtime/speculative.py registers it)
+    supports_trees: bool  # drafts may be token trees (--spec-tree-width/--spec-tree-nodes apply)
+    additional_model: str  # what --additional-models must name ("" = nothing)
+    additional_model_form: str  # how, e.g. "DRAFT_DIR,DRAFT_LIB"
     needs_hidden_states: bool  # True: the engine calls observe_hidden with the target's features
     forwards: int  # draft forwards run so far (metrics)
+
+    @classmethod
+    def check(cls, config, model_dir: Path) -> None:
+        """Refuse this mode's bad options (a SpeculativeConfig) with a ValueError saying how
+        to fix them, before any model loads."""
+        ...
+
+    @classmethod
+    def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "Proposer":
+        """The proposer for this target: loads its draft model or head if it has one;
+        ``kv_tokens`` is the target cache's capacity, shared by at most
+        ``max_num_sequence`` sequences."""
+        ...
 
     def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
         """Seconds of one draft forward over each of these row counts, the proposer's host
@@ -62,7 +80,8 @@ class Proposer(Protocol):
         ...
 
     def on_commit(self, seq_id: int, history: list[int]) -> None:
-        """The sequence's committed history after a verify step (to resynchronize state)."""
+        """The sequence's committed history after a step (the proposer resynchronizes its own
+        state: a draft model rolls back rejected tokens, Medusa scores its proposals)."""
         ...
 
 
@@ -86,7 +105,19 @@ class NGramProposer:
     the token rests on (n + i - 1: a 1-token match is weak, a 4-token match strong)."""
 
     name = "ngram"
+    supports_trees = False
+    additional_model = additional_model_form = ""
     needs_hidden_states = False
+
+    @classmethod
+    def check(cls, config, model_dir: Path) -> None:
+        if not 1 <= config.ngram_min <= config.ngram_max:
+            raise ValueError(f"--ngram-min {config.ngram_min} / --ngram-max {config.ngram_max}: "
+                             "need 1 <= ngram_min <= ngram_max")
+
+    @classmethod
+    def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "NGramProposer":
+        return cls(config.ngram_min, config.ngram_max)
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:
@@ -153,8 +184,35 @@ class SmallDraftProposer:
     120 tokens took a second)."""
 
     name = "small_draft"
+    supports_trees = False
+    additional_model, additional_model_form = "the draft model", "DRAFT_DIR,DRAFT_LIB"
     needs_hidden_states = False
     MAX_BACKLOG = 256  # tokens of catch-up one step may carry, shared by the batch
+
+    @classmethod
+    def check(cls, config, model_dir: Path) -> None:
+        """Same vocabulary and tokenizer as the target, or a clear error before anything loads."""
+        draft_dir = Path(config.additional_models[0][0])
+        t_cfg, d_cfg = read_model_config(model_dir), read_model_config(draft_dir)
+        if t_cfg["vocab_size"] != d_cfg["vocab_size"]:
+            raise ValueError(f"draft vocab size {d_cfg['vocab_size']} differs from the target's {t_cfg['vocab_size']}; "
+                             "small_draft needs a draft model with the same vocabulary")
+        d_path = draft_dir / "tokenizer.json"
+        if not d_path.exists():
+            raise ValueError(f"{d_path} not found: run gen_config for the draft model")
+        t_tok = json.loads((Path(model_dir) / "tokenizer.json").read_text())["model"].get("vocab")
+        if t_tok != json.loads(d_path.read_text())["model"].get("vocab"):
+            raise ValueError("the draft's tokenizer differs from the target's (different vocabularies); "
+                             "small_draft needs the same tokenizer")
+
+    @classmethod
+    def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "SmallDraftProposer":
+        d_dir, d_lib = config.additional_models[0]
+        draft = Model(Path(d_dir), Path(d_lib), device)
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(f"the draft library's vocab size {draft.vocab_size} differs from the target's "
+                             f"{target.vocab_size}")
+        return cls(draft, kv_tokens)
 
     def __init__(self, model: Model, max_total_tokens: int):
         self.model = model

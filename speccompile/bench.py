@@ -111,13 +111,13 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     (binary, gguf): llama.cpp's own benchmark runs right after, in the same run.
     ``llama_speculative`` (binary, gguf, draft_gguf, draft_max): llama.cpp's speculative
     decoding of the same rendered prompts in the same mode, also in the same run."""
-    from speccompile.cli import _engine
+    from speccompile.runtime.engine import Engine
     from speccompile.llama_cpp import run_llama_bench, run_llama_speculative, summarize_llama_speculative
 
     spec = spec or {"speculative_mode": "disable"}
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
-    speculative = spec.get("speculative_mode", "disable") != "disable"
-    engine = _engine(model_dir, model_lib, spec)
+    engine = Engine(model_dir, model_lib, **spec)
+    speculative = engine.spec.enabled
     bandwidth = measure_bandwidth()
     per_token = weight_bytes_per_token(engine.model.meta)
     roofline = bandwidth * 1e9 / per_token

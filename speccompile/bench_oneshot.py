@@ -43,7 +43,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                  max_tokens: int = 128, categories: list[str] | None = None, per_category: int | None = None,
                  limit: int | None = None, out_json: Path | None = None, quiet: bool = False,
                  overrides: str | None = None) -> dict:
-    if spec.get("speculative_mode", "disable") == "disable":
+    if not SpeculativeConfig(**spec).enabled:
         raise ValueError("--one-shot compares plain and speculative decoding: give a --speculative-mode")
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     rows = []

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from speccompile.runtime.speculative import MODES, SpeculativeConfig
+
 USER_ERRORS = (ValueError, FileNotFoundError)
 OVERRIDES_SYNTAX = 'key=value pairs separated by ";" or spaces (keys: README, speccompile/overrides.py)'
 OVERRIDES_HELP = f'MLC-LLM style engine settings, e.g. "max_num_sequence=6;prefill_chunk_size=512": {OVERRIDES_SYNTAX}'
@@ -141,25 +143,8 @@ def _sampling(temperature, top_p, top_k, seed):
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
 
 
-def _engine(model_dir: Path, model_lib: Path, spec: dict | None = None, device: str = "auto"):
-    from speccompile.runtime.device import parse_device
-    from speccompile.runtime.engine import Engine
-
-    parse_device(device)  # a bad --device is refused before anything loads
-    spec = dict(spec or {})
-    extra = spec.pop("additional_models", None)
-    models = None
-    if extra:
-        parts = [p for p in extra.split(",") if p]
-        if len(parts) != 2:
-            raise ValueError("--additional-models takes DRAFT_DIR,DRAFT_LIB (or HEAD_DIR,HEAD_LIB)")
-        models = [(parts[0], parts[1])]
-    return Engine(model_dir, model_lib, device=device, additional_models=models, **spec)
-
-
 spec_options = [
-    click.option("--speculative-mode", type=click.Choice(["disable", "small_draft", "ngram", "eagle", "medusa"]),
-                 default="disable", show_default=True),
+    click.option("--speculative-mode", type=click.Choice(MODES), default="disable", show_default=True),
     click.option("--additional-models", default=None,
                  help="small_draft: DRAFT_DIR,DRAFT_LIB; eagle/medusa: HEAD_DIR,HEAD_LIB"),
     click.option("--spec-draft-length", type=int, default=0, show_default=True,
@@ -171,8 +156,7 @@ spec_options = [
     click.option("--ngram-min", type=int, default=1, show_default=True),
     click.option("--ngram-max", type=int, default=4, show_default=True),
 ]
-SPEC_KEYS = ("speculative_mode", "additional_models", "spec_draft_length", "spec_tree_width", "spec_tree_nodes",
-             "ngram_min", "ngram_max")
+SPEC_KEYS = SpeculativeConfig.keys()
 
 
 def with_spec(f):
@@ -221,7 +205,9 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, t
     try:
         sampling = _sampling(temperature, top_p, top_k, seed)
         kwargs, _, _ = _runtime_settings("generate", overrides, None, model_dir, model_lib, spec)
-        engine = _engine(model_dir, model_lib, kwargs, device)
+        from speccompile.runtime.engine import Engine
+
+        engine = Engine(model_dir, model_lib, device=device, **kwargs)
         ids = engine.encode_prompt(prompt, raw=raw)
         if as_json:
             res = engine.generate(ids, max_tokens, sampling, list(stop))
@@ -253,7 +239,9 @@ def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, 
 
     try:
         kwargs, _, _ = _runtime_settings("chat", overrides, mode, model_dir, model_lib, spec)
-        engine = _engine(model_dir, model_lib, kwargs, device)
+        from speccompile.runtime.engine import Engine
+
+        engine = Engine(model_dir, model_lib, device=device, **kwargs)
         session = ChatSession(engine, _sampling(temperature, top_p, top_k, seed), max_tokens)
     except USER_ERRORS as err:
         _fail(err)
@@ -329,7 +317,9 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
                              "the most tokens one forward takes")
         if summary:
             click.echo(f"speccompile serve {summary}, prefill_tokens_per_step={prefill_tokens_per_step}")
-        engine = _engine(model_dir, model_lib, kwargs, device)
+        from speccompile.runtime.engine import Engine
+
+        engine = Engine(model_dir, model_lib, device=device, **kwargs)
     except USER_ERRORS as err:
         _fail(err)
     from speccompile.serve import run_server
@@ -416,12 +406,14 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")
         lspec = None
         if llama_spec:
+            from speccompile.llama_cpp import SPEC_TYPES
+
             mode = spec.get("speculative_mode", "disable")
-            if mode not in ("small_draft", "ngram"):
-                raise ValueError("--llama-speculative compares --speculative-mode small_draft or ngram")
+            if mode not in SPEC_TYPES:
+                raise ValueError(f"--llama-speculative compares --speculative-mode {' or '.join(SPEC_TYPES)}")
             if gguf is None or not Path(llama_spec).exists():
                 raise ValueError("--llama-speculative needs an existing llama-speculative-simple binary and --gguf")
-            if mode == "small_draft" and (draft_gguf is None or not Path(draft_gguf).exists()):
+            if SPEC_TYPES[mode] == "draft-simple" and (draft_gguf is None or not Path(draft_gguf).exists()):
                 raise ValueError("--llama-speculative in small_draft mode needs the draft's --draft-gguf file")
             lspec = {"binary": llama_spec, "gguf": gguf, "draft_gguf": draft_gguf, "draft_max": llama_draft_max}
         run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speccompile.models import HEAD_TYPES, build_model, get_quantization, source_map
+from speccompile.models import HEAD_TYPES, MODELS, build_model, get_quantization, source_map
 from speccompile.models.quantization import quantize_q4
 from speccompile.runtime.tensor_cache import TensorCacheWriter
 from speccompile.sources import HeadSource, SourceError, detect_head, open_source
@@ -32,7 +32,7 @@ def open_any(src: Path, model_type: str = "auto", target: Path | None = None, co
     """The checkpoint as a source: a target model, or an eagle/medusa head (needs ``target``).
     ``config_overrides`` (``--overrides``: ``medusa_num_heads``/``medusa_num_layers``) replace
     the head's config.json fields; they mean nothing for another kind of checkpoint."""
-    kinds = ("auto", "llama", "qwen2", *HEAD_TYPES)
+    kinds = ("auto", *MODELS)
     if model_type not in kinds:
         raise SourceError(f"unknown --model-type {model_type!r}; choose one of {', '.join(kinds)}")
     head = model_type if model_type in HEAD_TYPES else (detect_head(Path(src)) if model_type == "auto" else None)

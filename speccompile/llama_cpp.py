@@ -44,20 +44,23 @@ _DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
 _COUNT = re.compile(r"\b(n_drafted|n_accept|n_predict)\s*=\s*(\d+)")
 
 
+# our --speculative-mode -> llama-speculative-simple's --spec-type for the same idea
+SPEC_TYPES = {"small_draft": "draft-simple", "ngram": "ngram-simple"}
+
+
 def speculative_command(binary: Path, gguf: Path, prompt_file: Path, max_tokens: int, mode: str,
                         draft_gguf: Path | None, draft_max: int, threads: int) -> list[str]:
     """llama-speculative-simple, greedy (top-k 1), on a prompt file; ``mode`` is
     ``small_draft`` (with ``draft_gguf``) or ``ngram``."""
     cmd = [str(binary), "-m", str(gguf), "-f", str(prompt_file), "-n", str(max_tokens), "-t", str(threads),
            "-c", "4096", "--temp", "0", "--top-k", "1", "--spec-draft-n-max", str(draft_max)]
-    if mode == "small_draft":
+    if mode not in SPEC_TYPES:
+        raise ValueError(f"no llama.cpp counterpart for --speculative-mode {mode}; it has {', '.join(SPEC_TYPES)}")
+    cmd += ["--spec-type", SPEC_TYPES[mode]]
+    if SPEC_TYPES[mode] == "draft-simple":
         if draft_gguf is None:
-            raise ValueError("llama.cpp speculative comparison in small_draft mode needs --draft-gguf")
-        cmd += ["--spec-type", "draft-simple", "-md", str(draft_gguf), "-td", str(threads)]
-    elif mode == "ngram":
-        cmd += ["--spec-type", "ngram-simple"]
-    else:
-        raise ValueError(f"no llama.cpp counterpart for --speculative-mode {mode}")
+            raise ValueError(f"llama.cpp speculative comparison in {mode} mode needs --draft-gguf")
+        cmd += ["-md", str(draft_gguf), "-td", str(threads)]
     return cmd
 
 

@@ -218,7 +218,7 @@ def _kv_and_weight_bytes(meta: dict) -> tuple[int, int]:
 
 
 def model_facts(model_dir: Path, model_lib: Path, additional_models: str | None = None) -> ModelFacts:
-    from speccompile.runtime.engine import read_model_config
+    from speccompile.runtime.contract import read_model_config
 
     config = read_model_config(Path(model_dir))
     meta = _library_meta(model_lib)

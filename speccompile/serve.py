@@ -315,5 +315,5 @@ def run_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_ke
         log.warning("serving on %s without --api-key: anyone who can reach this port can use the model", host)
     app = create_app(scheduler, name, api_key)
     print(f"speccompile serve: model '{name}' on http://{host}:{port}/v1 "
-          f"(speculative mode {engine.speculative_mode}, {engine.kv.num_pages} KV pages)", flush=True)
+          f"(speculative mode {engine.spec.speculative_mode}, {engine.kv.num_pages} KV pages)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

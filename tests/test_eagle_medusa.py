@@ -310,7 +310,7 @@ def test_runtime_rejects_wrong_head(tiny, smollm2_q4):
     built, eagle, medusa, *_ = tiny
     with pytest.raises(GenerationError, match="needs a eagle head"):
         Engine(built.model_dir, built.lib, speculative_mode="eagle", additional_models=[medusa])
-    with pytest.raises(GenerationError, match="needs its head"):
+    with pytest.raises(GenerationError, match="needs its Medusa heads: --additional-models HEAD_DIR,HEAD_LIB"):
         Engine(built.model_dir, built.lib, speculative_mode="medusa")
     with pytest.raises(GenerationError, match="apply to --speculative-mode eagle or medusa"):
         Engine(built.model_dir, built.lib, speculative_mode="ngram", spec_tree_width=2)

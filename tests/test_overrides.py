@@ -43,19 +43,20 @@ def tiny(build_tiny):
 @pytest.fixture
 def recorded(monkeypatch, tmp_path):
     """Run CLI commands with the engine recorded and serve's server replaced."""
+    from speccompile.runtime import engine as engine_module
     from speccompile.runtime.scheduler import Scheduler
 
     seen: dict = {}
-    real_engine = cli._engine
 
-    def engine(*args, **kwargs):
-        seen["engine"] = real_engine(*args, **kwargs)
-        return seen["engine"]
+    class Recorded(engine_module.Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen["engine"] = self
 
     def run_server(engine, host, port, api_key, max_num_sequence, prefill_tokens_per_step, max_queue, *rest):
         seen["scheduler"] = Scheduler(engine, max_num_sequence, prefill_tokens_per_step, max_queue)
 
-    monkeypatch.setattr(cli, "_engine", engine)
+    monkeypatch.setattr(engine_module, "Engine", Recorded)
     monkeypatch.setattr("speccompile.serve.run_server", run_server)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16000000 kB\nMemAvailable:    1048576 kB\n")  # 1 GiB
@@ -146,9 +147,9 @@ def test_every_mlc_llm_command_of_the_readme_runs(tiny, recorded, tmp_path):
                                                                                               TINY_CHUNK)
             assert "capped at max_num_sequence x context window = 4096" in res.output
         elif key == "serve spec_draft_length=3 --speculative-mode small_draft":
-            assert eng.speculative_mode == "small_draft" and eng.policy.fixed_k == 3
+            assert eng.spec.speculative_mode == "small_draft" and eng.policy.fixed_k == 3
         elif key == "serve max_num_sequence=6 --speculative-mode ngram":
-            assert eng.speculative_mode == "ngram" and (eng.max_num_sequence, sched.max_num_sequence) == (6, 6)
+            assert eng.spec.speculative_mode == "ngram" and (eng.max_num_sequence, sched.max_num_sequence) == (6, 6)
             assert sched.prefill_tokens_per_step == 256  # no chunk given: serve's own default
         elif key == "chat context_window_size=256;prefill_chunk_size=64":
             assert (eng.context_window, eng.model.prefill_chunk_size, eng.max_num_sequence, kv_tokens(eng)) == \

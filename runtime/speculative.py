@@ -1,0 +1,107 @@
+"""The speculative modes: one config, one registry.
+
+``SpeculativeConfig`` holds every speculative option under the names the CLI, ``--overrides``
+and MLC-LLM use (``speculative_mode``, ``spec_draft_length``, ...). ``PROPOSERS`` maps each
+mode to its proposer class; the CLI, bench, serve and the docs take the list of modes from
+``MODES``. A proposer class validates its own options before anything loads
+(``check``) and builds itself (``build``), so the engine never branches on a mode's name:
+adding a mode means one proposer file plus one line here.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .sequence import GenerationError
+
+# mode -> the module (in this package) and class of its proposer. Named, not imported: the
+# CLI lists the modes without loading TVM; a mode's module loads when an engine uses it.
+PROPOSERS = {"small_draft": "proposers.SmallDraftProposer", "ngram": "proposers.NGramProposer",
+             "eagle": "eagle.EagleProposer", "medusa": "medusa.MedusaProposer"}
+MODES = ("disable", *PROPOSERS)  # "disable" = plain decoding, no proposer
+DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 1, 64
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Every speculative option; the defaults are plain decoding."""
+
+    speculative_mode: str = "disable"
+    additional_models: tuple[tuple[str, str], ...] = ()  # ((DIR, LIB),): a draft model or a head
+    spec_draft_length: int = 0  # 0 = adaptive (runtime/adaptive.py); k > 0 drafts exactly k deep
+    spec_tree_width: int = DEFAULT_TREE_WIDTH  # candidates per tree level (proposers with trees)
+    spec_tree_nodes: int = DEFAULT_TREE_NODES  # most draft nodes verified per step
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    def __post_init__(self):
+        object.__setattr__(self, "additional_models", parse_additional_models(self.additional_models))
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_mode != "disable"
+
+    @property
+    def proposer_class(self) -> type | None:
+        return proposer_class(self.speculative_mode) if self.speculative_mode in PROPOSERS else None
+
+    def check(self, model_dir: Path, max_batch_tokens: int) -> None:
+        """Refuse bad options with a clear message, before any model loads."""
+        if self.speculative_mode not in MODES:
+            raise GenerationError(f"unknown --speculative-mode {self.speculative_mode!r}; choose {', '.join(MODES)}")
+        if self.spec_draft_length < 0:
+            raise GenerationError("--spec-draft-length must be >= 0 (0 = adaptive)")
+        cls = self.proposer_class
+        trees = cls is not None and cls.supports_trees
+        if (self.spec_tree_width, self.spec_tree_nodes) != (DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES) and not trees:
+            with_trees = " or ".join(n for n in PROPOSERS if proposer_class(n).supports_trees)
+            raise GenerationError(f"--spec-tree-width/--spec-tree-nodes apply to --speculative-mode {with_trees}")
+        if self.spec_tree_width < 1 or not 1 <= self.spec_tree_nodes <= 256:
+            raise GenerationError("--spec-tree-width must be >= 1 and --spec-tree-nodes in 1..256")
+        if cls is None:
+            return
+        if self.spec_draft_length + 1 > max_batch_tokens:
+            raise GenerationError(f"the token budget per forward ({max_batch_tokens}) cannot hold "
+                                  f"spec_draft_length + 1 = {self.spec_draft_length + 1} tokens; lower --spec-draft-length")
+        if cls.additional_model and not self.additional_models:
+            raise GenerationError(f"--speculative-mode {self.speculative_mode} needs {cls.additional_model}: "
+                                  f"--additional-models {cls.additional_model_form}")
+        try:
+            cls.check(self, Path(model_dir))
+        except ValueError as err:
+            raise GenerationError(str(err)) from err
+
+    def build(self, target, kv_tokens: int, max_num_sequence: int, device: str) -> object | None:
+        """The mode's proposer (runtime/proposers.py's Protocol) for this target Model, or None
+        for plain decoding."""
+        if self.proposer_class is None:
+            return None
+        try:
+            return self.proposer_class.build(self, target, kv_tokens, max_num_sequence, device)
+        except ValueError as err:  # a head built for another target, a bad draft library, ...
+            raise GenerationError(str(err)) from err
+
+
+def proposer_class(mode: str) -> type:
+    """The proposer class registered for a mode; it names itself after the mode."""
+    module, name = PROPOSERS[mode].rsplit(".", 1)
+    cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    assert cls.name == mode, f"{cls.__name__}.name is {cls.name!r}, registered as {mode!r}"
+    return cls
+
+
+def parse_additional_models(value) -> tuple[tuple[str, str], ...]:
+    """``"DIR,LIB"`` (the CLI form), or [(DIR, LIB)] -> ((DIR, LIB),)."""
+    if not value:
+        return ()
+    if isinstance(value, str):
+        parts = [p for p in value.split(",") if p]
+        if len(parts) != 2:
+            raise GenerationError("--additional-models takes DRAFT_DIR,DRAFT_LIB (or HEAD_DIR,HEAD_LIB)")
+        return ((parts[0], parts[1]),)
+    return tuple((str(d), str(lib)) for d, lib in value)
