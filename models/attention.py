@@ -9,7 +9,9 @@ sequence's positions ``0..prefix-1`` through its page table, then any extra rows
 token tree's ancestors, in depth order) -- with the same online-softmax arithmetic in
 every mode, so prefill, decode, chain verify and tree verify agree bit for bit.
 
-Cache layout: ``kv [layers, 2, slots, kv_heads, head_dim]``, ``slot = page * 16 + offset``.
+Cache layout: ``kv [layers, 2, slots, kv_heads, head_dim]``, ``slot = page * KV_PAGE_SIZE +
+offset``; the page size is the contract's (runtime/contract.py), compiled into the kernel
+here and used by the host bookkeeping that builds the page tables.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import math
 
 from tvm.script import tirx as T
 
-PAGE = 16
+from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
 
 
 def building_for_cpu() -> bool:

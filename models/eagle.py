@@ -16,8 +16,9 @@ then scores only those tokens; without them the runtime uses the target's ``get_
 the output.
 
 The decoder layers are models/llama.py's own ``DecoderLayer`` with the same paged KV cache,
-attention kernels and ``META_SPEC`` metadata as the target, so the head drafts chains and
-token trees with the planner the target uses (runtime/kv_cache.py).
+attention kernels and per-forward token metadata (``FORWARD_META``, runtime/contract.py)
+as the target, so the head drafts chains and token trees with the planner the target uses
+(runtime/kv_cache.py).
 
 One definition drives conversion (``source_map``), compilation (``get_spec``) and the
 library's metadata (``EagleConfig``), as ``hf_source_map`` does for Llama.
@@ -30,8 +31,11 @@ from typing import Any, Callable
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from speccompile.runtime.contract import EAGLE, FORWARD_META
+
 from .config import ConfigError, LlamaConfig, reduced_vocabulary_size
-from .llama import META_SPEC, DecoderLayer
+from .exports import contract_spec, forward_meta_specs
+from .llama import DecoderLayer
 from .quantization import QLinear, Quantization
 
 
@@ -134,8 +138,9 @@ class EagleHead(nn.Module):
     def eagle_forward(self, input_embeds: Tensor, hidden: Tensor, kv: Tensor, positions, write_slots, page_table,
                       token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
         # input_embeds: [n, h] embeddings of token i+1; hidden: [n, h] features f_i -> predicted f_{i+1} [n, h]
-        meta = dict(zip(META_SPEC, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
-                                    extra_len)))
+        # the metadata arguments are FORWARD_META's names in order (get_spec checks)
+        meta = dict(zip(FORWARD_META, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
+                                       extra_len)))
         x = self.fc(op.concat([input_embeds, hidden], dim=-1))
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, kv, meta, i)
@@ -148,13 +153,10 @@ class EagleHead(nn.Module):
 
     def get_spec(self) -> dict[str, Any]:
         h, dt = self.cfg.hidden_size, self.dtype
-        meta = {k: nn.spec.Tensor(shape, dtype) for k, (shape, dtype) in META_SPEC.items()}
-        mode = {"param_mode": "packed", "effect_mode": "none"}
-        spec = {"eagle_forward": {"input_embeds": nn.spec.Tensor(["n", h], dt), "hidden": nn.spec.Tensor(["n", h], dt),
-                                  "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **meta, "$": mode}}
-        if self.cfg.draft_vocab_size:
-            spec["draft_logits"] = {"hidden": nn.spec.Tensor(["n", h], dt), "$": mode}
-        return spec
+        tensors = {"input_embeds": nn.spec.Tensor(["n", h], dt), "hidden": nn.spec.Tensor(["n", h], dt),
+                   "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **forward_meta_specs()}
+        # draft_logits only with a reduced draft vocabulary (its own lm_head): the metadata says which
+        return contract_spec(self, EAGLE, tensors, self.cfg.extra_metadata())
 
 
 def source_map(cfg: EagleConfig) -> dict[str, list[str]]:

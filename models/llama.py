@@ -1,8 +1,9 @@
 """Llama / Qwen2 decoder written with ``relax.frontend.nn`` and the paged KV cache.
 
 One definition drives everything: its parameters name the converted tensors, its
-``get_spec`` lists every entry point compiled into the library, and the runtime
-calls exactly those. Qwen2 is Llama with a bias on the fused QKV projection.
+``get_spec`` exports the entry points runtime/contract.py lists (checking each method's
+arguments against that table), and the runtime calls exactly those. Qwen2 is Llama with
+a bias on the fused QKV projection.
 """
 from __future__ import annotations
 
@@ -12,23 +13,15 @@ from tvm import tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from speccompile.runtime.contract import FORWARD_META, TARGET
+
 from . import attention as A
 from .activation import swiglu
-from .sampling_kernels import sampling_probs, verify_sampling
-from .verification import greedy_verify
 from .config import LlamaConfig
+from .exports import contract_spec, forward_meta_specs
 from .quantization import QEmbedding, QLinear, Quantization
-
-# Per-forward token metadata built by the runtime (runtime/kv_cache.py), in this order.
-META_SPEC = {
-    "positions": (["n"], "int32"),  # RoPE position of each token
-    "write_slots": (["n"], "int32"),  # KV slot each token's k/v is written to
-    "page_table": (["b", "pages"], "int32"),  # page ids of each sequence in the batch
-    "token_seq": (["n"], "int32"),  # page-table row of each token
-    "token_prefix": (["n"], "int32"),  # rows 0..prefix-1 of its sequence each token attends
-    "extra_slots": (["n", "e"], "int32"),  # further slots it attends (tree ancestors, itself)
-    "extra_len": (["n"], "int32"),
-}
+from .sampling_kernels import accept_sampled as accept_sampled_kernel, sampling_probs as sampling_probs_kernel
+from .verification import accept_greedy as accept_greedy_kernel
 
 
 class Attention(nn.Module):
@@ -107,7 +100,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else QLinear(cfg.hidden_size, cfg.vocab_size, quant)
 
     def kv_cache_shape(self, num_slots) -> list:
-        """[layers, 2 (k/v), slots, kv_heads, head_dim]; slots = pages * 16."""
+        """[layers, 2 (k/v), slots, kv_heads, head_dim]; slots = pages * KV_PAGE_SIZE."""
         c = self.cfg
         return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
 
@@ -123,34 +116,27 @@ class LlamaForCausalLM(nn.Module):
         return logits if logits.dtype == "float32" else logits.astype("float32")
 
     # -------------------------------------------------------------- entry points
-    # Every forward takes the token metadata of META_SPEC: the same kernels serve prefill,
-    # decode and (tree) verify, which is what keeps them bit-identical per token.
+    # Their names and argument orders are runtime/contract.py's ENTRY_POINTS (get_spec
+    # checks). Every forward takes the token metadata of FORWARD_META: the same kernels
+    # serve prefill, decode and (tree) verify, which is what keeps them bit-identical per token.
     def embed(self, input_ids: Tensor) -> Tensor:
         # input_ids: [n] int32 -> [n, hidden]
         return self.embed_tokens(input_ids)
 
-    def prefill_to_last_hidden_states(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
-        # input_embeds: [n, hidden] (sequences back to back) -> [n, hidden]
-        return self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
-
     def prefill(self, input_embeds: Tensor, logit_positions: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
-        # input_embeds: [n, hidden]; logit_positions: [nl] int32 -> logits [nl, vocab]
+        # input_embeds: [n, hidden] (sequences back to back); logit_positions: [nl] int32 -> logits [nl, vocab]
         h = self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
         return self._logits(op.take(h, logit_positions, axis=0))
 
-    def decode_to_last_hidden_states(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
-        # input_embeds: [b, hidden], one token per sequence -> [b, hidden]
-        return self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
-
     def decode(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
-        # input_embeds: [b, hidden] -> logits [b, vocab]
+        # input_embeds: [b, hidden], one token per sequence -> logits [b, vocab]
         return self._logits(self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len)))
 
-    def verify_to_last_hidden_states(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+    def forward_tokens_hidden(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
         # input_embeds: [n, hidden], several tokens per sequence (chain or token tree) -> [n, hidden]
         return self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
 
-    def verify(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
+    def forward_tokens(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
         # input_embeds: [n, hidden] -> logits at every position [n, vocab]
         return self._logits(self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len)))
 
@@ -165,62 +151,44 @@ class LlamaForCausalLM(nn.Module):
                                        "copy_kv_slots", [kv, src, dst], inplace_indices=[0],
                                        out=Tensor.placeholder(kv.shape, self.dtype))
 
-    def verify_greedy(self, logits: Tensor, tokens: Tensor, parents: Tensor, seq_indptr: Tensor) -> Tensor:
+    def accept_greedy(self, logits: Tensor, tokens: Tensor, parents: Tensor, seq_indptr: Tensor) -> Tensor:
         # logits: [n, vocab]; tokens, parents: [n]; seq_indptr: [b + 1] -> [b + 1, n + 2]
         n, b1 = logits.shape[0], seq_indptr.shape[0]
-        return op.tensor_ir_op(greedy_verify(self.cfg.vocab_size), "greedy_verify",
+        return op.tensor_ir_op(accept_greedy_kernel(self.cfg.vocab_size), "accept_greedy",
                                [logits, tokens, parents, seq_indptr], Tensor.placeholder((b1, n + 2), "int32"))
 
     def sampling_probs(self, logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
         # logits: [n, vocab]; temperature, top_p: [n] f32; top_k: [n] i32 -> probs [n, vocab]
-        return op.tensor_ir_op(sampling_probs(self.cfg.vocab_size), "sampling_probs",
+        return op.tensor_ir_op(sampling_probs_kernel(self.cfg.vocab_size), "sampling_probs",
                                [logits, temperature, top_k, top_p], Tensor.placeholder(logits.shape, "float32"))
 
-    def verify_sampling(self, p: Tensor, q: Tensor, one_hot: Tensor, tokens: Tensor, parents: Tensor,
-                        seq_indptr: Tensor, uniforms: Tensor) -> Tensor:
+    def accept_sampled(self, p: Tensor, q: Tensor, one_hot: Tensor, tokens: Tensor, parents: Tensor,
+                       seq_indptr: Tensor, uniforms: Tensor) -> Tensor:
         # p: [n, vocab]; q: [nq, vocab] (nq = n, or 1 if all one-hot); one_hot, tokens, parents: [n];
         # seq_indptr: [b + 1]; uniforms: [n + b] -> [b + 1, n + 2]
         n, b1 = p.shape[0], seq_indptr.shape[0]
-        return op.tensor_ir_op(verify_sampling(self.cfg.vocab_size), "verify_sampling",
+        return op.tensor_ir_op(accept_sampled_kernel(self.cfg.vocab_size), "accept_sampled",
                                [p, q, one_hot, tokens, parents, seq_indptr, uniforms],
                                Tensor.placeholder((b1, n + 2), "int32"))
 
     @staticmethod
     def _meta(*values: Tensor) -> dict[str, Tensor]:
-        return dict(zip(META_SPEC, values))
+        # the forwards' metadata arguments, which get_spec checked are FORWARD_META's names in order
+        return dict(zip(FORWARD_META, values))
 
     def get_spec(self) -> dict[str, Any]:
-        h, dt = self.cfg.hidden_size, self.dtype
-        kv = nn.spec.Tensor(self.kv_cache_shape("slots"), dt)
-        meta = {k: nn.spec.Tensor(shape, dtype) for k, (shape, dtype) in META_SPEC.items()}
-        packed = {"param_mode": "packed", "effect_mode": "none"}
-        fwd = lambda extra=None: {"input_embeds": nn.spec.Tensor(["n", h], dt), **(extra or {}), "kv": kv, **meta, "$": packed}
-        return {
-            "embed": {"input_ids": nn.spec.Tensor(["n"], "int32"), "$": packed},
-            "prefill_to_last_hidden_states": fwd(),
-            "prefill": fwd({"logit_positions": nn.spec.Tensor(["nl"], "int32")}),
-            "decode_to_last_hidden_states": fwd(),
-            "decode": fwd(),
-            "verify_to_last_hidden_states": fwd(),
-            "verify": fwd(),
-            "get_logits": {"hidden_states": nn.spec.Tensor(["n", h], dt), "$": packed},
-            "verify_greedy": {"logits": nn.spec.Tensor(["n", self.cfg.vocab_size], "float32"),
-                              "tokens": nn.spec.Tensor(["n"], "int32"), "parents": nn.spec.Tensor(["n"], "int32"),
-                              "seq_indptr": nn.spec.Tensor(["b1"], "int32"),
-                              "$": {"param_mode": "none", "effect_mode": "none"}},
-            "sampling_probs": {"logits": nn.spec.Tensor(["n", self.cfg.vocab_size], "float32"),
-                               "temperature": nn.spec.Tensor(["n"], "float32"), "top_k": nn.spec.Tensor(["n"], "int32"),
-                               "top_p": nn.spec.Tensor(["n"], "float32"),
-                               "$": {"param_mode": "none", "effect_mode": "none"}},
-            "verify_sampling": {"p": nn.spec.Tensor(["n", self.cfg.vocab_size], "float32"),
-                                "q": nn.spec.Tensor(["nq", self.cfg.vocab_size], "float32"),
-                                "one_hot": nn.spec.Tensor(["n"], "int32"), "tokens": nn.spec.Tensor(["n"], "int32"),
-                                "parents": nn.spec.Tensor(["n"], "int32"), "seq_indptr": nn.spec.Tensor(["b1"], "int32"),
-                                "uniforms": nn.spec.Tensor(["nu"], "float32"),
-                                "$": {"param_mode": "none", "effect_mode": "none"}},
-            "copy_kv_slots": {"kv": kv, "src": nn.spec.Tensor(["c"], "int32"), "dst": nn.spec.Tensor(["c"], "int32"),
-                              "$": {"param_mode": "none", "effect_mode": "none"}},
+        h, dt, v = self.cfg.hidden_size, self.dtype, self.cfg.vocab_size
+        i32 = lambda *shape: nn.spec.Tensor(list(shape), "int32")
+        f32 = lambda *shape: nn.spec.Tensor(list(shape), "float32")
+        tensors = {
+            "input_ids": i32("n"), "input_embeds": nn.spec.Tensor(["n", h], dt), "logit_positions": i32("nl"),
+            "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **forward_meta_specs(),
+            "hidden_states": nn.spec.Tensor(["n", h], dt), "src": i32("c"), "dst": i32("c"),
+            "logits": f32("n", v), "tokens": i32("n"), "parents": i32("n"), "seq_indptr": i32("b1"),
+            "temperature": f32("n"), "top_k": i32("n"), "top_p": f32("n"),
+            "p": f32("n", v), "q": f32("nq", v), "one_hot": i32("n"), "uniforms": f32("nu"),
         }
+        return contract_spec(self, TARGET, tensors)
 
 
 def hf_source_map(cfg: LlamaConfig) -> dict[str, list[str]]:

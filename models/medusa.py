@@ -26,7 +26,10 @@ from typing import Any, Callable
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from speccompile.runtime.contract import MEDUSA
+
 from .config import ConfigError, LlamaConfig, reduced_vocabulary_size
+from .exports import contract_spec
 from .quantization import QLinear, Quantization
 
 
@@ -139,8 +142,7 @@ class MedusaHeads(nn.Module):
         return outs[0] if k == 1 else op.concat(outs, dim=0)
 
     def get_spec(self) -> dict[str, Any]:
-        return {"medusa_heads": {"hidden": nn.spec.Tensor(["b", self.cfg.hidden_size], self.dtype),
-                                 "$": {"param_mode": "packed", "effect_mode": "none"}}}
+        return contract_spec(self, MEDUSA, {"hidden": nn.spec.Tensor(["b", self.cfg.hidden_size], self.dtype)})
 
 
 def source_map(cfg: MedusaConfig) -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ reference). Two kernels, so the runtime only moves a few integers per sequence:
   on both sides (a condition of losslessness). No sort: top-k and top-p thresholds are
   found by bisection over an order-preserving integer key of the float32 logits, so the
   threshold is an exact element of the row, found in at most 33 counting passes.
-- ``verify_sampling``: recursive rejection sampling over chains and token trees, one
+- ``accept_sampled``: recursive rejection sampling over chains and token trees, one
   sequence per work item, with the random numbers given as input (the caller owns the
   per-sequence generators, so a seeded request stays reproducible).
 
@@ -117,22 +117,22 @@ def sampling_probs(vocab: int):
     return kernel
 
 
-def verify_sampling(vocab: int):
+def accept_sampled(vocab: int):
     """Recursive rejection sampling, one sequence per work item (see runtime/acceptance.py).
 
     p [n, vocab] target probs per row; q [nq, vocab] the draft distribution each row's
     node was sampled from (nq = n, or 1 when every row is one-hot); one_hot [n] (q is the
     one-hot of the row's token: n-gram and greedy drafts); tokens, parents [n] and
-    seq_indptr [b + 1] as in verify_greedy; uniforms [n + b] in [0, 1): row c's for the
+    seq_indptr [b + 1] as in accept_greedy; uniforms [n + b] in [0, 1): row c's for the
     accept test of child c, n + s for sequence s's final draw. out [b + 1, n + 2] as in
-    verify_greedy. The residual max(p - q, 0) lives in a workspace row per sequence.
+    accept_greedy. The residual max(p - q, 0) lives in a workspace row per sequence.
     """
     scratch = scratch_scope()
 
     @T.prim_func(private=True)
     def kernel(var_p: T.handle, var_q: T.handle, var_one_hot: T.handle, var_tokens: T.handle,
                var_parents: T.handle, var_indptr: T.handle, var_uniforms: T.handle, var_out: T.handle):
-        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "verify_sampling"})
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "accept_sampled"})
         n = T.int64()
         nq = T.int64()
         b1 = T.int64()

@@ -1,4 +1,4 @@
-"""Greedy verification as a TensorIR kernel compiled into every model library.
+"""Greedy acceptance (``accept_greedy``) as a TensorIR kernel compiled into every model library.
 
 Batched over sequences, tree-aware, and a twin of ``runtime/acceptance.py`` (the numpy
 reference, which also handles sampling): per row, the argmax of the target logits
@@ -36,11 +36,11 @@ def _walk(s, indptr, parents, tokens, best, out, scratch):
     out[s, 1] = best[st[0]]
 
 
-def greedy_verify(vocab: int):
+def accept_greedy(vocab: int):
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
                var_out: T.handle):
-        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "greedy_verify"})
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "accept_greedy"})
         n = T.int64()
         b1 = T.int64()
         logits = T.match_buffer(var_logits, (n, vocab), "float32")
@@ -101,7 +101,7 @@ def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
     T.tvm_storage_sync("shared")
 
 
-def greedy_verify_gpu(vocab: int):
+def accept_greedy_gpu(vocab: int):
     """The same contract on GPU threads: one block per row for the argmax, one thread per
     sequence for the tree walk (two kernel launches). The argmax reduction breaks ties
     toward the lower index, so it returns the first maximum like the CPU kernel."""
@@ -111,7 +111,7 @@ def greedy_verify_gpu(vocab: int):
     def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
                var_out: T.handle):
         T.func_attr({"tir.noalias": True, "op_pattern": 8, "tirx.is_scheduled": True,
-                     "speccompile.kernel": "greedy_verify"})
+                     "speccompile.kernel": "accept_greedy"})
         n = T.int64()
         b1 = T.int64()
         logits = T.match_buffer(var_logits, (n, vocab), "float32")

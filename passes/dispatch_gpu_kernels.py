@@ -1,8 +1,8 @@
 """DispatchGPUKernels: give the model's tagged kernels their GPU versions.
 
 The GPU twin of DispatchCPUKernels: the tagged TE matmuls (``matmul``, ``q4_matmul``)
-become the batch-invariant GEMV kernels of ``gpu_kernels.py``, and the greedy
-verification kernel becomes its thread-parallel version (models/verification.py), and
+become the batch-invariant GEMV kernels of ``gpu_kernels.py``, the greedy
+acceptance kernel ``accept_greedy`` its thread-parallel version (models/verification.py), and
 ``sampling_probs`` its block-per-row version (models/sampling_kernels.py; the
 rejection-sampling walk, serial per sequence, is bound by BindGPUThreads). The
 embedding gathers (``take``, ``q4_take``) are plain injective functions that dlight's
@@ -14,7 +14,7 @@ import tvm
 from tvm import tirx
 
 from speccompile.models.sampling_kernels import sampling_probs_gpu
-from speccompile.models.verification import greedy_verify_gpu
+from speccompile.models.verification import accept_greedy_gpu
 
 from . import gpu_kernels as K
 from .dispatch_cpu_kernels import KERNEL_ATTR, OPAQUE, _dtype, _shape
@@ -28,8 +28,8 @@ def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     if kind == "q4_matmul":
         n, kw = _shape(func, 1)
         return K.q4_gemv(n, kw * 8, _dtype(func, 2))
-    if kind == "greedy_verify":
-        return greedy_verify_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
+    if kind == "accept_greedy":
+        return accept_greedy_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
     if kind == "sampling_probs":
         return sampling_probs_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
     return None

@@ -30,7 +30,8 @@ import time
 import numpy as np
 from tvm.runtime import tensor as to_device
 
-from .kv_cache import PAGE, ForwardBatch
+from .contract import EAGLE, FORWARD_META, KV_PAGE_SIZE
+from .kv_cache import ForwardBatch
 from .model import Model
 from .costs import time_min
 from .acceptance import Draft
@@ -44,13 +45,11 @@ class EagleHeadModel(Model):
     """A compiled EAGLE head and its weights: ``eagle_forward``, and ``draft_logits`` when the
     head has a reduced draft vocabulary (``vocab_ids`` maps its rows to target tokens)."""
 
-    entry_points = ("eagle_forward",)
+    kind = EAGLE  # the contract's entry points of an EAGLE head (draft_logits with a reduced vocabulary)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.vocab_ids = draft_vocab_ids(self)
-        if self.vocab_ids is not None:
-            self._fn["draft_logits"] = self.vm["draft_logits"]
 
     def logits(self, target: Model, feats) -> np.ndarray:
         """Draft logits of predicted features: over the reduced vocabulary (rows of
@@ -291,8 +290,9 @@ class EagleProposer:
         full = self.kv.plan_tree(ids, head_parents)
         offsets = np.concatenate([[0], np.cumsum([len(p) for p in head_parents])])
         sel = np.concatenate([np.arange(offsets[b] + f, offsets[b + 1]) for b, f in enumerate(firsts)])
-        arrays = [a if k == 2 else a[sel] for k, a in enumerate(full.arrays)]  # [2] is the page table
-        return ForwardBatch(list(ids), [len(p) - f for p, f in zip(head_parents, firsts)], arrays)
+        # per-token arrays (shape ("n", ...)) keep the new rows; the page table is per sequence
+        named = {k: a[sel] if FORWARD_META[k][0][0] == "n" else a for k, a in full.named.items()}
+        return ForwardBatch(list(ids), [len(p) - f for p, f in zip(head_parents, firsts)], named)
 
     def _select(self, tree: dict, budget: int) -> Draft:
         """The ``budget`` most probable candidates, parents first (a child's P never exceeds
@@ -315,4 +315,4 @@ class EagleProposer:
 
 def head_kv_tokens(max_total_tokens: int, max_num_sequence: int, width: int, max_depth: int) -> int:
     """KV capacity of a head: the committed rows plus each sequence's scratch tree rows."""
-    return max_total_tokens + max_num_sequence * (width * max_depth + 2 * PAGE)
+    return max_total_tokens + max_num_sequence * (width * max_depth + 2 * KV_PAGE_SIZE)

@@ -2,9 +2,11 @@
 
 The model's kernels (models/attention.py) read and write the tensor; this class decides
 which slots each token writes and which rows each token attends, and builds the
-per-forward metadata arrays in the order of ``META_SPEC``. Rolling back a chain is just
-shortening a sequence; committing a token tree copies the accepted path's rows into
-place.
+per-forward metadata arrays by name (runtime/contract.py's ``FORWARD_META``, which also
+fixes the order the entry points take them in). Pages hold the contract's
+``KV_PAGE_SIZE`` tokens, the size compiled into the attention kernel. Rolling back a
+chain is just shortening a sequence; committing a token tree copies the accepted path's
+rows into place.
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PAGE = 16
+from .contract import FORWARD_META, KV_PAGE_SIZE
+
+PAGE = KV_PAGE_SIZE  # the short name this module (and the scheduler) uses
 
 
 class KVCacheFull(RuntimeError):
@@ -27,16 +31,21 @@ class SeqState:
 
 @dataclass
 class ForwardBatch:
-    """Metadata of one forward: arrays in META_SPEC order, plus bookkeeping."""
+    """Metadata of one forward, by name (the keys of ``FORWARD_META``), plus bookkeeping."""
 
     seq_ids: list[int]
     counts: list[int]
-    arrays: list[np.ndarray]
+    named: dict[str, np.ndarray]
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        """The metadata in the order the forward entry points take it."""
+        return [self.named[name] for name in FORWARD_META]
 
 
 class PagedKV:
     def __init__(self, tensor, num_pages: int):
-        self.tensor = tensor  # device tensor [layers, 2, num_pages * 16, kv_heads, head_dim]
+        self.tensor = tensor  # device tensor [layers, 2, num_pages * PAGE, kv_heads, head_dim]
         self.num_pages = num_pages
         self.free: list[int] = list(range(num_pages - 1, -1, -1))
         self.seqs: dict[int, SeqState] = {}
@@ -97,10 +106,9 @@ class PagedKV:
                 prefix.append(r + 1)
             st.length += k
         n = len(pos)
-        arrays = [np.asarray(pos, np.int32), np.asarray(slots, np.int32), self._page_table(seq_ids),
-                  np.asarray(seq_row, np.int32), np.asarray(prefix, np.int32),
-                  np.zeros((n, 1), np.int32), np.zeros(n, np.int32)]
-        return ForwardBatch(list(seq_ids), list(token_counts), arrays)
+        return ForwardBatch(list(seq_ids), list(token_counts), self._named(
+            seq_ids, positions=pos, write_slots=slots, token_seq=seq_row, token_prefix=prefix,
+            extra_slots=np.zeros((n, 1), np.int32), extra_len=np.zeros(n, np.int32)))
 
     def plan_tree(self, seq_ids: list[int], parents: list[list[int]]) -> ForwardBatch:
         """Verify one token tree per sequence (parents[i][j] = local parent, -1 = root).
@@ -133,9 +141,13 @@ class PagedKV:
         for i, e in enumerate(extras):
             extra[i, : len(e)] = e
             extra_len[i] = len(e)
-        arrays = [np.asarray(pos, np.int32), np.asarray(slots, np.int32), self._page_table(seq_ids),
-                  np.asarray(seq_row, np.int32), np.asarray(prefix, np.int32), extra, extra_len]
-        return ForwardBatch(list(seq_ids), counts, arrays)
+        return ForwardBatch(list(seq_ids), counts, self._named(
+            seq_ids, positions=pos, write_slots=slots, token_seq=seq_row, token_prefix=prefix,
+            extra_slots=extra, extra_len=extra_len))
+
+    def _named(self, seq_ids: list[int], **per_token) -> dict[str, np.ndarray]:
+        """The forward's metadata by name: the per-token arrays plus the batch's page table."""
+        return {"page_table": self._page_table(seq_ids), **{k: np.asarray(v, np.int32) for k, v in per_token.items()}}
 
     def _page_table(self, seq_ids: list[int]) -> np.ndarray:
         width = max(1, max(len(self.seqs[s].pages) for s in seq_ids))

@@ -21,6 +21,7 @@ import time
 import numpy as np
 from tvm.runtime import tensor as to_device
 
+from .contract import MEDUSA
 from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids, top_tokens
 from .model import Model
 from .costs import time_min
@@ -31,7 +32,7 @@ from .proposers import load_head
 class MedusaHeadsModel(Model):
     """A compiled set of Medusa heads and its weights (only ``medusa_heads``)."""
 
-    entry_points = ("medusa_heads",)
+    kind = MEDUSA  # the contract's entry points of Medusa heads
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,8 +1,9 @@
 """A compiled model library plus its converted weights, loaded on a device.
 
 Imports only the TVM *runtime* (``tvm.runtime``, ``relax.VirtualMachine``), never the
-compiler, so applications can embed it. The library's ``_metadata`` is checked against
-``tensor-cache.json`` before any weight is read.
+compiler, so applications can embed it. Before any weight is read the library's
+``_metadata`` is checked against the compiler/runtime contract (runtime/contract.py: its
+kind, KV page size and entry points' arguments) and against ``tensor-cache.json``.
 """
 from __future__ import annotations
 
@@ -17,15 +18,11 @@ import tvm
 from tvm.runtime import tensor as to_device
 from tvm.runtime.vm import VirtualMachine
 
+from .contract import KV_PAGE_SIZE, TARGET, ContractError, check_library, entry_point_names
 from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
-from .kv_cache import PAGE, ForwardBatch, PagedKV
+from .kv_cache import ForwardBatch, PagedKV
 from .tensor_cache import TensorCacheError, load_params, read_index
-
-
-ENTRY_POINTS = ("embed", "prefill", "decode", "verify", "get_logits", "prefill_to_last_hidden_states",
-                "decode_to_last_hidden_states", "verify_to_last_hidden_states", "copy_kv_slots", "verify_greedy",
-                "sampling_probs", "verify_sampling")
 
 
 class ModelLoadError(ValueError):
@@ -155,12 +152,16 @@ def check_compatible(meta: dict, index: dict, model_dir: Path, lib_path: Path) -
 class Model:
     """Entry points of one compiled model, bound to its parameters."""
 
-    entry_points = ENTRY_POINTS  # a draft head's loader (runtime/eagle.py, medusa.py) lists its own
+    kind = TARGET  # the contract's library kind; a draft head's loader (runtime/eagle.py, medusa.py) names its own
 
     def __init__(self, model_dir: Path, lib_path: Path, device: str = "auto", verify_md5: bool = True):
         self.model_dir, self.lib_path = Path(model_dir), Path(lib_path)
         index = read_index(self.model_dir)
         lib, self.meta = read_metadata(self.lib_path)
+        try:
+            check_library(self.meta, self.kind, self.lib_path)
+        except ContractError as err:
+            raise ModelLoadError(str(err)) from None
         check_compatible(self.meta, index, self.model_dir, self.lib_path)
         self.device = resolve_device(self.meta, device, self.lib_path)
         self.vm = VirtualMachine(lib, self.device)
@@ -180,12 +181,12 @@ class Model:
         self.context_window_size = int(self.meta["context_window_size"])
         self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])
         self._fn = {}
-        for name in self.entry_points:
+        for name in entry_point_names(self.kind, self.meta):  # _metadata lists them all (check_library)
             try:
                 self._fn[name] = self.vm[name]
             except AttributeError as err:
-                raise ModelLoadError(f"{lib_path} lacks the entry point {name!r}: it was built by an older "
-                                     "speccompile; recompile it with `speccompile compile`") from err
+                raise ModelLoadError(f"{lib_path} lists the entry point {name!r} in its _metadata but does not "
+                                     "export it; recompile it with `speccompile compile`") from err
         # Each decode step makes short-lived Python objects; without this, the cyclic GC keeps
         # re-traversing everything loaded so far (7% of a 1.5B decode step was gc_collect_main).
         gc.collect()
@@ -194,8 +195,8 @@ class Model:
     # ---------------------------------------------------------------- helpers
     def create_kv_cache(self, max_total_tokens: int) -> PagedKV:
         """A paged KV cache able to hold max_total_tokens across all sequences."""
-        num_pages = -(-max_total_tokens // PAGE)
-        shape = [self.meta["num_hidden_layers"], 2, num_pages * PAGE, self.meta["num_key_value_heads"],
+        num_pages = -(-max_total_tokens // KV_PAGE_SIZE)
+        shape = [self.meta["num_hidden_layers"], 2, num_pages * KV_PAGE_SIZE, self.meta["num_key_value_heads"],
                  self.meta["head_dim"]]
         tensor = tvm.runtime.empty(shape, self.dtype, self.device)
         return PagedKV(tensor, num_pages)
@@ -215,6 +216,7 @@ class Model:
         # ids were range-checked by the caller before the KV cache was touched
         emb = self._fn["embed"](to_device(ids, self.device), self.params)
         meta = [to_device(a, self.device) for a in batch.arrays]
+        # contract.ENTRY_POINTS' order: input_embeds, [logit_positions], kv, FORWARD_META..., params
         out = self._fn[name](emb, *extra, kv.tensor, *meta, self.params)
         return out if on_device else out.numpy()
 
@@ -239,7 +241,7 @@ class Model:
 
         Chains are appended (roll back with ``kv.popn``); trees are written to scratch rows
         and need :meth:`commit_tree` afterwards."""
-        return self._run("verify", *self._plan(kv, seq_ids, token_lists, tree_parents), on_device=on_device)
+        return self._run("forward_tokens", *self._plan(kv, seq_ids, token_lists, tree_parents), on_device=on_device)
 
     def forward_hidden(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
                        tree_parents: list[list[int]] | None = None):
@@ -247,7 +249,7 @@ class Model:
         every token on device [n, hidden] (draft heads read them); :meth:`get_logits` turns
         them into the very logits the fused entry points give. Chains are appended, trees
         planned as in :meth:`forward_tokens`."""
-        return self._run("verify_to_last_hidden_states", *self._plan(kv, seq_ids, token_lists, tree_parents),
+        return self._run("forward_tokens_hidden", *self._plan(kv, seq_ids, token_lists, tree_parents),
                          on_device=True)
 
     def _plan(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
@@ -274,7 +276,7 @@ class Model:
         tokens = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
         par = np.concatenate([np.asarray(p, np.int32) for p in parents])
         indptr = np.concatenate([[0], np.cumsum([len(t) for t in token_lists])]).astype(np.int32)
-        out = self._fn["verify_greedy"](logits, to_device(tokens, self.device), to_device(par, self.device),
+        out = self._fn["accept_greedy"](logits, to_device(tokens, self.device), to_device(par, self.device),
                                         to_device(indptr, self.device)).numpy()
         return [(out[i, 2: 2 + out[i, 0]].tolist(), int(out[i, 1])) for i in range(len(token_lists))]
 
@@ -319,7 +321,7 @@ class Model:
         if isinstance(q, np.ndarray):
             q = to_device(np.ascontiguousarray(q, np.float32), self.device)
         dev = [to_device(a, self.device) for a in (flags, tokens, par, indptr, flat_u)]
-        out = self._fn["verify_sampling"](p, q, *dev).numpy()
+        out = self._fn["accept_sampled"](p, q, *dev).numpy()
         return [(out[i, 2: 2 + out[i, 0]].tolist(), int(out[i, 1])) for i in range(b)]
 
     def commit_tree(self, kv: PagedKV, seq_id: int, path: list[int]) -> None:

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 from .engine import Engine
 from .sequence import GenerationError, Sequence
-from .kv_cache import PAGE, KVCacheFull
+from .contract import KV_PAGE_SIZE as PAGE
+from .kv_cache import KVCacheFull
 from .sampling import SamplingParams
 
 log = logging.getLogger("speccompile.scheduler")

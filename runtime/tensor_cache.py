@@ -13,7 +13,8 @@ from typing import Iterable
 
 import numpy as np
 
-TENSOR_CACHE = "tensor-cache.json"
+from .contract import TENSOR_CACHE_FILE
+
 SHARD_BYTES = 32 * 1024 * 1024
 
 
@@ -67,7 +68,7 @@ class TensorCacheWriter:
         meta["ParamSize"] = len(records)
         meta["ParamBytes"] = sum(r["nbytes"] for r in records)
         meta["layout_fingerprint"] = layout_fingerprint((r["name"], r["shape"], r["dtype"]) for r in records)
-        path = self.out_dir / TENSOR_CACHE
+        path = self.out_dir / TENSOR_CACHE_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"metadata": meta, "records": self.shards}, indent=1))
         tmp.replace(path)  # atomic: a crash never leaves a half-written index
@@ -75,7 +76,7 @@ class TensorCacheWriter:
 
 
 def read_index(model_dir: Path) -> dict:
-    path = Path(model_dir) / TENSOR_CACHE
+    path = Path(model_dir) / TENSOR_CACHE_FILE
     if not path.exists():
         raise TensorCacheError(f"{path} not found: run `speccompile convert_weight ... -o {model_dir}` first")
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from speccompile.runtime.contract import KV_PAGE_SIZE
 from speccompile.runtime.speculative import MODES, SpeculativeConfig
 
 USER_ERRORS = (ValueError, FileNotFoundError)
@@ -304,8 +305,8 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
             raise ValueError("--port must be in 1..65535")
         if max_num_sequence < 1:
             raise ValueError("--max-num-sequence must be >= 1")
-        if max_total_tokens is not None and max_total_tokens < 16:
-            raise ValueError("--max-total-tokens must be >= 16 (one KV page)")
+        if max_total_tokens is not None and max_total_tokens < KV_PAGE_SIZE:
+            raise ValueError(f"--max-total-tokens must be >= {KV_PAGE_SIZE} (one KV page)")
         if prefill_tokens_per_step < 1 or max_queue < 1:
             raise ValueError("--prefill-tokens-per-step and --max-queue must be >= 1")
         kwargs, settings, summary = _runtime_settings("serve", overrides, mode, model_dir, model_lib, spec)

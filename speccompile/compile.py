@@ -17,8 +17,10 @@ from tvm.target import codegen
 
 from speccompile import __version__
 from speccompile.models import LlamaConfig, build_model, config_from_dict, get_quantization
+from speccompile.models.exports import signatures
 from speccompile.passes.cpu_kernels import TILE, int8_dot_isa, is_tiled_param
 from speccompile.passes.pipeline import build_pipeline
+from speccompile.runtime.contract import KV_PAGE_SIZE, ContractError, model_config_path, read_model_config
 from speccompile.runtime.tensor_cache import layout_fingerprint
 from speccompile.targets import (CompileError, TargetPlan, fatbin_packer, find_device_module, plan_target,
                                  required_cpu_features)
@@ -27,12 +29,12 @@ __all__ = ["CompileError", "compile_model", "read_config"]
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "speccompile-config.json"
-    if not path.exists():
-        raise CompileError(f"{path} not found: run `speccompile gen_config` first")
-    conf = json.loads(path.read_text())
+    """A model directory's config (or the config file itself), with what compile needs."""
+    try:
+        conf = read_model_config(path)
+    except ContractError as err:
+        raise CompileError(str(err)) from None
+    path = model_config_path(path)
     for key in ("model_config", "quantization", "model_type"):
         if key not in conf:
             raise CompileError(f"{path} lacks {key!r}; regenerate it with `speccompile gen_config`")
@@ -40,8 +42,10 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
-                   params: list[tuple[str, Any]], entry_points: list[str]) -> dict[str, Any]:
-    """The compile-time facts the runtime reads back and checks (see module doc)."""
+                   params: list[tuple[str, Any]], entry_points: dict[str, list[str]]) -> dict[str, Any]:
+    """The compile-time facts the runtime reads back and checks (see module doc; the keys
+    the runtimes rely on are runtime/contract.py's METADATA_KEYS). ``speccompile_version``
+    stays first: the runtime finds the JSON in a library's bytes by it."""
     target = plan.target
     entries = [(name, [int(d) for d in p.shape], str(p.dtype)) for name, p in params]
     isa = int8_dot_isa(target) if get_quantization(quant_name).is_q4 else None  # int8 q4 kernel, if any
@@ -72,7 +76,8 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         "head_dim": cfg.head_dim,
         "context_window_size": cfg.context_window_size,
         "prefill_chunk_size": cfg.prefill_chunk_size,
-        "entry_points": entry_points,
+        "kv_page_size": KV_PAGE_SIZE,  # compiled into the attention kernel; the runtimes check it
+        "entry_points": entry_points,  # name -> argument names in calling order (contract.ENTRY_POINTS)
         "model_dtype": get_quantization(quant_name).model_dtype,
         "params": [{"name": n, "shape": s, "dtype": d} for n, s, d in entries],
         "layout_fingerprint": layout_fingerprint(entries),
@@ -108,8 +113,9 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
     with target:
         model = build_model(cfg, quant, target)
         spec = model.get_spec()
+        exported = signatures(spec)  # before export_tvm, which consumes the specs
         mod, params = model.export_tvm(spec=spec)
-    metadata = build_metadata(cfg, quant.name, plan, params, list(spec))
+    metadata = build_metadata(cfg, quant.name, plan, params, exported)
     if plan.output_format == "tar":  # statically linked into an app: a system library, found by prefix
         metadata["system_lib_prefix"] = "".join(c if c.isalnum() else "_" for c in output.stem) + "_"
     mod = attach_metadata(mod, metadata)

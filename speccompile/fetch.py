@@ -94,10 +94,11 @@ def compiler_hash() -> str:
         mod = __import__(f"speccompile.{sub}", fromlist=["x"])
         for f in sorted(Path(mod.__file__).parent.glob("*.py")):
             h.update(f.read_bytes())
-    # what goes into the library and its _metadata: compile, target planning, the CPU feature table
-    from speccompile.runtime import cpu
+    # what goes into the library and its _metadata: compile, target planning, the CPU feature
+    # table, the compiler/runtime contract (page size, entry points)
+    from speccompile.runtime import contract, cpu
 
-    for f in (pkg / "compile.py", pkg / "targets.py", Path(cpu.__file__)):
+    for f in (pkg / "compile.py", pkg / "targets.py", Path(cpu.__file__), Path(contract.__file__)):
         h.update(f.read_bytes())
     return h.hexdigest()[:10]
 
@@ -110,17 +111,18 @@ def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None 
     from speccompile.compile import compile_model
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
+    from speccompile.runtime.contract import MODEL_CONFIG_FILE, TENSOR_CACHE_FILE
 
     gguf = fetch(name, quiet)
     model_dir = cache_root() / "converted" / f"{name}-{quantization}"
-    if not (model_dir / "tensor-cache.json").exists():
+    if not (model_dir / TENSOR_CACHE_FILE).exists():
         convert_weight(gguf, quantization, model_dir, progress=not quiet)
-    if not (model_dir / "speccompile-config.json").exists():
+    if not (model_dir / MODEL_CONFIG_FILE).exists():
         gen_config(gguf, quantization, model_dir)
     import tvm
 
     cpu = mcpu if mcpu not in (None, "native") else tvm.target.codegen.llvm_get_system_cpu()
     lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
     if not lib.exists():
-        compile_model(model_dir / "speccompile-config.json", "llvm", lib, verbose=not quiet, mcpu=mcpu)
+        compile_model(model_dir / MODEL_CONFIG_FILE, "llvm", lib, verbose=not quiet, mcpu=mcpu)
     return model_dir, lib

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from speccompile.models import get_quantization
+from speccompile.runtime.contract import MODEL_CONFIG_FILE
 from speccompile.sources import GGUFSource, HeadSource, SourceError, gguf_field_value
 
-CONFIG_NAME = "speccompile-config.json"
 STOP_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
 
 # Named templates for --conv-template (auto takes the checkpoint's own).
@@ -92,7 +92,7 @@ def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str =
         "top_k": 0,
         **tok_info,
     }
-    path = out_dir / CONFIG_NAME
+    path = out_dir / MODEL_CONFIG_FILE
     path.write_text(json.dumps(conf, indent=1))
     return path
 
@@ -113,7 +113,7 @@ def _gen_head_config(source: HeadSource, quant_name: str, out_dir: Path, context
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
             "context_window_size": cfg.context_window_size, "prefill_chunk_size": cfg.prefill_chunk_size,
             "target": str(Path(source.target_path).resolve())}
-    path = out_dir / CONFIG_NAME
+    path = out_dir / MODEL_CONFIG_FILE
     path.write_text(json.dumps(conf, indent=1))
     return path
 

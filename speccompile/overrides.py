@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE, read_model_config  # PAGE: tokens per KV page
+
 RUNTIME_COMMANDS = ("serve", "chat", "generate", "bench")
 SYNTAX = 'key=value pairs separated by ";" or spaces, e.g. --overrides "max_num_sequence=6;prefill_chunk_size=512"'
 MODES = ("local", "interactive", "server")
@@ -31,7 +33,6 @@ LOCAL_MAX_NUM_SEQUENCE = 4  # a desktop: a few concurrent requests, as MLC-LLM's
 # and every other program, so half rather than MLC-LLM's 0.85 of a dedicated GPU.
 DEFAULT_MEMORY_UTILIZATION = 0.5
 MEMINFO = Path("/proc/meminfo")
-PAGE = 16  # KV page size in tokens (runtime/kv_cache.py)
 
 
 class OverrideError(ValueError):
@@ -218,8 +219,6 @@ def _kv_and_weight_bytes(meta: dict) -> tuple[int, int]:
 
 
 def model_facts(model_dir: Path, model_lib: Path, additional_models: str | None = None) -> ModelFacts:
-    from speccompile.runtime.contract import read_model_config
-
     config = read_model_config(Path(model_dir))
     meta = _library_meta(model_lib)
     kv, weights = _kv_and_weight_bytes(meta)

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from speccompile.runtime.contract import MODEL_CONFIG_FILE
+
 
 def _torch():
     try:
@@ -186,7 +188,7 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
     from .models.quantization import dequantize_q4
 
     torch.manual_seed(seed)
-    conf = read_config(target_dir / "speccompile-config.json")
+    conf = read_config(target_dir)
     tcfg = config_from_dict(conf["model_type"], conf["model_config"])
     layer_cfg = _head_layer_config(tcfg)
     emb_w, head_w = _target_embedding_and_head(target_dir, tcfg, load_params, dequantize_q4)
@@ -369,8 +371,8 @@ def run_train_draft(method: str, target_dir: Path, model_lib: Path, out_dir: Pat
     if method not in ("eagle", "medusa"):
         raise ValueError(f"train-draft --method {method} is not supported: choose eagle or medusa")
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    if not (target_dir / "speccompile-config.json").exists():
-        raise FileNotFoundError(f"{target_dir} is not a converted model (no speccompile-config.json): "
+    if not (target_dir / MODEL_CONFIG_FILE).exists():
+        raise FileNotFoundError(f"{target_dir} is not a converted model (no {MODEL_CONFIG_FILE}): "
                                 "run convert_weight and gen_config first")
     if method == "medusa":
         from .train_medusa import check_medusa_options

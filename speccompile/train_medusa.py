@@ -171,7 +171,7 @@ def train_medusa(feature_paths: list[Path], target_dir: Path, out_dir: Path, ste
 
     check_medusa_options(num_heads, num_layers, freeze_lm_head)
     torch.manual_seed(seed)
-    conf = read_config(Path(target_dir) / "speccompile-config.json")
+    conf = read_config(Path(target_dir))
     tcfg = config_from_dict(conf["model_type"], conf["model_config"])
     _, head_w = _target_embedding_and_head(Path(target_dir), tcfg, load_params, dequantize_q4)
     data = Features(feature_paths)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from speccompile.models.config import PRESETS
+from speccompile.runtime.contract import ENTRY_POINTS, entry_point_names
 
 PROMPTS = [
     "What is the capital of France?",
@@ -125,6 +126,8 @@ def build_head(kind: str, ckpt: Path, target_src: Path, quant: str, out: Path) -
     lib = out.with_suffix(".so")
     meta = compile_model(out / "speccompile-config.json", "llvm", lib, verbose=False)
     assert meta["model_type"] == kind
+    # exactly the contract's entry points of a head of this kind, with its argument orders
+    assert meta["entry_points"] == {n: list(ENTRY_POINTS[kind][n]) for n in entry_point_names(kind, meta)}
     return str(out), str(lib)
 
 

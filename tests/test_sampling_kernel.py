@@ -1,4 +1,4 @@
-"""The library's TensorIR sampling kernels (sampling_probs, verify_sampling) against the
+"""The library's TensorIR sampling kernels (sampling_probs, accept_sampled) against the
 numpy reference on the same random numbers, and the law of the kernel rejection sampler."""
 import re
 
@@ -58,7 +58,7 @@ def _random_tree(rng, size):
 
 
 @pytest.mark.parametrize("tree", [False, True])
-def test_verify_sampling_matches_numpy_on_same_uniforms(model, tree):
+def test_accept_sampled_matches_numpy_on_same_uniforms(model, tree):
     rng = np.random.default_rng(1 + tree)
     vocab = model.vocab_size
     accepted = rejected_all = 0
@@ -103,7 +103,7 @@ def test_verify_sampling_matches_numpy_on_same_uniforms(model, tree):
     assert accepted > 50 and rejected_all > 5  # both outcomes were exercised
 
 
-def test_verify_sampling_without_q_and_with_greedy_rows(model):
+def test_accept_sampled_without_q_and_with_greedy_rows(model):
     """q=None (all drafts one-hot) and temperature-0 rows: the greedy law through the sampler."""
     rng = np.random.default_rng(5)
     vocab = model.vocab_size
@@ -167,4 +167,4 @@ def test_gpu_versions_are_in_an_opencl_library(build_tiny, tmp_path):
     text = src.read_text()
     body = re.search(r"__kernel void sampling_probs\w*\([^)]*\) \{(.*?)\n\}", text, re.S)
     assert body and "__local float val_ptr[256];" in body.group(1)  # a thread block per row
-    assert "__kernel void verify_sampling" in text
+    assert "__kernel void accept_sampled" in text

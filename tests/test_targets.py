@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from speccompile.compile import CompileError, compile_model
+from speccompile.runtime.contract import ENTRY_POINTS as CONTRACT_ENTRY_POINTS, TARGET, entry_point_names
 from speccompile.runtime.model import Model, ModelLoadError, baked_metadata
 
-ENTRY_POINTS = ("prefill", "decode", "verify", "verify_greedy", "copy_kv_slots", "get_logits", "embed")
+ENTRY_POINTS = tuple(CONTRACT_ENTRY_POINTS[TARGET])
 FATBIN_MAGIC = bytes.fromhex("50ed55ba")  # 0xBA55ED50, little endian
 
 
@@ -30,7 +31,7 @@ def _check_common(lib: Path, device: str, kind: str) -> tuple[dict, bytes]:
     meta = baked_metadata(lib)
     assert meta is not None, "no _metadata baked into the library"
     assert meta["device"] == device and meta["target"] == kind
-    assert set(ENTRY_POINTS) <= set(meta["entry_points"])
+    assert meta["entry_points"] == {name: list(args) for name, args in CONTRACT_ENTRY_POINTS[TARGET].items()}
     data = _payload(lib)
     for name in ENTRY_POINTS + ("_metadata",):
         assert name.encode() in data, f"entry point {name} missing from {lib.name}"
@@ -59,9 +60,9 @@ def test_opencl(model_dir, tmp_path):
     compile_model(model_dir / "speccompile-config.json", "opencl", lib, verbose=False, dump_source=src)
     _, data = _check_common(lib, "opencl", "opencl")
     text = src.read_text()
-    for kernel in ("greedy_verify_kernel", "q4_matmul_kernel", "sampling_probs1_kernel", "verify_sampling1_kernel"):
+    for kernel in ("accept_greedy1_kernel", "q4_matmul_kernel", "sampling_probs1_kernel", "accept_sampled1_kernel"):
         assert f"__kernel void {kernel}(" in text, kernel
-    assert b"greedy_verify_kernel" in data and b"__kernel" in data  # the OpenCL C rides inside the .so
+    assert b"accept_greedy1_kernel" in data and b"__kernel" in data  # the OpenCL C rides inside the .so
     _refused(model_dir, lib, "built for opencl")
 
 
@@ -77,7 +78,7 @@ def test_archives(tiny, tmp_path, device, host):
         names = tar.getnames()
     assert "lib0.o" in names and any(n.endswith("devc.o") for n in names)
     # the kernel source (Metal, or OpenCL C for android), its names carrying the library prefix
-    for kernel in ("greedy_verify_kernel", "verify_sampling1_kernel"):
+    for kernel in ("accept_greedy1_kernel", "accept_sampled1_kernel"):
         pattern = (rb"__kernel void \w*" if device == "android" else rb"kernel void \w*") + kernel.encode() + rb"\("
         assert re.search(pattern, data), kernel
     assert f"m_{device}_append_kv".encode() in data  # system-library symbols carry the prefix
@@ -108,8 +109,8 @@ def test_draft_heads(build_tiny, tmp_path, kind, device, suffix):
     lib = tmp_path / f"{kind}-{device}{suffix}"
     meta = compile_model(out / "speccompile-config.json", device, lib, verbose=False)
     assert meta["model_type"] == kind and meta["device"] == device
-    entry = "eagle_forward" if kind == "eagle" else "medusa_heads"
-    assert entry in meta["entry_points"] and entry.encode() in _payload(lib)
+    assert list(meta["entry_points"]) == entry_point_names(kind, meta)
+    assert all(entry.encode() in _payload(lib) for entry in meta["entry_points"])
 
 
 def test_tar_needed_for_apple(tiny, tmp_path):
@@ -151,17 +152,17 @@ def test_cuda(model_dir, tmp_path):
     meta, data = _check_common(lib, "cuda", "cuda")
     assert meta["cuda_archs"] == ["sm_80", "sm_89"]
     text = src.read_text()
-    for kernel in ("greedy_verify_kernel", "greedy_verify_kernel_1", "q4_matmul_kernel", "attention_kernel",
-                   "sampling_probs1_kernel", "verify_sampling1_kernel"):
+    for kernel in ("accept_greedy1_kernel", "accept_greedy1_kernel_1", "q4_matmul_kernel", "attention_kernel",
+                   "sampling_probs1_kernel", "accept_sampled1_kernel"):
         assert "void __launch_bounds__" in text and f" {kernel}(" in text, kernel
     if shutil.which("nvcc"):
         assert meta["cuda_binary"] == "fatbin" and out["build"]["fatbin_bytes"] > 0
         start = data.find(FATBIN_MAGIC)
         assert start >= 0, "no fatbin embedded"
-        assert b"greedy_verify_kernel" in data[start:]  # kernel symbols live in the fatbin's cubins
+        assert b"accept_greedy1_kernel" in data[start:]  # kernel symbols live in the fatbin's cubins
         assert b"__global__" not in data  # no CUDA source shipped: the device needs no compiler
         usage = _nvcc_resources(src, "sm_80")
-        assert {"greedy_verify_kernel", "sampling_probs1_kernel", "verify_sampling1_kernel", "q4_matmul_kernel"} <= set(usage)
+        assert {"accept_greedy1_kernel", "sampling_probs1_kernel", "accept_sampled1_kernel", "q4_matmul_kernel"} <= set(usage)
     else:
         assert meta["cuda_binary"] == "source" and b"__global__" in data
     _refused(model_dir, lib, "built for cuda")

@@ -8,7 +8,8 @@
 
 namespace spc {
 
-PagedKV::PagedKV(int64_t num_pages) : num_pages_(num_pages) {
+PagedKV::PagedKV(int64_t num_pages, int64_t page_size) : num_pages_(num_pages), page_size_(page_size) {
+  if (page_size <= 0) throw std::invalid_argument("KV page size must be positive");
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
 }
 
@@ -38,16 +39,16 @@ int64_t PagedKV::Length(int64_t seq_id) const {
 }
 
 int64_t PagedKV::PagesNeeded(const SeqState& st, int64_t extra) const {
-  int64_t need = (st.length + extra + kPage - 1) / kPage - static_cast<int64_t>(st.pages.size());
+  int64_t need = (st.length + extra + page_size_ - 1) / page_size_ - static_cast<int64_t>(st.pages.size());
   return std::max<int64_t>(0, need);
 }
 
 int32_t PagedKV::Slot(const SeqState& st, int64_t row) const {
-  return static_cast<int32_t>(st.pages[row / kPage] * kPage + row % kPage);
+  return static_cast<int32_t>(st.pages[row / page_size_] * page_size_ + row % page_size_);
 }
 
 void PagedKV::Trim(SeqState& st) {
-  size_t keep = static_cast<size_t>((st.length + kPage - 1) / kPage);
+  size_t keep = static_cast<size_t>((st.length + page_size_ - 1) / page_size_);
   while (st.pages.size() > keep) {
     free_.push_back(st.pages.back());
     st.pages.pop_back();

@@ -1,9 +1,10 @@
 // Host-side paged KV bookkeeping: the C++ twin of runtime/kv_cache.py (chains only).
 //
-// The pages live in one device tensor [layers, 2, pages * 16, kv_heads, head_dim]
+// The pages live in one device tensor [layers, 2, pages * page_size, kv_heads, head_dim]
 // that the model's own attention kernels read and write; this class decides which
 // slot each token writes and which rows it attends, and builds the per-forward
-// metadata arrays in the META_SPEC order of models/llama.py. Rolling back rejected
+// metadata arrays of runtime/contract.py's FORWARD_META. The page size is the one the
+// kernels were compiled with, read from the library's _metadata (kv_page_size). Rolling back rejected
 // drafts is shortening the sequence (PopN). Token trees are not needed by the C API's
 // proposers (n-gram drafts are chains), so plan_tree is not ported.
 #ifndef SPECCOMPILE_CAPI_KV_CACHE_H_
@@ -16,14 +17,13 @@
 
 namespace spc {
 
-constexpr int64_t kPage = 16;
-
 // Not enough free pages for the requested tokens (nothing was changed).
 struct KVCacheFull : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// One forward's metadata, the 7 arrays of META_SPEC in order.
+// One forward's metadata, the 7 arrays of contract.py's FORWARD_META (Model::Run passes
+// them in that order, which Model checks the library's entry points take).
 struct ForwardBatch {
   std::vector<int32_t> positions;    // [n] RoPE position of each token
   std::vector<int32_t> write_slots;  // [n] KV slot each token's k/v is written to
@@ -38,13 +38,15 @@ struct ForwardBatch {
 
 class PagedKV {
  public:
-  explicit PagedKV(int64_t num_pages);
+  // page_size: tokens per page, as the library's kernels were compiled (Model::page_size()).
+  PagedKV(int64_t num_pages, int64_t page_size);
 
   void AddSequence(int64_t seq_id);
   void RemoveSequence(int64_t seq_id);
   int64_t Length(int64_t seq_id) const;
   int64_t NumFreePages() const { return static_cast<int64_t>(free_.size()); }
   int64_t num_pages() const { return num_pages_; }
+  int64_t page_size() const { return page_size_; }
 
   // Append counts[i] tokens to seq_ids[i]; token j of a sequence with committed length
   // L sits at row L+j and attends rows 0..L+j. Throws KVCacheFull before changing anything.
@@ -62,7 +64,7 @@ class PagedKV {
   int32_t Slot(const SeqState& st, int64_t row) const;
   void Trim(SeqState& st);
 
-  int64_t num_pages_;
+  int64_t num_pages_, page_size_;
   std::vector<int32_t> free_;  // a stack: the back is handed out first, like the Python list
   std::map<int64_t, SeqState> seqs_;
 };

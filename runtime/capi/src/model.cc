@@ -1,11 +1,12 @@
-// See model.h. Mirrors runtime/model.py: read_metadata, check_compatible, tile_rows,
-// Model.prefill/decode/verify/greedy_verify.
+// See model.h. Mirrors runtime/model.py: read_metadata, contract.check_library,
+// check_compatible, tile_rows, Model.prefill/decode/forward_tokens/accept_greedy.
 #include "model.h"
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 
+#include "contract.h"
 #include "cpu_features.h"
 #include "json_util.h"
 
@@ -19,16 +20,45 @@ using tvm::ffi::String;
 
 namespace {
 
-// Entry points runtime/model.py requires; a library lacking one was built by an older
-// speccompile. (The *_to_last_hidden_states, get_logits and copy_kv_slots entry points
-// are only needed by EAGLE/Medusa heads and token trees, which the C API does not run,
-// so they are not required here.)
-const char* kEntryPoints[] = {"embed", "prefill", "decode", "verify", "verify_greedy"};
-
 std::string Join(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "]";
+}
+
+std::string JoinNames(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+// runtime/contract.py check_library, for what the C API uses: the page size is present
+// (its value is then used, see kv_cache.h) and every entry point it calls exists and takes
+// its arguments in the order Model::Run passes them. Same words as the Python runtime.
+void CheckContract(const fj::Object& meta, const std::string& lib_path) {
+  std::string older = ": it was built by an older speccompile; " + std::string(contract::kRebuild);
+  if (!json::Has(meta, contract::kPageSizeKey)) {
+    throw IncompatibleError(lib_path + " lacks " + contract::kPageSizeKey + " in its _metadata" + older);
+  }
+  if (json::GetInt(meta, contract::kPageSizeKey) <= 0) {
+    throw IncompatibleError(lib_path + " records a KV page size of " +
+                            std::to_string(json::GetInt(meta, contract::kPageSizeKey)) + "; " + contract::kRebuild);
+  }
+  auto exported = json::Get(meta, contract::kEntryPointsKey).try_cast<fj::Object>();
+  if (!exported) {
+    throw IncompatibleError(lib_path + " does not record its entry points' arguments" + older);
+  }
+  for (const contract::EntryPoint& ep : contract::CapiEntryPoints()) {
+    if (!json::Has(*exported, ep.name)) {
+      throw IncompatibleError(lib_path + " lacks the entry point '" + ep.name + "'" + older);
+    }
+    std::vector<std::string> takes;
+    for (const Any& a : json::GetArray(*exported, ep.name)) takes.push_back(json::AsString(a, ep.name));
+    if (takes != ep.args) {
+      throw IncompatibleError(lib_path + "'s entry point " + ep.name + " takes (" + JoinNames(takes) +
+                              "), this runtime passes (" + JoinNames(ep.args) + "); " + contract::kRebuild);
+    }
+  }
 }
 
 DLDevice ParseDevice(const std::string& spec, std::string* kind) {
@@ -99,8 +129,8 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   // ---- speccompile-config.json and tensor-cache.json (cheap checks before any dlopen)
   fj::Object index, cfg;
   try {
-    cfg = json::AsObject(json::ParseFile(model_dir + "/speccompile-config.json"), "speccompile-config.json");
-    index = json::AsObject(json::ParseFile(model_dir + "/tensor-cache.json"), "tensor-cache.json");
+    cfg = json::AsObject(json::ParseFile(model_dir + "/" + contract::kModelConfigFile), contract::kModelConfigFile);
+    index = json::AsObject(json::ParseFile(model_dir + "/" + contract::kTensorCacheFile), contract::kTensorCacheFile);
   } catch (const std::runtime_error& e) {
     throw IoError(std::string(e.what()) + " (convert the weights with `speccompile convert_weight` and "
                   "`speccompile gen_config` into " + model_dir + ")");
@@ -137,6 +167,8 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   }
   // ---- runtime/cpu.py check_cpu_features: a CPU library needing instructions this CPU lacks
   CheckCpuFeatures(meta, lib_path);
+  // ---- runtime/contract.py: page size recorded, entry points with the arguments we pass
+  CheckContract(meta, lib_path);
   if (json::GetString(meta, "model_type") != config_.model_type) {
     throw IncompatibleError("model library and config disagree on the model type");
   }
@@ -173,14 +205,15 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   num_layers_ = json::GetInt(meta, "num_hidden_layers");
   kv_heads_ = json::GetInt(meta, "num_key_value_heads");
   head_dim_ = json::GetInt(meta, "head_dim");
+  page_size_ = json::GetInt(meta, contract::kPageSizeKey);
   dtype_ = ParseDType(json::GetString(meta, "model_dtype"));
-  for (const char* name : kEntryPoints) {
-    auto f = (*vm_)->GetFunction(name);
+  for (const contract::EntryPoint& ep : contract::CapiEntryPoints()) {
+    auto f = (*vm_)->GetFunction(ep.name);
     if (!f) {
-      throw IncompatibleError(lib_path + " lacks the entry point '" + name + "': it was built by an older "
-                              "speccompile; recompile it with `speccompile compile`");
+      throw IncompatibleError(lib_path + " lists the entry point '" + ep.name + "' in its _metadata but does not "
+                              "export it; recompile it with `speccompile compile`");
     }
-    fn_[name] = *f;
+    fn_[ep.name] = *f;
   }
   LoadParams(model_dir, index, meta);
 }
@@ -242,8 +275,8 @@ void Model::LoadParams(const std::string& model_dir, const fj::Object& index, co
 }
 
 void Model::CreateKVCache(int64_t max_total_tokens, Tensor* tensor, int64_t* num_pages) const {
-  *num_pages = (max_total_tokens + kPage - 1) / kPage;
-  *tensor = EmptyTensor({num_layers_, 2, *num_pages * kPage, kv_heads_, head_dim_}, dtype_, device_);
+  *num_pages = (max_total_tokens + page_size_ - 1) / page_size_;
+  *tensor = EmptyTensor({num_layers_, 2, *num_pages * page_size_, kv_heads_, head_dim_}, dtype_, device_);
 }
 
 void Model::CheckTokenIds(const int32_t* ids, size_t n) const {
@@ -285,17 +318,17 @@ Tensor Model::Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32
   return Run("decode", {token}, kv_tensor, kv.PlanChain({seq_id}, {1}), nullptr);
 }
 
-Tensor Model::Verify(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens) {
+Tensor Model::ForwardTokens(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens) {
   CheckTokenIds(tokens.data(), tokens.size());
   ForwardBatch fb = kv.PlanChain({seq_id}, {static_cast<int64_t>(tokens.size())});
-  return Run("verify", tokens, kv_tensor, fb, nullptr);
+  return Run("forward_tokens", tokens, kv_tensor, fb, nullptr);
 }
 
-std::pair<int64_t, int32_t> Model::GreedyVerifyChain(const Tensor& logits, const std::vector<int32_t>& tokens) {
+std::pair<int64_t, int32_t> Model::AcceptGreedyChain(const Tensor& logits, const std::vector<int32_t>& tokens) {
   int64_t n = static_cast<int64_t>(tokens.size());
   std::vector<int32_t> parents(n);
   for (int64_t j = 0; j < n; ++j) parents[j] = static_cast<int32_t>(j - 1);  // a chain: row j's parent is j-1
-  Tensor out = fn_["verify_greedy"](logits, ToDevice(tokens, {n}), ToDevice(parents, {n}),
+  Tensor out = fn_["accept_greedy"](logits, ToDevice(tokens, {n}), ToDevice(parents, {n}),
                                     ToDevice({0, static_cast<int32_t>(n)}, {2}))
                    .cast<Tensor>();
   std::vector<int32_t> host(static_cast<size_t>(2 * (n + 2)));

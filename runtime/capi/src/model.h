@@ -2,8 +2,9 @@
 // runtime/model.py. Only the TVM runtime is used (Module loader + relax VM), never the
 // compiler. The library's `_metadata` is checked against tensor-cache.json before any
 // weight is read, and the entry points are called with exactly the arguments
-// runtime/model.py passes (embeddings, [logit positions], KV tensor, the 7 META_SPEC
-// arrays, the packed parameter tuple).
+// runtime/model.py passes (embeddings, [logit positions], KV tensor, the 7 FORWARD_META
+// arrays, the packed parameter tuple): the order runtime/contract.py states, which the
+// library records in its _metadata and the constructor checks (contract.h).
 #ifndef SPECCOMPILE_CAPI_MODEL_H_
 #define SPECCOMPILE_CAPI_MODEL_H_
 
@@ -34,7 +35,7 @@ struct IncompatibleError : std::runtime_error {  // library vs weights vs device
   using std::runtime_error::runtime_error;
 };
 
-// speccompile-config.json fields the runtime needs.
+// speccompile-config.json (contract::kModelConfigFile) fields the runtime needs.
 struct ModelConfig {
   std::string model_type;
   int64_t context_window_size = 0;
@@ -55,10 +56,10 @@ class Model {
   // Logits [1, vocab] of one token appended to seq_id.
   Tensor Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32_t token);
   // Logits [n, vocab] at every one of `tokens` appended (a chain) to seq_id.
-  Tensor Verify(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens);
-  // The library's greedy verification kernel on device logits for the chain
+  Tensor ForwardTokens(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens);
+  // The library's greedy acceptance kernel on device logits for the chain
   // `tokens` = [last] + drafts. Returns (accepted draft count, bonus token).
-  std::pair<int64_t, int32_t> GreedyVerifyChain(const Tensor& logits, const std::vector<int32_t>& tokens);
+  std::pair<int64_t, int32_t> AcceptGreedyChain(const Tensor& logits, const std::vector<int32_t>& tokens);
   // Copy row `row` of device logits [n, vocab] to the host.
   std::vector<float> LogitsRow(const Tensor& logits, int64_t row) const;
 
@@ -66,6 +67,8 @@ class Model {
   void CheckTokenIds(const int32_t* ids, size_t n) const;
 
   int64_t vocab_size() const { return vocab_size_; }
+  // Tokens per KV page, as the library's attention kernel was compiled (_metadata kv_page_size).
+  int64_t page_size() const { return page_size_; }
   const ModelConfig& config() const { return config_; }
   const std::string& metadata_json() const { return metadata_json_; }
   DLDevice device() const { return device_; }
@@ -80,7 +83,7 @@ class Model {
   DLDevice device_{kDLCPU, 0};
   ModelConfig config_;
   std::string metadata_json_;
-  int64_t vocab_size_ = 0, num_layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  int64_t vocab_size_ = 0, num_layers_ = 0, kv_heads_ = 0, head_dim_ = 0, page_size_ = 0;
   DLDataType dtype_{kDLFloat, 32, 1};
   std::optional<tvm::ffi::Module> lib_, vm_;  // not default-constructible; set once loaded
   tvm::ffi::Array<Tensor> params_;

@@ -1,7 +1,7 @@
 // See session.h. The loop mirrors runtime/engine.py Engine._run/_step/_emit for one
 // sequence: prefill in prefill_chunk_size chunks, sample the first token, then per step
 // draft up to k tokens by prompt lookup, run the target once over [last] + drafts,
-// accept with the library's verify_greedy kernel (greedy) or rejection sampling with a
+// accept with the library's accept_greedy kernel (greedy) or rejection sampling with a
 // one-hot draft distribution (sampled), roll the KV cache back over rejected drafts
 // and emit accepted drafts plus the bonus token, stopping at a stop token or the budget.
 #include "session.h"
@@ -97,7 +97,7 @@ Session::Session(Model* model, const spc_session_config& cfg) : model_(model), c
   int64_t total = cfg.max_total_seq_len ? cfg.max_total_seq_len : model->config().context_window_size;
   int64_t pages = 0;
   model->CreateKVCache(total, &kv_tensor_, &pages);
-  kv_ = new PagedKV(pages);
+  kv_ = new PagedKV(pages, model->page_size());
 }
 
 Session::~Session() { delete kv_; }
@@ -175,7 +175,7 @@ void Session::Step(Run& run) {
     std::vector<int32_t> chain{last};
     chain.insert(chain.end(), drafts.begin(), drafts.end());
     try {
-      logits = model_->Verify(*kv_, kv_tensor_, kSeq, chain);
+      logits = model_->ForwardTokens(*kv_, kv_tensor_, kSeq, chain);
     } catch (const KVCacheFull&) {  // the KV cache cannot hold the drafts: verify none of them
       drafts.clear();
     }
@@ -187,12 +187,12 @@ void Session::Step(Run& run) {
     // the library's TensorIR kernel: argmax and chain walk on the device
     std::vector<int32_t> chain{last};
     chain.insert(chain.end(), drafts.begin(), drafts.end());
-    auto verdict = model_->GreedyVerifyChain(logits, chain);
+    auto verdict = model_->AcceptGreedyChain(logits, chain);
     accepted = static_cast<size_t>(verdict.first);
     tokens.assign(drafts.begin(), drafts.begin() + accepted);
     tokens.push_back(verdict.second);
   } else {
-    // runtime/verify.py with a one-hot draft distribution: accept draft x with
+    // runtime/acceptance.py (accept_reference) with a one-hot draft distribution: accept draft x with
     // probability p(x); on rejection sample the bonus from norm(max(p - q, 0)).
     std::uniform_real_distribution<double> unif(0.0, 1.0);
     for (size_t row = 0;; ++row) {

@@ -1,0 +1,49 @@
+// The compiler/runtime contract as the C API uses it: the C++ mirror of
+// runtime/contract.py, which states it for both sides (tests/test_contract.py checks
+// that the names and argument lists here equal the Python ones).
+//
+// Why a mirror and not a copy of numbers: the KV page size is read from the library's
+// `_metadata` (`kv_page_size`), so the C API follows whatever the kernels were compiled
+// with; what stays fixed here are names -- the model directory's files, the metadata
+// keys, and the entry points the C API calls with their argument order, which the
+// library records in `_metadata["entry_points"]` and Model checks before any call.
+#ifndef SPECCOMPILE_CAPI_CONTRACT_H_
+#define SPECCOMPILE_CAPI_CONTRACT_H_
+
+#include <string>
+#include <vector>
+
+namespace spc {
+namespace contract {
+
+inline constexpr const char* kModelConfigFile = "speccompile-config.json";
+inline constexpr const char* kTensorCacheFile = "tensor-cache.json";
+inline constexpr const char* kPageSizeKey = "kv_page_size";
+inline constexpr const char* kEntryPointsKey = "entry_points";
+inline constexpr const char* kRebuild = "rebuild it with `speccompile compile <model_dir>/speccompile-config.json`";
+
+struct EntryPoint {
+  const char* name;
+  std::vector<std::string> args;  // in calling order; "params" is the packed parameter tuple
+};
+
+// The target-model entry points the C API calls (a subset of contract.ENTRY_POINTS["target"]:
+// no token trees, hidden states or device sampling here).
+inline const std::vector<EntryPoint>& CapiEntryPoints() {
+  static const std::vector<EntryPoint> kEntryPoints = {
+      {"embed", {"input_ids", "params"}},
+      {"prefill", {"input_embeds", "logit_positions", "kv", "positions", "write_slots", "page_table", "token_seq",
+                   "token_prefix", "extra_slots", "extra_len", "params"}},
+      {"decode", {"input_embeds", "kv", "positions", "write_slots", "page_table", "token_seq", "token_prefix",
+                  "extra_slots", "extra_len", "params"}},
+      {"forward_tokens", {"input_embeds", "kv", "positions", "write_slots", "page_table", "token_seq", "token_prefix",
+                          "extra_slots", "extra_len", "params"}},
+      {"accept_greedy", {"logits", "tokens", "parents", "seq_indptr"}},
+  };
+  return kEntryPoints;
+}
+
+}  // namespace contract
+}  // namespace spc
+
+#endif  // SPECCOMPILE_CAPI_CONTRACT_H_
