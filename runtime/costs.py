@@ -26,6 +26,8 @@ import statistics
 import time
 from pathlib import Path
 
+from .threads import thread_count
+
 PACE_WINDOW = 15  # recent observed/predicted ratios of target forwards whose median is the pace
 # Row counts whose forward cost is measured before the first step (others interpolate).
 TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
@@ -235,7 +237,8 @@ def cache_dir() -> Path:
 
 def host_fingerprint() -> str:
     """The CPU model and the threads TVM runs on: a profile from another host kind or
-    thread count says nothing about this one."""
+    thread count says nothing about this one. The count is runtime/threads.py's, which
+    does not depend on whether ``configure_threads`` has run yet in this process."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -244,7 +247,7 @@ def host_fingerprint() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}|threads={os.environ.get('TVM_NUM_THREADS', '')}|cpus={os.cpu_count()}"
+    return f"{cpu}|threads={thread_count()}|cpus={os.cpu_count()}"
 
 
 def profile_path(libraries: list[Path], mode: str, extra: str = "") -> Path:

@@ -23,6 +23,7 @@ from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
 from .kv_cache import ForwardBatch, PagedKV
 from .tensor_cache import TensorCacheError, load_params, read_index
+from .threads import configure_threads
 
 
 class ModelLoadError(ValueError):
@@ -155,6 +156,7 @@ class Model:
     kind = TARGET  # the contract's library kind; a draft head's loader (runtime/eagle.py, medusa.py) names its own
 
     def __init__(self, model_dir: Path, lib_path: Path, device: str = "auto", verify_md5: bool = True):
+        configure_threads()  # before this model's first kernel starts TVM's thread pool (runtime/threads.py)
         self.model_dir, self.lib_path = Path(model_dir), Path(lib_path)
         index = read_index(self.model_dir)
         lib, self.meta = read_metadata(self.lib_path)

@@ -53,6 +53,9 @@ def _runtime_settings(command: str, text: str | None, mode: str | None, model_di
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Ahead-of-time compiler and runtime for (speculative) LLM decoding on TVM."""
+    from speccompile.runtime.threads import configure_threads
+
+    configure_threads()  # every subcommand, before its first TVM kernel (runtime/threads.py)
 
 
 @main.command("convert_weight")

@@ -20,6 +20,9 @@ Training choices, and why (``../shared/DRAFT_TRAINING.md`` measured them):
   training-time test) plus feature noise, so chains survive their own errors;
 - loss only on answer positions; one conversation per row (no packing across them).
 
+What both trainers share (torch, the target's embedding and lm_head, the feature shards,
+the draft vocabulary, the held-out split) is in speccompile/train_common.py.
+
 Torch is an optional extra: ``pip install '.[train]'``.
 """
 from __future__ import annotations
@@ -33,13 +36,8 @@ import numpy as np
 
 from speccompile.runtime.contract import MODEL_CONFIG_FILE
 
-
-def _torch():
-    try:
-        import torch
-    except ImportError as err:
-        raise SystemExit("train-draft needs torch: pip install '.[train]' (or make install, which includes it)") from err
-    return torch
+from .train_common import (Features, draft_vocabulary, require_torch, split_held_out, target_config,
+                           target_embedding_and_head)
 
 
 # ------------------------------------------------------------------ the head
@@ -130,29 +128,6 @@ def _rope_tables(n: int, head_dim: int, theta: float, torch):
 
 
 # ------------------------------------------------------------------ data
-class Features:
-    """Conversations from the feature shards: (tokens [L], feats [L, h] fp16, answer start)."""
-
-    def __init__(self, paths: list[Path]):
-        self.items = []
-        for p in paths:
-            z = np.load(p)
-            toks, feats, starts, ans = z["tokens"], z["feats"], z["starts"], z["answer_start"]
-            ends = list(starts[1:]) + [len(toks)]
-            for s, e, a in zip(starts, ends, ans):
-                self.items.append((toks[s:e], feats[s:e], int(a)))
-
-    def answer_tokens(self) -> np.ndarray:
-        return np.concatenate([t[a:] for t, _, a in self.items])
-
-
-def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int) -> np.ndarray:
-    """The ``size`` ids most frequent in the target's answers (ties: lower id)."""
-    counts = np.bincount(tokens, minlength=vocab_size)
-    order = np.lexsort((np.arange(vocab_size), -counts))
-    return np.sort(order[:min(size, vocab_size)])
-
-
 def _batch(items, idx, max_len, torch):
     """Right-padded [b, n] rows of one conversation each: input pairs (f_i, t_{i+1}),
     regression targets f_{i+1}, labels t_{i+2}, and a mask of answer positions."""
@@ -179,19 +154,13 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
                 max_len: int = 512, lr: float = 3e-4, draft_vocab: int = 16384, noise: float = 0.1,
                 unroll: int = 2, seed: int = 0, checkpoint_every: int = 200, progress: bool = True,
                 checkpoint: Path | None = None) -> dict:
-    torch = _torch()
+    torch = require_torch()
     from tqdm import tqdm
 
-    from .compile import read_config
-    from .models import config_from_dict
-    from .runtime.tensor_cache import load_params
-    from .models.quantization import dequantize_q4
-
     torch.manual_seed(seed)
-    conf = read_config(target_dir)
-    tcfg = config_from_dict(conf["model_type"], conf["model_config"])
+    tcfg = target_config(target_dir)
     layer_cfg = _head_layer_config(tcfg)
-    emb_w, head_w = _target_embedding_and_head(target_dir, tcfg, load_params, dequantize_q4)
+    emb_w, head_w = target_embedding_and_head(target_dir, tcfg)
     data = Features(feature_paths)
     if not any(len(t) >= 3 and len(t) - a >= 1 for t, _, a in data.items):
         raise ValueError("no conversation has an answer to train on: raise --max-tokens or --num-prompts")
@@ -253,15 +222,6 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
             "recent_train_top1_own_features": float(np.mean([r[f"top1_{unroll - 1}"] for r in recent]))}
 
 
-def split_held_out(items: list, every: int = 25) -> tuple[list, list]:
-    """Every ``every``-th conversation is held out (none when there are too few to spare):
-    the training top-1 overstates what a head does on new prompts, so checkpoints are
-    chosen on conversations the head never trained on."""
-    if len(items) < 2 * every:
-        return items, []
-    return [x for i, x in enumerate(items) if i % every], items[::every]
-
-
 def _unrolled_loss(model, batch_t, emb, lm, remap_t, cos, sin, unroll: int, noise_std: float, torch):
     """Regression to the next feature plus draft-vocabulary cross entropy, over ``unroll``
     passes: pass u > 0 feeds the head its own predicted features (training-time test)."""
@@ -317,23 +277,6 @@ def _head_layer_config(tcfg):
     return cfg
 
 
-def _target_embedding_and_head(target_dir: Path, tcfg, load_params, dequantize_q4):
-    """The target's token embedding and lm_head as float32 [vocab, h] (tied or not)."""
-    from .runtime.tensor_cache import read_index, records
-
-    names = {r["name"] for r in records(read_index(target_dir))}
-
-    def get(base: str) -> np.ndarray:
-        if f"{base}.q_weight" in names:
-            p = load_params(target_dir, [f"{base}.q_weight", f"{base}.q_scale"], verify_md5=False)
-            return dequantize_q4(p[f"{base}.q_weight"], p[f"{base}.q_scale"]).astype(np.float32)
-        return load_params(target_dir, [f"{base}.weight"], verify_md5=False)[f"{base}.weight"].astype(np.float32)
-
-    emb = get("embed_tokens")
-    head = emb if tcfg.tie_word_embeddings else get("lm_head")
-    return np.ascontiguousarray(emb), np.ascontiguousarray(head)
-
-
 def export_eagle(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray | None = None) -> None:
     """config.json + model.safetensors in SafeAILab's layout (fp16). With ``vocab`` (the
     draft vocabulary's target ids, sorted) the head also carries the EAGLE-3 style reduced
@@ -378,7 +321,7 @@ def run_train_draft(method: str, target_dir: Path, model_lib: Path, out_dir: Pat
         from .train_medusa import check_medusa_options
 
         check_medusa_options(medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head)
-    _torch()  # fail before hours of generation if torch is missing
+    require_torch()  # fail before hours of generation if torch is missing
     from . import distill
     from .runtime.engine import Engine
 

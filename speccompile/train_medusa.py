@@ -1,7 +1,7 @@
 """``speccompile train-draft --method medusa``: train Medusa-1 heads for a converted target.
 
 The data is the EAGLE path's (speccompile/distill.py): the target's own greedy answers and
-its final-normed feature of every token, read through ``train_draft.Features``. A work dir
+its final-normed feature of every token, read through ``train_common.Features``. A work dir
 holding EAGLE data serves Medusa too (only the checkpoint file differs).
 
 The heads are exactly what models/medusa.py compiles: head k is ``num_layers`` residual
@@ -22,7 +22,7 @@ Training choices, and why:
 - rows are independent (a head sees one feature), so a step takes every answer row of
   ``batch`` conversations without padding, and each head backpropagates on its own;
 - every 25th conversation is held out and the checkpoint with the best mean held-out top-1
-  over heads is exported (``train_draft.split_held_out``).
+  over heads is exported (``train_common.split_held_out``).
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .train_draft import Features, _target_embedding_and_head, _torch, draft_vocabulary, split_held_out
+from .train_common import (Features, draft_vocabulary, require_torch, split_held_out, target_config,
+                           target_embedding_and_head)
 
 HEAD_DECAY = 0.8  # head k's loss weight is HEAD_DECAY ** k: later heads are less often reached
 
@@ -161,19 +162,13 @@ def train_medusa(feature_paths: list[Path], target_dir: Path, out_dir: Path, ste
                  num_heads: int = 4, num_layers: int = 1, freeze_lm_head: bool = True, lr: float = 1e-3,
                  draft_vocab: int = 16384, seed: int = 0, checkpoint_every: int = 200, progress: bool = True,
                  checkpoint: Path | None = None) -> dict:
-    torch = _torch()
+    torch = require_torch()
     from tqdm import tqdm
-
-    from .compile import read_config
-    from .models import config_from_dict
-    from .models.quantization import dequantize_q4
-    from .runtime.tensor_cache import load_params
 
     check_medusa_options(num_heads, num_layers, freeze_lm_head)
     torch.manual_seed(seed)
-    conf = read_config(Path(target_dir))
-    tcfg = config_from_dict(conf["model_type"], conf["model_config"])
-    _, head_w = _target_embedding_and_head(Path(target_dir), tcfg, load_params, dequantize_q4)
+    tcfg = target_config(target_dir)
+    _, head_w = target_embedding_and_head(target_dir, tcfg)
     data = Features(feature_paths)
     train_items, held_out = split_held_out(data.items)
     if medusa_rows(train_items, num_heads)[0].shape[0] == 0:

@@ -9,6 +9,13 @@ import numpy as np
 import pytest
 
 from speccompile.models.config import PRESETS
+from speccompile.runtime.threads import configure_threads
+
+
+def pytest_configure(config):
+    """The test session is one of our entry points: kernel tests run TVM kernels before any
+    model is loaded, and TVM's thread pool reads its size once (runtime/threads.py)."""
+    configure_threads()
 
 
 def make_byte_tokenizer(path: Path) -> None:

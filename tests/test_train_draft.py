@@ -106,7 +106,7 @@ def test_bad_input_is_refused_before_any_work(build_tiny, tmp_path):
 
 
 def test_checkpoints_are_chosen_on_held_out_conversations():
-    from speccompile.train_draft import split_held_out
+    from speccompile.train_common import split_held_out
 
     items = list(range(120))
     train, held = split_held_out(items)
