@@ -156,26 +156,40 @@ class Scheduler:
                 "preemptions": self.preemptions, "steps": self.steps, "engine_errors": self.engine_errors}
 
     # ------------------------------------------------------------ engine thread
+    @property
+    def idle(self) -> bool:
+        """Nothing submitted, cancelled, waiting, prefilling or running."""
+        return not (self._inbox or self._cancels or self.waiting or self.prefilling or self.running)
+
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self._stop and not (self._inbox or self._cancels or self.waiting
-                                              or self.prefilling or self.running):
+                while not self._stop and self.idle:
                     self._wake.wait()
                 if self._stop:
                     break
-                self.waiting.extend(self._inbox)
-                self._inbox.clear()
-                cancels, self._cancels = self._cancels, []
-            try:
-                self._iteration(cancels)
-            except Exception as err:  # the server must outlive any engine failure
-                log.exception("engine step failed")
-                self.engine_errors += 1
-                for req in self.prefilling + self.running:
-                    self._finish(req, error=f"engine failure: {err}")
+            self.run_once()
+        with self._wake:  # requests submitted after the last iteration are told too
+            self.waiting.extend(self._inbox)
+            self._inbox.clear()
         for req in list(self.waiting) + self.prefilling + self.running:
             self._finish(req, error="the server is shutting down")
+
+    def run_once(self) -> None:
+        """One iteration of the engine loop: take new submissions and cancellations, then
+        drop, admit, prefill and step once. The engine thread calls it in a loop; tests call
+        it directly (without ``start``) to drive the scheduler step by step, deterministically."""
+        with self._wake:
+            self.waiting.extend(self._inbox)
+            self._inbox.clear()
+            cancels, self._cancels = self._cancels, []
+        try:
+            self._iteration(cancels)
+        except Exception as err:  # the server must outlive any engine failure
+            log.exception("engine step failed")
+            self.engine_errors += 1
+            for req in self.prefilling + self.running:
+                self._finish(req, error=f"engine failure: {err}")
 
     def _iteration(self, cancels: list[Request]) -> None:
         for req in cancels:

@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from speccompile.runtime.proposers import NGramProposer
 from speccompile.runtime.sampling import SamplingParams, probs_from_logits
 from speccompile.runtime.acceptance import Draft, accept_reference
 
@@ -73,24 +72,6 @@ def test_one_hot_draft_keeps_target_distribution():
     for _ in range(n):
         counts[accept_reference(logits, Draft([2]), sampling, rng).tokens[0]] += 1  # n-gram style draft
     assert 0.5 * np.abs(counts / n - p).sum() < 4.0 / np.sqrt(n)
-
-
-def test_ngram_lookup():
-    ng = NGramProposer(1, 3)
-    hist = [1, 2, 3, 4, 9, 9, 1, 2, 3]
-    tokens, conf = ng.lookup(hist, 2)
-    assert tokens == [4, 9]
-    # one earlier occurrence of the 3-gram, followed by 4: agreement (1 + 1) / (1 + 2), and
-    # the match the i-th token rests on is 3 + i tokens long
-    assert conf == pytest.approx([2 / 3 * (1 - 0.5 ** 3), 2 / 3 * (1 - 0.5 ** 4)])
-    assert ng.lookup([5, 6, 7], 3) == ([], [])
-    assert ng.lookup([1, 2, 1], 4)[0] == [2, 1]
-    # a 1-gram seen three times, followed by 7, 7 and 8: the latest continuation (8) is
-    # proposed, with the agreement of one in three
-    tokens, conf = ng.lookup([5, 7, 5, 7, 5, 8, 5], 1)
-    assert tokens == [8] and conf == pytest.approx([(1 + 1) / (3 + 2) * 0.5])
-    with pytest.raises(ValueError):
-        NGramProposer(3, 2)
 
 
 def test_stream_decoder_reassembles_the_full_text():

@@ -1,10 +1,15 @@
-"""``speccompile serve`` end to end: real uvicorn servers (subprocesses) on loopback ports.
+"""``speccompile serve``: the OpenAI-compatible API over the continuous-batching scheduler.
 
-Three servers over SmolLM2-135M-Instruct q4f32_1: ngram speculation with an API key and a
-small prefill chunk per step (so long prompts are prefilled across decode steps), plain
-decoding, and a plain server with a tiny KV cache (256 tokens) for floods and preemption.
-Every greedy output is compared with the Engine's own greedy output for the same prompt
-run alone: batching, chunked prefill, speculation and preemption must not change a token.
+Most tests drive the FastAPI app that speccompile/serve.py builds (``create_app``) in this
+process through starlette's TestClient: the same routes, scheduler thread and engine,
+without a socket, a subprocess or a start-up poll. Three apps over SmolLM2-135M-Instruct
+q4f32_1: ngram speculation with an API key and a small prefill chunk per step (so long
+prompts are prefilled across decode steps), plain decoding, and ngram with a tiny KV cache
+(256 tokens) for floods and preemption. One real ``speccompile serve`` subprocess on a
+loopback port covers what needs a socket: the OpenAI client end to end, clients that
+disconnect mid-generation, and ``bench --endpoint``. Every greedy output is compared with
+the Engine's own greedy output for the same prompt run alone: batching, chunked prefill,
+speculation and preemption must not change a token.
 """
 from __future__ import annotations
 
@@ -40,36 +45,101 @@ LONG_PROMPT = "Summarize this text. " + " ".join(
     f"Sentence {i}: the river {['rose', 'fell', 'froze', 'flooded'][i % 4]} near town number {i}." for i in range(40))
 
 
+def poll(condition, what: str, deadline: float = 120.0):
+    """condition()'s first truthy value; a generous deadline, never an assumed speed."""
+    end = time.monotonic() + deadline
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting after {deadline:.0f} s: {what}")
+        time.sleep(0.05)
+
+
 class Server:
-    def __init__(self, proc: subprocess.Popen, url: str, name: str, log_path: str, api_key: str | None):
-        self.proc, self.url, self.name, self.log_path = proc, url, name, log_path
+    """One interface over both kinds of server under test: ``http`` is an httpx.Client, a real
+    one on a loopback port or starlette's TestClient (an httpx.Client too) on the app."""
+
+    def __init__(self, http: httpx.Client, name: str, api_key: str | None, proc: subprocess.Popen | None = None):
+        self.http, self.name, self.proc = http, name, proc
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def post(self, path: str, body, timeout: float = 120.0, **kw) -> httpx.Response:
+    @property
+    def url(self) -> str:
+        return str(self.http.base_url).rstrip("/")
+
+    def post(self, path: str, body, **kw) -> httpx.Response:
         data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-        return httpx.post(self.url + path, content=data, headers={"Content-Type": "application/json", **self.headers},
-                          timeout=timeout, **kw)
+        return self.http.post(path, content=data, headers={"Content-Type": "application/json", **self.headers}, **kw)
+
+    def openai(self):
+        """The OpenAI client: over its own connection to a real server, through the TestClient
+        in process."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120,
+                      http_client=None if self.proc else self.http)
 
     def metrics(self) -> dict[str, float]:
         """Samples of /metrics by 'name{labels}' (labels sorted), parsed with prometheus_client."""
         from prometheus_client.parser import text_string_to_metric_families
 
         out = {}
-        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=30).text):
+        for fam in text_string_to_metric_families(self.http.get("/metrics").text):
             for s in fam.samples:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
                 out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return out
 
-    def wait_idle(self, deadline: float = 60.0) -> dict[str, float]:
+    def wait_idle(self) -> dict[str, float]:
         """Metrics once nothing runs or waits (the engine frees pages at step boundaries)."""
-        end = time.monotonic() + deadline
-        while True:
+        def idle():
             m = self.metrics()
-            idle = m["speccompile_running_requests"] == 0 and m["speccompile_queue_length"] == 0
-            if idle and m["speccompile_kv_pages_used"] == 0 or time.monotonic() > end:
-                return m
-            time.sleep(0.1)
+            done = (m["speccompile_running_requests"] == 0 and m["speccompile_queue_length"] == 0
+                    and m["speccompile_kv_pages_used"] == 0)
+            return m if done else None
+
+        return poll(idle, "the server to become idle")
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_q4):
+    return smollm2_q4
+
+
+def _in_process(model, mode: str, max_num_sequence: int, prefill_tokens_per_step: int,
+                max_total_tokens: int | None = None, api_key: str | None = None):
+    """The app ``speccompile serve`` would run with these options (warm-up aside, which only
+    saves the first request's latency), driven in process; its lifespan runs the engine thread."""
+    from starlette.testclient import TestClient
+
+    from speccompile.runtime.engine import Engine
+    from speccompile.runtime.scheduler import Scheduler
+    from speccompile.serve import create_app
+
+    model_dir, lib = model
+    engine = Engine(model_dir, lib, speculative_mode=mode, max_num_sequence=max_num_sequence,
+                    max_total_seq_len=max_total_tokens)
+    scheduler = Scheduler(engine, max_num_sequence, prefill_tokens_per_step)
+    with TestClient(create_app(scheduler, model_dir.name, api_key)) as client:
+        yield Server(client, model_dir.name, api_key)
+    assert not scheduler.alive
+
+
+@pytest.fixture(scope="module")
+def ngram_app(model):
+    yield from _in_process(model, "ngram", 8, 64, api_key=API_KEY)
+
+
+@pytest.fixture(scope="module")
+def plain_app(model):
+    yield from _in_process(model, "disable", 4, 256)
+
+
+@pytest.fixture(scope="module")
+def tiny_app(model):
+    yield from _in_process(model, "ngram", 4, 32, max_total_tokens=256)
 
 
 def _free_port() -> int:
@@ -79,67 +149,37 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_q4):
-    return smollm2_q4
-
-
-def _start(model, tmp_path_factory, *extra: str, api_key: str | None = None) -> Server:
+def socket_server(model, tmp_path_factory):
+    """``speccompile serve`` in a subprocess: ngram, an API key, 8 sequences, 64 prefill tokens per step."""
     model_dir, lib = model
     port = _free_port()
-    log_path = str(tmp_path_factory.mktemp("serve") / "server.log")
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
     args = [sys.executable, "-m", "speccompile.cli", "serve", str(model_dir), "--model-lib", str(lib),
-            "--port", str(port), "--log-level", "warning", *extra]
-    if api_key:
-        args += ["--api-key", api_key]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+            "--port", str(port), "--log-level", "warning", "--speculative-mode", "ngram", "--max-num-sequence", "8",
+            "--prefill-tokens-per-step", "64", "--api-key", API_KEY]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = Server(proc, f"http://127.0.0.1:{port}", model_dir.name, log_path, api_key)
-    end = time.monotonic() + 300
-    while True:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+
+    def healthy() -> bool:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{Path(log_path).read_text()}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
         try:
-            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
-                return server
+            return http.get("/health", timeout=5).status_code == 200
         except httpx.TransportError:
-            pass
-        if time.monotonic() > end:
-            proc.kill()
-            raise RuntimeError(f"server did not come up:\n{Path(log_path).read_text()}")
-        time.sleep(0.25)
+            return False
 
-
-def _stop(server: Server) -> None:
-    server.proc.terminate()
     try:
-        server.proc.wait(30)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def ngram_server(model, tmp_path_factory):
-    server = _start(model, tmp_path_factory, "--speculative-mode", "ngram", "--max-num-sequence", "8",
-                    "--prefill-tokens-per-step", "64", api_key=API_KEY)
-    yield server
-    _stop(server)
-
-
-@pytest.fixture(scope="module")
-def plain_server(model, tmp_path_factory):
-    server = _start(model, tmp_path_factory, "--max-num-sequence", "4")
-    yield server
-    _stop(server)
-
-
-@pytest.fixture(scope="module")
-def tiny_server(model, tmp_path_factory):
-    server = _start(model, tmp_path_factory, "--speculative-mode", "ngram", "--max-num-sequence", "4",
-                    "--max-total-tokens", "256", "--prefill-tokens-per-step", "32")
-    yield server
-    _stop(server)
+        poll(healthy, f"the server to come up (log: {log_path})", deadline=300)
+        yield Server(http, model_dir.name, API_KEY, proc)
+    finally:
+        http.close()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -161,19 +201,12 @@ def reference(model):
     return greedy
 
 
-def _client(server: Server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
-
-
 def _stream_chat(server: Server, prompt: str, max_tokens: int) -> tuple[str, str | None]:
     """(text, finish_reason) of a streamed greedy chat completion, parsed by hand from SSE."""
     body = {"model": server.name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True}
     text, finish = "", None
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=server.headers,
-                      timeout=300) as r:
+    with server.http.stream("POST", "/v1/chat/completions", json=body, headers=server.headers) as r:
         assert r.status_code == 200, r.read()
         lines = [ln for ln in r.iter_lines() if ln]
     assert lines[-1] == "data: [DONE]"
@@ -186,10 +219,11 @@ def _stream_chat(server: Server, prompt: str, max_tokens: int) -> tuple[str, str
 
 
 # ---------------------------------------------------------------- basic API
-@pytest.mark.parametrize("which", ["ngram_server", "plain_server"])
+@pytest.mark.parametrize("which", ["socket_server", "plain_app"])
 def test_openai_client_chat_streamed_and_not(request, which, reference):
+    """The OpenAI client end to end over a real socket (ngram), and in process (plain)."""
     server = request.getfixturevalue(which)
-    client = _client(server)
+    client = server.openai()
     prompt, n = BASE_PROMPTS[2], 32
     expected = reference(prompt, n)
     res = client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": prompt}],
@@ -211,14 +245,14 @@ def test_openai_client_chat_streamed_and_not(request, which, reference):
     assert [m.id for m in client.models.list().data] == [server.name]
 
 
-def test_completions_endpoint_and_stop_strings(ngram_server, reference):
-    client = _client(ngram_server)
+def test_completions_endpoint_and_stop_strings(ngram_app, reference):
+    client = ngram_app.openai()
     raw = "The three primary colors are"
     expected = reference(raw, 24, raw=True)
-    res = client.completions.create(model=ngram_server.name, prompt=raw, max_tokens=24, temperature=0)
+    res = client.completions.create(model=ngram_app.name, prompt=raw, max_tokens=24, temperature=0)
     assert res.choices[0].text == expected.text and res.usage.completion_tokens == len(expected.token_ids)
     streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=ngram_server.name, prompt=raw, max_tokens=24, temperature=0, stream=True))
+        model=ngram_app.name, prompt=raw, max_tokens=24, temperature=0, stream=True))
     assert streamed == expected.text
     # a stop string inside the output: cut before it, finish_reason "stop", also when streamed
     full = reference(BASE_PROMPTS[1], 40)
@@ -226,7 +260,7 @@ def test_completions_endpoint_and_stop_strings(ngram_server, reference):
     cut = reference(BASE_PROMPTS[1], 40, stop=(stop,))
     assert stop not in cut.text and cut.finish_reason == "stop"
     for stream in (False, True):
-        out = client.chat.completions.create(model=ngram_server.name, max_tokens=40, temperature=0, stop=[stop],
+        out = client.chat.completions.create(model=ngram_app.name, max_tokens=40, temperature=0, stop=[stop],
                                              messages=[{"role": "user", "content": BASE_PROMPTS[1]}], stream=stream)
         if stream:
             chunks = list(out)
@@ -237,16 +271,18 @@ def test_completions_endpoint_and_stop_strings(ngram_server, reference):
         assert text == cut.text and finish == ["stop"]
 
 
-def test_seeded_sampling_is_reproducible(plain_server):
-    body = {"model": plain_server.name, "messages": [{"role": "user", "content": BASE_PROMPTS[5]}],
+def test_seeded_sampling_is_reproducible(plain_app):
+    """Plain decoding: nothing but the seed decides the draws (a speculative server's draft
+    length, chosen from measured times, would decide how many are taken)."""
+    body = {"model": plain_app.name, "messages": [{"role": "user", "content": BASE_PROMPTS[5]}],
             "max_tokens": 16, "temperature": 0.9, "top_p": 0.9, "top_k": 40, "seed": 1234}
-    a, b = plain_server.post("/v1/chat/completions", body).json(), plain_server.post("/v1/chat/completions", body).json()
+    a, b = plain_app.post("/v1/chat/completions", body).json(), plain_app.post("/v1/chat/completions", body).json()
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
     assert a["usage"]["completion_tokens"] == 16
 
 
 # -------------------------------------------------------------------- load
-def test_32_concurrent_streams_match_their_solo_outputs(ngram_server, reference):
+def test_32_concurrent_streams_match_their_solo_outputs(ngram_app, reference):
     jobs = [(p, n) for n in (12, 40) for p in BASE_PROMPTS]
     jobs += [(LONG_PROMPT, 16), (LONG_PROMPT, 24)]
     jobs += [(f"{p} Answer briefly.", n) for n, p in zip((8, 20, 28, 36, 8, 20, 28, 36, 8, 20, 28, 36, 8, 20),
@@ -257,39 +293,19 @@ def test_32_concurrent_streams_match_their_solo_outputs(ngram_server, reference)
     def completed(m: dict) -> float:
         return sum(m.get(f"speccompile_requests_total{{endpoint=chat,outcome={o}}}", 0) for o in ("stop", "length"))
 
-    before = completed(ngram_server.wait_idle())
+    before = completed(ngram_app.wait_idle())
     with ThreadPoolExecutor(32) as pool:
-        outputs = list(pool.map(lambda job: _stream_chat(ngram_server, *job), jobs))
+        outputs = list(pool.map(lambda job: _stream_chat(ngram_app, *job), jobs))
     for (p, n), exp, (text, finish) in zip(jobs, expected, outputs):
         assert text == exp.text, f"{p[:40]!r} max_tokens={n}"
         assert finish == exp.finish_reason
-    m = ngram_server.wait_idle()
+    m = ngram_app.wait_idle()
     assert m["speccompile_kv_pages_used"] == 0 and m["speccompile_running_requests"] == 0
     assert completed(m) - before == 32
-    assert httpx.get(ngram_server.url + "/health").status_code == 200
+    assert ngram_app.http.get("/health").status_code == 200
 
 
 # ------------------------------------------------------------------ faults
-def test_client_disconnect_frees_pages(ngram_server):
-    before = ngram_server.wait_idle()
-    body = {"model": ngram_server.name, "messages": [{"role": "user", "content": "Write a long story about a ship."}],
-            "max_tokens": 4000, "temperature": 0, "stream": True}
-    with httpx.stream("POST", ngram_server.url + "/v1/chat/completions", json=body, headers=ngram_server.headers,
-                      timeout=60) as r:
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(12)]
-        assert all(g.startswith("data: ") or not g for g in got)
-        busy = ngram_server.metrics()
-        assert busy["speccompile_kv_pages_used"] > 0 and busy["speccompile_running_requests"] == 1
-    # non-streaming: the client gives up waiting
-    with pytest.raises(httpx.ReadTimeout):
-        ngram_server.post("/v1/chat/completions", {**body, "stream": False}, timeout=1.0)
-    after = ngram_server.wait_idle()
-    assert after["speccompile_kv_pages_used"] == 0 and after["speccompile_running_requests"] == 0
-    cancelled = "speccompile_requests_total{endpoint=chat,outcome=cancelled}"
-    assert after[cancelled] - before.get(cancelled, 0) == 2
-
-
 def _assert_openai_error(r: httpx.Response, status: int) -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -311,54 +327,54 @@ def _assert_openai_error(r: httpx.Response, status: int) -> dict:
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "messages"),  # over the context window
 ])
-def test_bad_requests_get_400_in_openai_schema(ngram_server, body, param):
+def test_bad_requests_get_400_in_openai_schema(ngram_app, body, param):
     if isinstance(body, dict):
-        body = {"model": ngram_server.name, **body}
-    err = _assert_openai_error(ngram_server.post("/v1/chat/completions", body), 400)
+        body = {"model": ngram_app.name, **body}
+    err = _assert_openai_error(ngram_app.post("/v1/chat/completions", body), 400)
     assert err["param"] == param and err["type"] == "invalid_request_error"
 
 
-def test_unknown_model_auth_and_routes(ngram_server):
+def test_unknown_model_auth_and_routes(ngram_app):
     msg = [{"role": "user", "content": "hi"}]
-    err = _assert_openai_error(ngram_server.post("/v1/chat/completions", {"model": "gpt-9", "messages": msg}), 404)
+    err = _assert_openai_error(ngram_app.post("/v1/chat/completions", {"model": "gpt-9", "messages": msg}), 404)
     assert err["code"] == "model_not_found"
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
-        r = httpx.post(ngram_server.url + "/v1/chat/completions", json={"model": ngram_server.name, "messages": msg},
-                       headers=headers)
+        r = ngram_app.http.post("/v1/chat/completions", json={"model": ngram_app.name, "messages": msg},
+                                headers=headers)
         assert _assert_openai_error(r, 401)["code"] == "invalid_api_key"
-    _assert_openai_error(httpx.get(ngram_server.url + "/v1/nothing-here"), 404)
-    _assert_openai_error(httpx.get(ngram_server.url + "/v1/completions"), 405)
-    err = _assert_openai_error(ngram_server.post("/v1/completions", {"model": ngram_server.name, "prompt": [49152]}), 400)
+    _assert_openai_error(ngram_app.http.get("/v1/nothing-here"), 404)
+    _assert_openai_error(ngram_app.http.get("/v1/completions"), 405)
+    err = _assert_openai_error(ngram_app.post("/v1/completions", {"model": ngram_app.name, "prompt": [49152]}), 400)
     assert "out of range" in err["message"]
 
 
-def test_flood_beyond_kv_capacity_queues_preempts_and_stays_up(tiny_server, reference):
+def test_flood_beyond_kv_capacity_queues_preempts_and_stays_up(tiny_app, reference):
     # 256 KV tokens (16 pages): a prompt that can never fit is refused up front
-    err = _assert_openai_error(tiny_server.post("/v1/chat/completions", {
-        "model": tiny_server.name, "messages": [{"role": "user", "content": LONG_PROMPT}]}), 400)
+    err = _assert_openai_error(tiny_app.post("/v1/chat/completions", {
+        "model": tiny_app.name, "messages": [{"role": "user", "content": LONG_PROMPT}]}), 400)
     assert err["code"] == "context_length_exceeded"
     jobs = [(p, 60) for p in BASE_PROMPTS] * 2
     expected = [reference(p, n) for p, n in jobs]
     with ThreadPoolExecutor(len(jobs)) as pool:
-        outputs = list(pool.map(lambda job: _stream_chat(tiny_server, *job), jobs))
+        outputs = list(pool.map(lambda job: _stream_chat(tiny_app, *job), jobs))
     for (p, n), exp, (text, _) in zip(jobs, expected, outputs):
         assert text == exp.text, f"{p[:40]!r}: corrupted under KV pressure"
-    m = tiny_server.wait_idle()
+    m = tiny_app.wait_idle()
     assert m["speccompile_kv_pages_used"] == 0 and m["speccompile_kv_pages_free"] == 16
     print("preemptions under the flood:", m["speccompile_preemptions_total"])
     assert m["speccompile_engine_errors_total"] == 0
-    assert httpx.get(tiny_server.url + "/health").json()["status"] == "ok"
+    assert tiny_app.http.get("/health").json()["status"] == "ok"
 
 
 # ----------------------------------------------------------------- metrics
-def test_metrics_have_one_clean_name_each(ngram_server, reference):
+def test_metrics_have_one_clean_name_each(ngram_app, reference):
     # a repetitive prompt so that n-gram drafts are proposed and verified
-    _stream_chat(ngram_server, BASE_PROMPTS[2] + " " + BASE_PROMPTS[2], 48)
-    text = httpx.get(ngram_server.url + "/metrics").text
+    _stream_chat(ngram_app, BASE_PROMPTS[2] + " " + BASE_PROMPTS[2], 48)
+    text = ngram_app.http.get("/metrics").text
     names = [ln.split()[2] for ln in text.splitlines() if ln.startswith("# TYPE")]
     assert len(names) == len(set(names))
     assert not any(n.endswith("_created") for n in names) and "_created" not in text
-    m = ngram_server.wait_idle()
+    m = ngram_app.wait_idle()
     for name in ("speccompile_time_to_first_token_seconds_count", "speccompile_inter_token_latency_seconds_count",
                  "speccompile_prefill_tokens_per_second", "speccompile_decode_tokens_per_second",
                  "speccompile_draft_tokens_total", "speccompile_accepted_tokens_total", "speccompile_acceptance_rate",
@@ -429,12 +445,11 @@ def _requests(draw):
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(_requests())
-def test_fuzzed_requests_never_get_a_5xx(plain_server, req):
+def test_fuzzed_requests_never_get_a_5xx(plain_app, req):
     path, body = req
     if body.get("model") == "MODEL":
-        body["model"] = plain_server.name
-    with httpx.stream("POST", plain_server.url + path, content=json.dumps(body),
-                      headers={"Content-Type": "application/json"}, timeout=120) as r:
+        body["model"] = plain_app.name
+    with plain_app.http.stream("POST", path, content=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
         payload = r.read().decode()
     event(f"HTTP {r.status_code}")
     assert r.status_code < 500, payload
@@ -444,17 +459,17 @@ def test_fuzzed_requests_never_get_a_5xx(plain_server, req):
         assert payload.rstrip().endswith("data: [DONE]")
     else:
         assert json.loads(payload)["choices"][0]["finish_reason"] in ("stop", "length")
-    assert httpx.get(plain_server.url + "/health").status_code == 200
+    assert plain_app.http.get("/health").status_code == 200
 
 
 # ---------------------------------------------------------------- commands
-def test_bench_endpoint_reports_throughput_and_percentiles(ngram_server, tmp_path):
+def test_bench_endpoint_reports_throughput_and_percentiles(socket_server, tmp_path):
     from click.testing import CliRunner
 
     from speccompile.cli import main
 
     out = tmp_path / "bench.json"
-    res = CliRunner().invoke(main, ["bench", "--endpoint", ngram_server.url + "/v1", "--concurrency", "1,2",
+    res = CliRunner().invoke(main, ["bench", "--endpoint", socket_server.url + "/v1", "--concurrency", "1,2",
                                     "--num-prompts", "2", "--max-tokens", "8", "--api-key", API_KEY,
                                     "--json", str(out)])
     assert res.exit_code == 0, res.output
@@ -464,10 +479,10 @@ def test_bench_endpoint_reports_throughput_and_percentiles(ngram_server, tmp_pat
         assert lv["errors"] == 0 and lv["output_tokens"] == 16  # ignore_eos: every request runs to max_tokens
         assert lv["output_tokens_per_s"] > 0
         assert set(lv["ttft_s"]) == set(lv["itl_s"]) == {"p50", "p90", "p99", "mean"}
-    res = CliRunner().invoke(main, ["bench", "--endpoint", ngram_server.url, "--concurrency", "0"])
+    res = CliRunner().invoke(main, ["bench", "--endpoint", socket_server.url, "--concurrency", "0"])
     assert res.exit_code == 2 and "positive" in res.output
     # --ab: the same server decodes half the prompts without speculation, ABBA-interleaved
-    res = CliRunner().invoke(main, ["bench", "--endpoint", ngram_server.url, "--concurrency", "2", "--num-prompts", "4",
+    res = CliRunner().invoke(main, ["bench", "--endpoint", socket_server.url, "--concurrency", "2", "--num-prompts", "4",
                                     "--max-tokens", "8", "--api-key", API_KEY, "--ab", "--json", str(out)])
     assert res.exit_code == 0, res.output
     (lv,) = json.loads(out.read_text())["levels"]
@@ -475,22 +490,20 @@ def test_bench_endpoint_reports_throughput_and_percentiles(ngram_server, tmp_pat
     assert lv["speedup"] > 0 and "| plain" in res.output  # the printed line carries the plain side
 
 
-def test_a_request_can_opt_out_of_speculation(ngram_server, reference):
+def test_a_request_can_opt_out_of_speculation(ngram_app, reference):
     """``speculative: false`` (the A/B extension): the same greedy text, no draft tokens."""
     def drafted() -> float:
-        text = httpx.get(ngram_server.url + "/metrics").text
-        return float(next(line.split()[-1] for line in text.splitlines()
-                          if line.startswith("speccompile_draft_tokens_total ")))
+        return ngram_app.metrics()["speccompile_draft_tokens_total"]
 
     prompt, n = BASE_PROMPTS[2], 32
     before = drafted()
-    r = _client(ngram_server).chat.completions.create(
-        model=ngram_server.name, messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0,
+    r = ngram_app.openai().chat.completions.create(
+        model=ngram_app.name, messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0,
         extra_body={"speculative": False})
     assert r.choices[0].message.content == reference(prompt, n).text
     assert drafted() == before
-    r = _client(ngram_server).chat.completions.create(
-        model=ngram_server.name, messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0)
+    r = ngram_app.openai().chat.completions.create(
+        model=ngram_app.name, messages=[{"role": "user", "content": prompt}], max_tokens=n, temperature=0)
     assert r.choices[0].message.content == reference(prompt, n).text
     assert drafted() > before  # the same request drafts when it does not opt out
 
@@ -505,3 +518,40 @@ def test_serve_rejects_bad_options_before_loading(model):
                        (["--max-total-tokens", "4"], "--max-total-tokens")):
         res = CliRunner().invoke(main, ["serve", str(model_dir), "--model-lib", str(lib), *extra])
         assert res.exit_code == 2 and msg in res.output, res.output
+
+
+# ------------------------------------------------------------- disconnects
+def test_client_disconnect_frees_pages(socket_server):
+    """A client that goes away mid-generation cancels its request and its KV pages come
+    back, streamed or not. Nothing assumes a speed: each request may run to the end of the
+    context window (no max_tokens, EOS ignored), the test sees it running before it
+    disconnects, and polls the metrics for the pages with a generous deadline."""
+    server = socket_server
+    before = server.wait_idle()
+    body = {"model": server.name, "messages": [{"role": "user", "content": "Write a long story about a ship."}],
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    with server.http.stream("POST", "/v1/chat/completions", json=body, headers=server.headers) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(12)]
+        assert all(g.startswith("data: ") or not g for g in got)
+        busy = server.metrics()
+        assert busy["speccompile_kv_pages_used"] > 0 and busy["speccompile_running_requests"] == 1
+    # leaving the block closes the connection mid-stream
+    assert server.wait_idle()["speccompile_kv_pages_used"] == 0
+    # not streamed: a raw connection, closed once the request is seen running
+    payload = json.dumps({**body, "stream": False}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {server.http.base_url.host}\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+    with socket.create_connection((server.http.base_url.host, server.http.base_url.port)) as conn:
+        conn.sendall(head + payload)
+        poll(lambda: server.metrics()["speccompile_running_requests"] == 1, "the request to run")
+        assert server.metrics()["speccompile_kv_pages_used"] > 0
+    after = server.wait_idle()
+    assert after["speccompile_kv_pages_used"] == 0 and after["speccompile_running_requests"] == 0
+
+    def count(m: dict, outcome: str) -> float:
+        return m.get(f"speccompile_requests_total{{endpoint=chat,outcome={outcome}}}", 0)
+
+    assert count(after, "cancelled") - count(before, "cancelled") == 2
+    assert all(count(after, o) == count(before, o) for o in ("stop", "length", "error"))  # none ran to an end
