@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -32,6 +33,7 @@ PACE_WINDOW = 15  # recent observed/predicted ratios of target forwards whose me
 # Row counts whose forward cost is measured before the first step (others interpolate).
 TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 DRAFT_ROWS = (1, 2, 3, 4, 6, 8)
+PROFILE_FORMAT = 2  # part of a profile's cache key: bumped when what a profile means changes
 REFRESH = 0.1  # weight of one observation in its row count's running cost
 
 
@@ -107,7 +109,7 @@ class CostModel:
         self.path = path
         self.ratios: list[float] = []
         self.pace = 1.0
-        self.seen: dict[int, tuple[float, int]] = {}  # rows -> (EMA of seconds, count)
+        self.seen: dict[int, tuple[float, int]] = {}  # rows -> (EMA of seconds / table / pace, count)
         self.acceptance: dict | None = None  # what the acceptance model learned (runtime/adaptive.py)
 
     def target(self, rows: int) -> float:
@@ -126,26 +128,35 @@ class CostModel:
 
     # --------------------------------------------------------------- online
     def observe_target(self, rows: int, seconds: float) -> None:
+        """A real target forward. Its ratio to the table moves the pace (the median of the
+        recent ratios); its ratio to their geometric mean -- the machine's speed *at that
+        moment*, symmetric when row counts alternate -- is what it says about the table's
+        shape, kept per row count."""
         predicted = self.target_table(rows)
         if predicted <= 0 or seconds <= 0:
             return
         self.ratios.append(seconds / predicted)
         del self.ratios[:-PACE_WINDOW]
         self.pace = statistics.median(self.ratios)
-        ema, n = self.seen.get(rows, (seconds, 0))
-        self.seen[rows] = ((1 - REFRESH) * ema + REFRESH * seconds, n + 1)
+        if len(self.ratios) < PACE_WINDOW:  # too few neighbours yet to say what "this moment" is
+            return
+        relative = seconds / predicted / math.exp(statistics.fmean(math.log(r) for r in self.ratios))
+        ema, n = self.seen.get(rows, (relative, 0))
+        self.seen[rows] = ((1 - REFRESH) * ema + REFRESH * relative, n + 1)
 
     # ------------------------------------------------------------ the cache
     def refreshed(self) -> CostTable:
-        """The target table with each row count seen often enough replaced by what real
-        steps measured, scaled so that the one-row entry keeps the profile's level (row
-        counts are observed interleaved, so the machine's pace cancels in their ratios)."""
+        """The target table with each row count seen often enough corrected by how real
+        steps compared with the steps around them, relative to the one-row entry, which
+        keeps the profile's level. Only row counts observed side by side say anything about
+        the shape: a stretch of plain steps in a fast second followed by drafting steps in a
+        slow one is the machine's drift, and leaves the table as it was (a table healed
+        from that drift once priced two rows at 1.5 steps, and nothing drafted again)."""
         seen = {r: v for r, (v, n) in self.seen.items() if n >= 8}
         if 1 not in seen or len(seen) < 2:
             return self.target_table
-        scale = self.target_table.seconds[min(self.target_table.seconds)] / seen[1]
         merged = dict(self.target_table.seconds)
-        merged.update({r: v * scale for r, v in seen.items()})
+        merged.update({r: self.target_table(r) * v / seen[1] for r, v in seen.items()})
         return CostTable(merged)
 
     def to_json(self) -> dict:
@@ -255,7 +266,7 @@ def profile_path(libraries: list[Path], mode: str, extra: str = "") -> Path:
     h = hashlib.sha256()
     for lib in libraries:
         h.update(_file_digest(Path(lib)).encode())
-    h.update(f"{mode}|{extra}|{host_fingerprint()}".encode())
+    h.update(f"{mode}|{extra}|{host_fingerprint()}|v{PROFILE_FORMAT}".encode())
     return cache_dir() / f"{h.hexdigest()[:20]}.json"
 
 
