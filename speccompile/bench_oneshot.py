@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from speccompile.bench import DEFAULT_PROMPTS, load_prompts, select_prompts
+from speccompile.runtime.speculative import SpeculativeConfig
 
 
 def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,

@@ -74,3 +74,13 @@ def test_bench_runs_each_prompt_plain_spec_spec_plain_and_reports_identical_outp
     for row in data["per_prompt"]:
         assert row["decode_tokens"] == 11 and row["spec_seconds"] > 0 and row["plain_seconds"] > 0  # 1 from prefill
         assert abs(row["speedup"] - row["spec_tokens_per_s"] / row["plain_tokens_per_s"]) < 1e-9
+
+
+def test_one_shot_bench_refuses_plain_decoding_before_running_anything(tmp_path):
+    """--one-shot compares plain and speculative runs: without a mode there is nothing to compare."""
+    import pytest
+
+    from speccompile.bench_oneshot import run_one_shot
+
+    with pytest.raises(ValueError, match="give a --speculative-mode"):
+        run_one_shot(tmp_path, tmp_path / "lib.so", {"speculative_mode": "disable"})
