@@ -1,7 +1,7 @@
 """Model architectures (compiler side: imports the TVM compiler).
 
-Targets are Llama-family decoders; ``eagle`` and ``medusa`` are draft heads that run on a
-target's hidden states. Every model type has one config class, one nn.Module and one
+Targets are Llama-family decoders; ``eagle`` (EAGLE-1), ``eagle3`` and ``medusa`` are draft
+heads that run on a target's hidden states. Every model type has one config class, one nn.Module and one
 source map, dispatched here so conversion, compilation and metadata share them.
 """
 from __future__ import annotations
@@ -16,12 +16,14 @@ __all__ = ["ConfigError", "LlamaConfig", "preset", "QUANTIZATIONS", "Quantizatio
            "MODELS", "HEAD_TYPES", "build_model", "config_from_dict", "source_map"]
 
 # model_type -> (module, its nn.Module class, its source-map function, its config class).
-# Qwen2 is Llama with QKV bias; ``eagle`` and ``medusa`` are draft heads. Named, not
+# Qwen2 is Llama with QKV bias; ``eagle``, ``eagle3`` and ``medusa`` are draft heads
+# (``convert_weight --model-type eagle`` picks eagle3 for an EAGLE-3 checkpoint). Named, not
 # imported: converting a target never loads the head modules.
 MODELS = {
     "llama": ("llama", "LlamaForCausalLM", "hf_source_map", None),
     "qwen2": ("llama", "LlamaForCausalLM", "hf_source_map", None),
     "eagle": ("eagle", "EagleHead", "source_map", "EagleConfig"),
+    "eagle3": ("eagle3", "Eagle3Head", "source_map", "Eagle3Config"),
     "medusa": ("medusa", "MedusaHeads", "source_map", "MedusaConfig"),
 }
 HEAD_TYPES = tuple(t for t, entry in MODELS.items() if entry[3] is not None)

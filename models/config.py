@@ -154,6 +154,11 @@ class LlamaConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def extra_metadata(self) -> dict[str, Any]:
+        """What a target library records beyond the common keys: the decoder layers whose
+        outputs ``forward_tokens_features`` exports for EAGLE-3 heads."""
+        return {"feature_layers": feature_layers(self.num_hidden_layers)}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LlamaConfig":
         known = {f.name for f in dataclasses.fields(cls)}
@@ -182,6 +187,20 @@ def preset(name: str, **overrides: Any) -> LlamaConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     return LlamaConfig(**{**PRESETS[name], **overrides})
+
+
+def feature_layers(num_layers: int) -> list[int]:
+    """The decoder layers (0-based) whose outputs -- the residual stream before the next
+    layer's input norm -- an EAGLE-3 head reads, low, mid and high.
+
+    Why these: they are what SafeAILab's EAGLE-3 and SpecForge train on by default (the
+    inputs of layers 2, L//2 and L-3, i.e. the outputs of layers 1, L//2-1 and L-4;
+    SpecForge's ``aux_hidden_state_layer_ids``), so published heads fit our targets.
+    Below 5 layers that rule leaves the model or runs backwards; such targets (test
+    models) take the first, the middle and the last layer."""
+    if num_layers >= 5:
+        return [1, num_layers // 2 - 1, num_layers - 4]
+    return [0, (num_layers - 1) // 2, num_layers - 1]
 
 
 def reduced_vocabulary_size(raw: dict[str, Any], target: "LlamaConfig", shape: Callable[[str], tuple[int, ...]],

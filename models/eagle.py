@@ -73,21 +73,7 @@ class EagleConfig:
                         shape: Callable[[str], tuple[int, ...]]) -> "EagleConfig":
         """Read an EAGLE config.json and check, before any long work, that the head was
         trained for this target: its hidden size and vocabulary must be the target's."""
-        raw = dict(raw)
-        raw.setdefault("architectures", ["LlamaForCausalLM"])
-        if raw.get("model_type") not in ("llama", "qwen2", "mistral"):
-            raw["model_type"] = "llama"  # EAGLE configs are Llama configs whatever they call themselves
-        for key in ("hidden_size", "vocab_size"):
-            if key in raw and raw[key] != getattr(target, key):
-                raise ConfigError(f"the EAGLE head has {key} {raw[key]} but the target has {getattr(target, key)}: "
-                                  "this head was trained for another model")
-        raw.setdefault("hidden_size", target.hidden_size)
-        raw.setdefault("vocab_size", target.vocab_size)
-        layer = LlamaConfig.from_hf_dict(raw)
-        layer.attention_bias = "layers.0.self_attn.q_proj.bias" in names
-        layer.tie_word_embeddings = False
-        layer.context_window_size = target.context_window_size
-        layer.prefill_chunk_size = target.prefill_chunk_size
+        layer = head_decoder_config(raw, target, "EAGLE", "layers.0.self_attn.q_proj.bias" in names)
         h = target.hidden_size
         if "fc.weight" not in names:
             raise ConfigError("not an EAGLE checkpoint: it has no fc.weight")
@@ -103,6 +89,31 @@ class EagleConfig:
             raise ConfigError(f"config.json says {layer.num_hidden_layers} layer(s) but the weights hold "
                               f"layers {sorted(layers)}")
         return cls(layer, draft_vocab)
+
+
+def head_decoder_config(raw: dict[str, Any], target: LlamaConfig, who: str, attention_bias: bool,
+                        **fixed: Any) -> LlamaConfig:
+    """The decoder hyper-parameters of an EAGLE head's config.json (a Llama config whatever
+    it calls itself), checked against its target: hidden size and vocabulary must be the
+    target's (else it was trained for another model); the context window is the target's.
+    ``fixed``: config fields the head's layout decides whatever its file says."""
+    raw = dict(raw)
+    raw.setdefault("architectures", ["LlamaForCausalLM"])
+    if raw.get("model_type") not in ("llama", "qwen2", "mistral"):
+        raw["model_type"] = "llama"
+    for key in ("hidden_size", "vocab_size"):
+        if key in raw and raw[key] != getattr(target, key):
+            raise ConfigError(f"the {who} head has {key} {raw[key]} but the target has {getattr(target, key)}: "
+                              "this head was trained for another model")
+    raw.setdefault("hidden_size", target.hidden_size)
+    raw.setdefault("vocab_size", target.vocab_size)
+    raw.update(fixed)
+    layer = LlamaConfig.from_hf_dict(raw)
+    layer.attention_bias = attention_bias
+    layer.tie_word_embeddings = False
+    layer.context_window_size = target.context_window_size
+    layer.prefill_chunk_size = target.prefill_chunk_size
+    return layer
 
 
 def _draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, names: list[str],

@@ -25,12 +25,15 @@ from .verification import accept_greedy as accept_greedy_kernel
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, quant: Quantization):
+    """``in_features``: the width the q/k/v projections read (an EAGLE-3 head's attention reads
+    [embedding, feature], twice the hidden size: models/eagle3.py)."""
+
+    def __init__(self, cfg: LlamaConfig, quant: Quantization, in_features: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.qkv_proj = QLinear(cfg.hidden_size, qkv_out, quant, bias=cfg.attention_bias)
+        self.qkv_proj = QLinear(in_features or cfg.hidden_size, qkv_out, quant, bias=cfg.attention_bias)
         self.o_proj = QLinear(self.num_heads * self.head_dim, cfg.hidden_size, quant)
 
     def forward(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], layer_id: int) -> tuple[Tensor, Tensor]:
@@ -105,11 +108,17 @@ class LlamaForCausalLM(nn.Module):
         return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
 
     # ----------------------------------------------------------- building blocks
-    def _body(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor]) -> Tensor:
-        # x: [n, hidden] -> final-normed hidden states [n, hidden]
+    def _body(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], capture: list[int] | None = None):
+        # x: [n, hidden] -> final-normed hidden states [n, hidden]; with ``capture``, also the
+        # outputs of those layers concatenated [n, len(capture) * hidden] (EAGLE-3 features)
+        taken = {}
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, kv, meta, i)
-        return self.norm(x)
+            if capture and i in capture:
+                taken[i] = x
+        if capture is None:
+            return self.norm(x)
+        return self.norm(x), op.concat([taken[i] for i in capture], dim=-1)
 
     def _logits(self, h: Tensor) -> Tensor:
         logits = self.embed_tokens.lm_head_forward(h) if self.lm_head is None else self.lm_head(h)
@@ -135,6 +144,13 @@ class LlamaForCausalLM(nn.Module):
     def forward_tokens_hidden(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
         # input_embeds: [n, hidden], several tokens per sequence (chain or token tree) -> [n, hidden]
         return self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len))
+
+    def forward_tokens_features(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> tuple[Tensor, Tensor]:
+        # input_embeds: [n, hidden] -> (final-normed hidden states [n, hidden], the outputs of the
+        # feature_layers concatenated low/mid/high [n, 3 * hidden]); the same layer and norm
+        # kernels as forward_tokens_hidden, so get_logits of the first gives the same logits
+        meta = self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len)
+        return self._body(input_embeds, kv, meta, capture=self.cfg.extra_metadata()["feature_layers"])
 
     def forward_tokens(self, input_embeds: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
         # input_embeds: [n, hidden] -> logits at every position [n, vocab]
@@ -188,7 +204,7 @@ class LlamaForCausalLM(nn.Module):
             "temperature": f32("n"), "top_k": i32("n"), "top_p": f32("n"),
             "p": f32("n", v), "q": f32("nq", v), "one_hot": i32("n"), "uniforms": f32("nu"),
         }
-        return contract_spec(self, TARGET, tensors)
+        return contract_spec(self, TARGET, tensors, self.cfg.extra_metadata())  # with forward_tokens_features
 
 
 def hf_source_map(cfg: LlamaConfig) -> dict[str, list[str]]:

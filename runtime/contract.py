@@ -57,8 +57,10 @@ PARAMS = "params"
 KV = "kv"
 _FORWARD = (KV, *FORWARD_META, PARAMS)
 
-# Library kinds: a target (or small draft) model, an EAGLE head, a set of Medusa heads.
-TARGET, EAGLE, MEDUSA = "target", "eagle", "medusa"
+# Library kinds: a target (or small draft) model, an EAGLE-1 head, an EAGLE-3 head, a set of
+# Medusa heads.
+TARGET, EAGLE, EAGLE3, MEDUSA = "target", "eagle", "eagle3", "medusa"
+HEAD_KINDS = (EAGLE, EAGLE3, MEDUSA)
 
 # kind -> entry point -> its arguments. The compiler exports exactly these (with these
 # argument orders) and records them in ``_metadata["entry_points"]``; the loaders
@@ -76,6 +78,9 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "forward_tokens": ("input_embeds", *_FORWARD),
         # as forward_tokens, but the final-normed hidden states [n, hidden] a draft head reads
         "forward_tokens_hidden": ("input_embeds", *_FORWARD),
+        # as forward_tokens_hidden, plus the outputs of the decoder layers _metadata's
+        # feature_layers names (low, mid, high), concatenated [n, 3 * hidden]: an EAGLE-3 head's input
+        "forward_tokens_features": ("input_embeds", *_FORWARD),
         # hidden states [n, hidden] -> logits [n, vocab], bit-identical to the fused forwards'
         "get_logits": ("hidden_states", PARAMS),
         # kv[:, :, dst[i]] = kv[:, :, src[i]]: commits the accepted path of a token tree
@@ -93,16 +98,28 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
         # predicted features -> logits over the head's reduced draft vocabulary
         "draft_logits": ("hidden", PARAMS),
     },
+    EAGLE3: {
+        # the target's low/mid/high layer features [n, 3 * hidden] -> fc -> [n, hidden]
+        "fuse_features": ("features", PARAMS),
+        # (embedding of token i+1, fused target feature or the head's own output at i) pairs ->
+        # the head's output at i [n, hidden], before its final norm (fed back at the next depth)
+        "eagle_forward": ("input_embeds", "hidden", *_FORWARD),
+        # the head's outputs -> its final norm and lm_head -> logits over its draft vocabulary
+        "draft_logits": ("hidden", PARAMS),
+    },
     MEDUSA: {
         # target features [b, hidden] -> every head's logits [K, b, vocab]
         "medusa_heads": ("hidden", PARAMS),
     },
 }
 
-# Entry points only some libraries of their kind export: name -> the ``_metadata`` key
-# whose nonzero value says the library has it (and the loaders then require it). An EAGLE
-# head has ``draft_logits`` exactly when it carries a reduced draft vocabulary.
-OPTIONAL_ENTRY_POINTS: dict[str, str] = {"draft_logits": "draft_vocab_size"}
+# Entry points only some libraries of their kind export: (kind, name) -> the ``_metadata``
+# key whose nonzero (non-empty) value says the library has it (and the loaders then require
+# it). An EAGLE-1 head has ``draft_logits`` exactly when it carries a reduced draft
+# vocabulary; a target has ``forward_tokens_features`` when it records its feature layers
+# (libraries built before EAGLE-3 support lack both, and keep loading for every other mode).
+OPTIONAL_ENTRY_POINTS: dict[tuple[str, str], str] = {(EAGLE, "draft_logits"): "draft_vocab_size",
+                                                     (TARGET, "forward_tokens_features"): "feature_layers"}
 
 # --------------------------------------------------------------------- _metadata
 # The ``_metadata`` keys the runtimes rely on, and why. ``compile`` writes more (TVM
@@ -135,8 +152,10 @@ METADATA_KEYS: dict[str, str] = {
     "entry_points": "each exported function's argument names in calling order (ENTRY_POINTS)",
 }
 KIND_METADATA_KEYS: dict[str, dict[str, str]] = {
-    TARGET: {},
+    TARGET: {},  # plus, optionally, feature_layers (OPTIONAL_ENTRY_POINTS)
     EAGLE: {"draft_vocab_size": "0, or the size of the reduced vocabulary (d2t, draft_logits)"},
+    EAGLE3: {"draft_vocab_size": "the size of its draft vocabulary (d2t, draft_logits)",
+             "feature_layers": "the target layers its fc reads: the target's must be the same"},
     MEDUSA: {"draft_vocab_size": "0, or the size of the heads' shared reduced vocabulary (d2t)",
              "medusa_num_heads": "K: the first dimension of medusa_heads' output"},
 }
@@ -151,7 +170,7 @@ class ContractError(ValueError):
 def library_kind(meta: dict) -> str:
     """Which of ENTRY_POINTS' kinds a library's ``_metadata`` describes."""
     model_type = meta.get("model_type")
-    return model_type if model_type in (EAGLE, MEDUSA) else TARGET
+    return model_type if model_type in HEAD_KINDS else TARGET
 
 
 def required_metadata(kind: str) -> tuple[str, ...]:
@@ -163,7 +182,7 @@ def entry_point_names(kind: str, meta: dict) -> list[str]:
     """The entry points a library of ``kind`` with this ``_metadata`` must export (and a
     loader binds): the kind's, optional ones only where the metadata says so."""
     return [name for name in ENTRY_POINTS[kind]
-            if name not in OPTIONAL_ENTRY_POINTS or int(meta.get(OPTIONAL_ENTRY_POINTS[name]) or 0)]
+            if (kind, name) not in OPTIONAL_ENTRY_POINTS or meta.get(OPTIONAL_ENTRY_POINTS[kind, name])]
 
 
 def check_library(meta: dict, kind: str, lib_path: Path | str) -> None:

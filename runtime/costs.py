@@ -199,10 +199,11 @@ def time_min(fn, repeat: int = 3) -> float:
     return best
 
 
-def measure_target(model, kv, rows: list[int], hidden_states: bool) -> dict[int, float]:
+def measure_target(model, kv, rows: list[int], features: str) -> dict[int, float]:
     """Seconds of a target forward plus greedy verification over r rows of one scratch
     sequence (after a 16-token prefix), through the very calls a decode step makes: the
-    fused logits entry points, or (for heads that read them) hidden states + get_logits."""
+    fused logits entry points, or (for heads that read ``features``: the Proposer's
+    attribute) hidden states or layer features + get_logits."""
     sid = -1
     kv.add_sequence(sid)
     try:
@@ -211,7 +212,11 @@ def measure_target(model, kv, rows: list[int], hidden_states: bool) -> dict[int,
         def forward(r):
             tokens = [list(range(16, 16 + r))]
             parents = [list(range(-1, r - 1))]
-            if hidden_states:
+            if features == "layers":
+                hidden, feats = model.forward_features(kv, [sid], tokens)
+                logits = model.get_logits(hidden)
+                feats.numpy()
+            elif features:
                 hidden = model.forward_hidden(kv, [sid], tokens)
                 logits = model.get_logits(hidden)
                 hidden.numpy()
@@ -235,7 +240,7 @@ def load_or_measure(libraries: list[Path], mode: str, model, kv, proposer, max_r
     path = profile_path(libraries, mode, f"rows<={rows[-1]}")
     cost = CostModel.load(path)
     if cost is None:
-        target = CostTable(measure_target(model, kv, rows, proposer.needs_hidden_states))
+        target = CostTable(measure_target(model, kv, rows, proposer.features))
         draft, per_token = proposer.measure(list(DRAFT_ROWS))
         cost = CostModel(target, CostTable(draft), per_token, path)
         cost.save()

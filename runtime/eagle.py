@@ -1,5 +1,5 @@
-"""EAGLE drafting: a feature-level head on the target's hidden states (EAGLE-1 head,
-EAGLE-2 dynamic trees).
+"""EAGLE drafting: a feature-level head on the target's hidden states (EAGLE-1 and EAGLE-3
+heads, EAGLE-2 dynamic trees).
 
 Why the bookkeeping looks like this. Head row i holds the pair (target feature f_i,
 token i+1) -- the input is shifted one token left of the target's -- and predicts
@@ -13,6 +13,13 @@ from the head's *own* predicted features are scratch rows of a token tree
 (``plan_tree`` never grows the committed length), so after drafting the head's cache is
 exactly the rows built from true features -- rolling back costs nothing and the next
 catch-up rebuilds the accepted tokens from the target's real hidden states.
+
+EAGLE-3 heads (``Eagle3HeadModel``, chosen by the head library's ``model_type``: users
+still type ``--speculative-mode eagle``) differ in what a row is built from. Rows of the
+catch-up are built from the target's low/mid/high layer outputs (the engine hands those
+over instead of the final hidden states: ``features = "layers"``), fused by the head's
+``fc``; rows at later depths from the head's own output at the parent row, without fc;
+the logits come from the head's own norm and lm_head. The bookkeeping is the same.
 
 Trees (EAGLE-2): every candidate has a path probability P, the product of the calibrated
 acceptances of its and its ancestors' draft probabilities (runtime/adaptive.py); per depth
@@ -30,13 +37,13 @@ import time
 import numpy as np
 from tvm.runtime import tensor as to_device
 
-from .contract import EAGLE, FORWARD_META, KV_PAGE_SIZE
+from .contract import EAGLE, EAGLE3, FORWARD_META, KV_PAGE_SIZE
 from .kv_cache import ForwardBatch
 from .model import Model
 from .costs import time_min
 from .acceptance import Draft
 from .adaptive import MAX_DEPTH
-from .proposers import load_head
+from .proposers import HeadMismatch, load_head
 
 MAX_TREE_NODES = 256
 
@@ -46,10 +53,15 @@ class EagleHeadModel(Model):
     head has a reduced draft vocabulary (``vocab_ids`` maps its rows to target tokens)."""
 
     kind = EAGLE  # the contract's entry points of an EAGLE head (draft_logits with a reduced vocabulary)
+    features = "hidden"  # what its rows are built from: the target's final-normed hidden states
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.vocab_ids = draft_vocab_ids(self)
+
+    def check_target(self, target: Model) -> None:
+        """Refuse a target this head cannot read. An EAGLE-1 head reads the final hidden states,
+        which every target library exports, and the loader checked the sizes: nothing to refuse."""
 
     def logits(self, target: Model, feats) -> np.ndarray:
         """Draft logits of predicted features: over the reduced vocabulary (rows of
@@ -60,12 +72,43 @@ class EagleHeadModel(Model):
             feats = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
         return self._fn["draft_logits"](feats, self.params).numpy()
 
-    def forward(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
-        """Predicted features [n, hidden] (device) of the pairs (feats[j], tokens[j])."""
+    def forward(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats):
+        """Predicted features [n, hidden] (device) of the pairs (feats[j], tokens[j]); feats
+        on the host or the device."""
         emb = target.embed(tokens)  # the target's embedding: the head owns none
-        hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+        hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device) if isinstance(feats, np.ndarray) else feats
         meta = [to_device(a, self.device) for a in batch.arrays]
         return self._fn["eagle_forward"](emb, hid, kv.tensor, *meta, self.params)
+
+    def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
+        """As :meth:`forward`, for rows built from the target's own features (the catch-up)."""
+        return self.forward(target, kv, batch, tokens, feats)
+
+
+class Eagle3HeadModel(EagleHeadModel):
+    """A compiled EAGLE-3 head: ``fuse_features`` (fc over the target's three layer outputs),
+    ``eagle_forward`` (its decoder layer, output before its final norm) and ``draft_logits``
+    (its final norm and lm_head over its draft vocabulary: ``vocab_ids`` is never None, as an
+    EAGLE-3 head always carries d2t, so :meth:`logits` never uses the target's lm_head)."""
+
+    kind = EAGLE3
+    features = "layers"  # the target's low/mid/high layer outputs [n, 3 * hidden]
+
+    def check_target(self, target: Model) -> None:
+        """The target library must export the outputs of the very layers the head was trained on."""
+        want, have = self.meta["feature_layers"], target.feature_layers
+        if have is None:
+            raise HeadMismatch(f"the EAGLE-3 head {self.lib_path} reads the target's layer features, which "
+                               f"{target.lib_path} does not export (it was built before EAGLE-3 support): rebuild it "
+                               "with `speccompile compile`")
+        if list(have) != list(want):
+            raise HeadMismatch(f"the EAGLE-3 head {self.lib_path} was trained on the outputs of target layers {want}, "
+                               f"{target.lib_path} exports layers {have}: it was built for another model")
+
+    def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
+        """Rows built from the target's layer features feats [n, 3 * hidden]: fc fuses them first."""
+        fused = self._fn["fuse_features"](to_device(np.ascontiguousarray(feats, self.dtype), self.device), self.params)
+        return self.forward(target, kv, batch, tokens, fused)
 
 
 def draft_vocab_ids(head: Model) -> np.ndarray | None:
@@ -103,7 +146,7 @@ class EagleProposer:
     name = "eagle"
     supports_trees = True
     additional_model, additional_model_form = "its EAGLE head", "HEAD_DIR,HEAD_LIB"
-    needs_hidden_states = True
+    features = "hidden"  # an EAGLE-3 head's proposer reads "layers" (set from the head in __init__)
 
     @classmethod
     def check(cls, config, model_dir) -> None:
@@ -112,7 +155,9 @@ class EagleProposer:
     @classmethod
     def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "EagleProposer":
         head_dir, head_lib = config.additional_models[0]
-        head = load_head(EagleHeadModel, cls.name, head_dir, head_lib, target, device)
+        head = load_head({EAGLE: EagleHeadModel, EAGLE3: Eagle3HeadModel}, cls.name, head_dir, head_lib, target,
+                         device)
+        head.check_target(target)
         depth = max(config.spec_draft_length, MAX_DEPTH)
         return cls(head, target, head_kv_tokens(kv_tokens, max_num_sequence, config.spec_tree_width, depth),
                    config.spec_tree_width, config.spec_tree_nodes)
@@ -125,6 +170,7 @@ class EagleProposer:
             raise ValueError(f"--spec-tree-nodes must be in 1..{MAX_TREE_NODES}")
         check_draft_vocab(head.vocab_ids, target.vocab_size, "EAGLE")
         self.head, self.target = head, target
+        self.features = head.features
         self.width, self.max_nodes = tree_width, max_nodes
         self.kv = head.create_kv_cache(max_total_tokens)
         self.pending: dict[int, list[np.ndarray]] = {}  # true features not yet in the head's cache
@@ -207,8 +253,8 @@ class EagleProposer:
             raise RuntimeError("EAGLE: the target features and the history disagree")
         counts = [len(f) for f in feats]
         batch = self.kv.plan_chain(ids, counts)
-        out = self.head.forward(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
-                                np.concatenate(feats)).numpy()
+        out = self.head.forward_target(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
+                                       np.concatenate(feats)).numpy()
         self.forwards += 1
         self.last_catch_up = max(counts)
         for s in ids:

@@ -262,12 +262,12 @@ class Engine:
             return []
         t0 = time.perf_counter()
         ids, starts = [s.seq_id for s in batch], [self.kv.length(s.seq_id) for s in batch]
-        if self.proposer and self.proposer.needs_hidden_states:  # the head reads every prompt token's feature
-            hidden = self.model.forward_hidden(self.kv, ids, chunks).numpy()
+        if self.proposer and self.proposer.features:  # the head reads every prompt token's features
+            hidden, feats = self._forward_features(ids, chunks, None)
             ends = np.cumsum([len(c) for c in chunks])
-            logits = self.model.get_logits(hidden[ends - 1]).numpy()
+            logits = self.model.get_logits(hidden.numpy()[ends - 1]).numpy()
             for sid, start, end, c in zip(ids, starts, ends, chunks):
-                self.proposer.observe_hidden(sid, start, hidden[end - len(c): end])
+                self.proposer.observe_hidden(sid, start, feats[end - len(c): end])
         else:
             logits = self.model.prefill(self.kv, ids, chunks)
         # a draft model prefills along -- if the batch about to decode (every sequence
@@ -337,7 +337,7 @@ class Engine:
 
     def _forward(self, active: list[Sequence], drafts: list[Draft]):
         """(the drafts verified, device logits [n, vocab] of ``[last] + drafts`` of every
-        sequence, their hidden states [n, hidden] on the host if the proposer reads them).
+        sequence, their features on the host if the proposer reads some).
         When the KV cache cannot hold the drafts, none are verified (plain decoding still
         raises KVCacheFull: the scheduler preempts). With hidden states the forward stops at
         the final norm and ``get_logits`` finishes it: the same kernels, so the same logits."""
@@ -346,9 +346,9 @@ class Engine:
         tree = any(d.parents is not None for d in drafts)
         parents = [d.verify_parents() for d in drafts] if tree else None
         try:
-            if self.proposer is not None and self.proposer.needs_hidden_states:
-                hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
-                return drafts, self.model.get_logits(hidden), hidden.numpy()
+            if self.proposer is not None and self.proposer.features:
+                hidden, feats = self._forward_features(ids, tokens, parents)
+                return drafts, self.model.get_logits(hidden), feats
             if all(len(d) == 0 for d in drafts):
                 return drafts, self.model.decode(self.kv, ids, [t[0] for t in tokens], on_device=True), None
             return drafts, self.model.forward_tokens(self.kv, ids, tokens, parents, on_device=True), None
@@ -356,6 +356,16 @@ class Engine:
             if not any(len(d) for d in drafts):
                 raise
             return self._forward(active, [Draft() for _ in active])
+
+    def _forward_features(self, ids: list[int], tokens: list[list[int]], parents: list[list[int]] | None):
+        """(device final-normed hidden states [n, hidden], the features the proposer reads on
+        the host: those hidden states, or the target's low/mid/high layer outputs [n, 3 * hidden]
+        for an EAGLE-3 head) of one forward that stops before the logits."""
+        if self.proposer.features == "layers":
+            hidden, feats = self.model.forward_features(self.kv, ids, tokens, parents)
+            return hidden, feats.numpy()
+        hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
+        return hidden, hidden.numpy()
 
     def _accept(self, active: list[Sequence], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, on the device logits: greedy (argmax and tree walk)

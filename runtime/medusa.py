@@ -52,7 +52,7 @@ class MedusaProposer:
     name = "medusa"
     supports_trees = True
     additional_model, additional_model_form = "its Medusa heads", "HEAD_DIR,HEAD_LIB"
-    needs_hidden_states = True
+    features = "hidden"  # the final-normed hidden state of the last committed token
 
     @classmethod
     def check(cls, config, model_dir) -> None:
@@ -61,7 +61,7 @@ class MedusaProposer:
     @classmethod
     def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "MedusaProposer":
         head_dir, head_lib = config.additional_models[0]
-        heads = load_head(MedusaHeadsModel, cls.name, head_dir, head_lib, target, device)
+        heads = load_head({MEDUSA: MedusaHeadsModel}, cls.name, head_dir, head_lib, target, device)
         return cls(heads, config.spec_tree_width, config.spec_tree_nodes, target=target)
 
     def __init__(self, heads: MedusaHeadsModel, tree_width: int = 1, max_nodes: int = 64,

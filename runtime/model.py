@@ -254,6 +254,23 @@ class Model:
         return self._run("forward_tokens_hidden", *self._plan(kv, seq_ids, token_lists, tree_parents),
                          on_device=True)
 
+    def forward_features(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
+                         tree_parents: list[list[int]] | None = None):
+        """As :meth:`forward_hidden`, plus the outputs of the decoder layers ``feature_layers``
+        names, concatenated low/mid/high: (device hidden [n, hidden], device features
+        [n, 3 * hidden]), what an EAGLE-3 head reads."""
+        if "forward_tokens_features" not in self._fn:
+            raise ModelLoadError(f"{self.lib_path} exports no layer features (it was built before EAGLE-3 "
+                                 "support): rebuild it with `speccompile compile`")
+        out = self._run("forward_tokens_features", *self._plan(kv, seq_ids, token_lists, tree_parents),
+                        on_device=True)
+        return out[0], out[1]
+
+    @property
+    def feature_layers(self) -> list[int] | None:
+        """The decoder layers whose outputs :meth:`forward_features` gives (None: no such entry point)."""
+        return self.meta.get("feature_layers")
+
     def _plan(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
               tree_parents: list[list[int]] | None) -> tuple[np.ndarray, PagedKV, ForwardBatch]:
         """(checked flat token ids, kv, the chain or tree plan) of a multi-token forward."""

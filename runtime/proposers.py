@@ -3,8 +3,8 @@
 One narrow interface (``Proposer``) serves every mode; the engine never branches on the
 mode name. ``ngram`` looks up the sequence's own history; ``small_draft`` runs a second
 compiled model with the same vocabulary; ``eagle`` and ``medusa`` (runtime/eagle.py,
-runtime/medusa.py) are heads on the target's hidden states, which the engine hands to
-proposers that set ``needs_hidden_states``.
+runtime/medusa.py) are heads on the target's features, which the engine hands to
+proposers that name them in ``features``.
 """
 from __future__ import annotations
 
@@ -31,7 +31,10 @@ class Proposer(Protocol):
     supports_trees: bool  # drafts may be token trees (--spec-tree-width/--spec-tree-nodes apply)
     additional_model: str  # what --additional-models must name ("" = nothing)
     additional_model_form: str  # how, e.g. "DRAFT_DIR,DRAFT_LIB"
-    needs_hidden_states: bool  # True: the engine calls observe_hidden with the target's features
+    # which target features the engine hands to observe_hidden: "" none (the target runs its
+    # fused logits entry points), "hidden" its final-normed hidden states [m, hidden] (EAGLE-1,
+    # Medusa), "layers" its low/mid/high layer outputs [m, 3 * hidden] (EAGLE-3)
+    features: str
     forwards: int  # draft forwards run so far (metrics)
 
     @classmethod
@@ -74,9 +77,9 @@ class Proposer(Protocol):
         ...
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
-        """The target's final-normed hidden states [m, hidden] of the tokens at positions
+        """The target's features (as ``features`` names them) of the tokens at positions
         position..position+m-1, as the target forwarded and committed them (only called
-        when ``needs_hidden_states``)."""
+        when ``features`` names some)."""
         ...
 
     def on_commit(self, seq_id: int, history: list[int]) -> None:
@@ -107,7 +110,7 @@ class NGramProposer:
     name = "ngram"
     supports_trees = False
     additional_model = additional_model_form = ""
-    needs_hidden_states = False
+    features = ""
 
     @classmethod
     def check(cls, config, model_dir: Path) -> None:
@@ -186,7 +189,7 @@ class SmallDraftProposer:
     name = "small_draft"
     supports_trees = False
     additional_model, additional_model_form = "the draft model", "DRAFT_DIR,DRAFT_LIB"
-    needs_hidden_states = False
+    features = ""
     MAX_BACKLOG = 256  # tokens of catch-up one step may carry, shared by the batch
 
     @classmethod
@@ -341,17 +344,19 @@ class HeadMismatch(ValueError):
     """A draft head that does not belong to the target (or is not the mode's kind)."""
 
 
-def load_head(cls, kind: str, head_dir: Path, head_lib: Path, target: Model, device: str = "auto") -> Model:
+def load_head(classes: dict, mode: str, head_dir: Path, head_lib: Path, target: Model, device: str = "auto") -> Model:
     """Load an EAGLE/Medusa head after checking, from its library's metadata alone, that
-    it is the right kind and was built for this target: same hidden size, vocabulary and
-    activation dtype (hidden states pass between the two as they are)."""
+    it is a kind the mode drives (``classes``: model_type -> its loader class) and was
+    built for this target: same hidden size, vocabulary and activation dtype (features
+    pass between the two as they are)."""
     _, meta = read_metadata(Path(head_lib))
-    if meta.get("model_type") != kind:
-        raise HeadMismatch(f"{head_lib} is a {meta.get('model_type')} library, --speculative-mode {kind} needs "
-                           f"a {kind} head (convert_weight --model-type {kind})")
+    kind = meta.get("model_type")
+    if kind not in classes:
+        raise HeadMismatch(f"{head_lib} is a {kind} library, --speculative-mode {mode} needs a {mode} head "
+                           f"(convert_weight --model-type {mode})")
     for key, have in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size),
                       ("model_dtype", target.dtype)):
         if meta.get(key) != have:
-            raise HeadMismatch(f"the {kind} head {head_lib} has {key} {meta.get(key)} but the target has {have}: "
+            raise HeadMismatch(f"the {mode} head {head_lib} has {key} {meta.get(key)} but the target has {have}: "
                                "it was built for another model")
-    return cls(Path(head_dir), Path(head_lib), device)
+    return classes[kind](Path(head_dir), Path(head_lib), device)

@@ -29,13 +29,16 @@ def logical_name(param: str) -> str:
 
 
 def open_any(src: Path, model_type: str = "auto", target: Path | None = None, config_overrides: dict | None = None):
-    """The checkpoint as a source: a target model, or an eagle/medusa head (needs ``target``).
+    """The checkpoint as a source: a target model, or an eagle/eagle3/medusa head (needs ``target``);
+    ``--model-type eagle`` reads EAGLE-1 and EAGLE-3 checkpoints alike (told apart by their tensors).
     ``config_overrides`` (``--overrides``: ``medusa_num_heads``/``medusa_num_layers``) replace
     the head's config.json fields; they mean nothing for another kind of checkpoint."""
     kinds = ("auto", *MODELS)
     if model_type not in kinds:
         raise SourceError(f"unknown --model-type {model_type!r}; choose one of {', '.join(kinds)}")
     head = model_type if model_type in HEAD_TYPES else (detect_head(Path(src)) if model_type == "auto" else None)
+    if head == "eagle" and detect_head(Path(src)) == "eagle3":  # users ask for "eagle", whichever generation
+        head = "eagle3"
     if config_overrides and head != "medusa":
         raise SourceError(f"--overrides {', '.join(config_overrides)} apply to Medusa heads (--model-type medusa); "
                           f"{src} is {'an ' + head + ' head' if head else 'not a draft head'}")

@@ -232,12 +232,15 @@ def open_source(src: Path) -> Source:
 
 # ------------------------------------------------------------- draft heads
 class HeadSource:
-    """An EAGLE or Medusa checkpoint folder checked against its target.
+    """An EAGLE-1, EAGLE-3 or Medusa checkpoint folder checked against its target.
 
-    ``config`` is the head's config (models/eagle.py, models/medusa.py), built from the
+    ``config`` is the head's config (models/eagle.py, eagle3.py, medusa.py), built from the
     head's config.json plus the target's sizes; a head trained for another target fails
     here, before any tensor is converted. Medusa's bare ``I.J.*`` keys (its
-    ``medusa_lm_head.pt``) are read as ``medusa_head.I.J.*``."""
+    ``medusa_lm_head.pt``) are read as ``medusa_head.I.J.*``. Two tensors may be implied
+    rather than stored: a draft vocabulary's ``lm_head.weight`` (the target's own rows of
+    its tokens, see ``_draft_rows_of_target``) and, for an EAGLE-3 head over the whole
+    vocabulary, ``d2t`` (zeros: SafeAILab drops it when the vocabularies are equal)."""
 
     def __init__(self, kind: str, folder: Path, target: Path | None, config_overrides: dict | None = None):
         from speccompile.models import ConfigError, head_config_class
@@ -252,7 +255,7 @@ class HeadSource:
         cfg_path = folder / "config.json"
         raw = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         raw.update(config_overrides or {})  # --overrides: e.g. Medusa sizes the checkpoint's config lacks
-        if kind == "eagle" and not raw:
+        if kind in ("eagle", "eagle3") and not raw:
             raise SourceError(f"{cfg_path} not found: an EAGLE head folder needs its (Llama) config.json")
         self.files = TensorFiles(folder, extra_bin=("medusa_lm_head.pt",) if kind == "medusa" else ())
         self._alias = {}
@@ -261,44 +264,71 @@ class HeadSource:
                 if re.match(r"\d+\.\d+\.", n):
                     self._alias["medusa_head." + n] = n
         names = self.files.names()
-        self._target_rows = "d2t" in names and "lm_head.weight" not in names
+        eagle3 = kind == "eagle3" and "fc.weight" in names  # (else from_checkpoint says what it is not)
+        self._identity_d2t = eagle3 and "d2t" not in names
+        self._target_rows = "lm_head.weight" not in names and ("d2t" in names or self._identity_d2t)
         try:
             self.config = head_config_class(kind).from_checkpoint(raw, self.target_config, self.names(), self.shape)
         except ConfigError as err:
             raise SourceError(f"{folder}: {err}") from err
+        if eagle3:
+            self._check_vocabulary_maps()
 
     def names(self) -> list[str]:
-        extra = ["lm_head.weight"] if self._target_rows else []
+        extra = (["lm_head.weight"] if self._target_rows else []) + (["d2t"] if self._identity_d2t else [])
         return [n for n in self.files.names() if not re.match(r"\d+\.\d+\.", n)] + list(self._alias) + extra
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name == "lm_head.weight" and self._target_rows:
-            return (int(self.files.shape("d2t")[0]), self.target_config.hidden_size)
+            return (int(self.shape("d2t")[0]), self.target_config.hidden_size)
+        if name == "d2t" and self._identity_d2t:
+            return (self.target_config.vocab_size,)
         return self.files.shape(self._alias.get(name, name))
 
     def get(self, name: str) -> np.ndarray:
         if name == "lm_head.weight" and self._target_rows:
             return self._draft_rows_of_target()
+        if name == "d2t" and self._identity_d2t:
+            return np.zeros(self.target_config.vocab_size, np.int64)
         return self.files.get(self._alias.get(name, name))
+
+    def draft_token_ids(self) -> np.ndarray:
+        """The target token of each draft vocabulary row (``j + d2t[j]``), checked to be
+        distinct tokens of the target."""
+        from speccompile.runtime.eagle import check_draft_vocab
+
+        ids = np.arange(self.shape("d2t")[0]) + self.get("d2t").astype(np.int64)
+        try:
+            check_draft_vocab(ids, self.target_config.vocab_size, self.kind)
+        except ValueError as err:
+            raise SourceError(f"{self.path}: {err}") from err
+        return ids
+
+    def _check_vocabulary_maps(self) -> None:
+        """An EAGLE-3 head's ``d2t`` must map onto distinct target tokens, and its ``t2d`` (the
+        mask of target tokens in the draft vocabulary, not needed at run time) mark exactly
+        those: a checkpoint whose two maps disagree was written wrongly."""
+        ids = self.draft_token_ids()
+        if "t2d" in self.files.names():
+            marked = np.flatnonzero(self.files.get("t2d").astype(bool))
+            if marked.size != ids.size or not np.array_equal(marked, np.sort(ids)):
+                raise SourceError(f"{self.path}: t2d marks {marked.size} target tokens but d2t maps the draft "
+                                  f"vocabulary onto {ids.size} others; the checkpoint's two maps disagree")
 
     def _draft_rows_of_target(self) -> np.ndarray:
         """A reduced draft vocabulary given only as ``d2t``: its projection is the target's own
         output embedding restricted to those tokens (what our trainer freezes), so the head
         need not ship a copy of it -- the rows are read from ``--target`` here."""
-        from speccompile.runtime.eagle import check_draft_vocab
-
-        ids = np.arange(self.shape("d2t")[0]) + self.files.get("d2t").astype(np.int64)
-        try:
-            check_draft_vocab(ids, self.target_config.vocab_size, self.kind)
-        except ValueError as err:
-            raise SourceError(f"{self.path}: {err}") from err
+        ids = self.draft_token_ids()
         target = open_source(self.target_path)
         name = "lm_head.weight" if "lm_head.weight" in target.names() else "model.embed_tokens.weight"
         return np.ascontiguousarray(target.get(name)[ids])
 
 
 def detect_head(src: Path) -> str | None:
-    """``eagle``/``medusa`` when a folder holds such a head (for --model-type auto)."""
+    """``eagle``/``eagle3``/``medusa`` when a folder holds such a head (for --model-type auto,
+    and to tell EAGLE-3 from EAGLE-1 under --model-type eagle): EAGLE-3 checkpoints name
+    their one decoder layer ``midlayer``, EAGLE-1 ones ``layers.N``."""
     src = Path(src)
     if not src.is_dir():
         return None
@@ -311,7 +341,7 @@ def detect_head(src: Path) -> str | None:
     except SourceError:
         return None
     if "fc.weight" in names and not any(n.startswith("model.") for n in names):
-        return "eagle"
+        return "eagle3" if any(n.startswith("midlayer.") for n in names) else "eagle"
     if any(n.startswith("medusa_head.") for n in names):
         return "medusa"
     return None

@@ -223,6 +223,7 @@ class FakeEagleHead:
 
     vocab_ids = None
     hidden_size = H
+    features = "hidden"  # an EAGLE-1 head: rows built from the target's final hidden states
 
     def __init__(self):
         self.calls = []
@@ -235,6 +236,9 @@ class FakeEagleHead:
         out = np.zeros((len(tokens), H))
         out[:, 0] = (3 * np.asarray(feats)[:, 0] + np.asarray(tokens)) % V
         return Out(out)
+
+    def forward_target(self, target, kv, batch, tokens, feats):  # an EAGLE-1 head reads them as they are
+        return self.forward(target, kv, batch, tokens, feats)
 
     def logits(self, target, feats):
         return ramp(np.asarray(feats)[:, 0])
