@@ -479,7 +479,7 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
 @click.option("--magpie-share", type=float, default=0.5, show_default=True,
               help="share of slots whose user turn the target samples itself (the rest are written families)")
 @click.option("--batch", type=int, default=8, show_default=True, help="Magpie sequences decoded together")
-@click.option("--max-new-tokens", type=int, default=320, show_default=True,
+@click.option("--max-new-tokens", type=int, default=512, show_default=True,
               help="longest sampled user turn (longer ones are dropped as truncated)")
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--top-p", type=float, default=0.95, show_default=True)

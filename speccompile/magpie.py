@@ -39,14 +39,17 @@ SENTINEL = "\x00Magpie user turn\x00"  # mixed case: a template that changes cas
 # the leaks these literal strings cannot express.
 ANSWER_LEAKS = ["\nTo ", "\nSure", "\nCertainly", "\nAnswer:", "\nSolution:", "\nA:", "\nAssistant:", "\nassistant\n",
                 "\n**Answer", "\n### Solution", "\n### Answer", "\n\nHere is a ", "\n\nHere's a ", "\n\nHere is an ",
-                "\n\nHere's an ", "\n\nYes,", "\n\nIn terms of", "\n\n**Created", "\n\nBelow is", "\n\nOne way"]
+                "\n\nHere's an ", "\n\nYes,", "\n\nIn terms of", "\n\n**Created", "\n\nBelow is", "\n\nOne way",
+                "\nAssistant ", "\n\nAssistant"]
 
 
 _ANSWER_PARAGRAPH = re.compile(
     r"^(?:Sure|Certainly|Of course|Yes[,.!]|No[,.!]|To (?:achieve|solve|do|determine|accomplish|create|implement|fix)|"
     r"In terms of|You can |One way|The answer|There are (?:several|many|a few)|Below is|This (?:code|function|program|"
     r"query|script|solution)|\*\*(?:Created )?(?:Answer|Solution|Question|Response)|#+ (?:Answer|Solution)|"
-    r"(?:Answer|Solution|Response|Output|Explanation)\s*:)")
+    r"(?:Answer|Solution|Response|Output|Explanation)\s*:|Assistant\b)")
+# after a question, a paragraph opening like these is the answer ("...?\n\nThe book has ...")
+_AFTER_QUESTION = re.compile(r"^(?:The|There|It|This|These|Yes|No|You|To)\b")
 _HERE_IS_CODE = re.compile(r"^Here(?: is|'s) (?:a|an|the) (?:[\w+#-]+ ){0,3}(?:program|script|function|query|code|"
                            r"implementation|solution|class|method|version|approach)\b")
 _FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|my|me|we|our)\b")
@@ -57,11 +60,13 @@ def cut_answer_leak(text: str) -> tuple[str, bool]:
     the first that reads like the assistant: "Yes, you can ...", "Here is a SQL query that
     ...", "**Answer**"), and whether anything was cut. "Here is my code:" is the user's,
     and so is "Here's an example of the input:": "Here is/Here's" starts an answer only when
-    it presents a program, function, query ... and has no first-person word."""
+    it presents a program, function, query ... and has no first-person word. After a
+    paragraph ending in "?", one opening with "The", "It", "Yes", "You" ... is an answer."""
     paras = re.split(r"\n\s*\n", text)
     for i in range(1, len(paras)):
         p = paras[i].lstrip()
-        if _ANSWER_PARAGRAPH.match(p) or (_HERE_IS_CODE.match(p) and not _FIRST_PERSON.search(p.split("\n", 1)[0])):
+        if (_ANSWER_PARAGRAPH.match(p) or (_HERE_IS_CODE.match(p) and not _FIRST_PERSON.search(p.split("\n", 1)[0]))
+                or (paras[i - 1].rstrip().endswith("?") and _AFTER_QUESTION.match(p))):
             return "\n\n".join(paras[:i]).rstrip(), True
     return text, False
 

@@ -7,8 +7,8 @@ Why each exists:
   not the target; near-duplicates are found by MinHash over word shingles, so the index
   stays fast at tens of thousands of prompts.
 - **Degenerate samples**: a sampled user turn can loop, leak chat-control tokens, be the
-  assistant talking ("Sure! Here is ..."), or be mostly another script when the benchmark
-  is English. Each rejection carries a reason, so the stage can report what it threw away.
+  assistant talking ("Sure! Here is ..."), or be mostly another script when the benchmarks
+  are English. Each rejection carries a reason, so the stage can report what it threw away.
 - **Benchmark overlap**: the heads are measured on bench/mt_bench.jsonl and
   bench/prompts.jsonl; a training prompt sharing an 8-word run with any of their turns is
   dropped (the usual n-gram decontamination, stricter than the 13-grams of GPT-3's paper
@@ -219,15 +219,16 @@ def clean_user_turn(text: str) -> str:
     return stripped.strip() if stripped.strip() else text
 
 
-def _cjk_share(text: str) -> float:
+def non_latin_share(text: str) -> float:
+    """Share of the letters in another script than Latin (CJK, Arabic, Cyrillic ...). Greek
+    letters are not counted: in these prompts they are formulas' variables."""
     letters = [c for c in text if c.isalpha()]
     if not letters:
         return 0.0
-    cjk = sum(1 for c in letters if unicodedata.name(c, "").startswith(("CJK", "HIRAGANA", "KATAKANA", "HANGUL")))
-    return cjk / len(letters)
+    return sum(1 for c in letters if not unicodedata.name(c, "").startswith(("LATIN", "GREEK"))) / len(letters)
 
 
-def degenerate(text: str, max_cjk_share: float = 0.1) -> str | None:
+def degenerate(text: str, max_non_latin: float = 0.1) -> str | None:
     """Why this user turn is unusable as a training prompt, or None if it is fine."""
     if CONTROL_TOKEN.search(text):
         return "control_token"
@@ -236,8 +237,8 @@ def degenerate(text: str, max_cjk_share: float = 0.1) -> str | None:
         return "assistant_like"
     if low.startswith("qwen"):
         return "self_reference"  # Magpie on Qwen: "Qwen: ..." turns are the model echoing its system prompt
-    if _cjk_share(text) > max_cjk_share:
-        return "non_english"
+    if non_latin_share(text) > max_non_latin:
+        return "non_english"  # the benchmarks are English: another script's tokens train little that is used
     if re.search(r"(\S)\1{19,}", text):
         return "char_run"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

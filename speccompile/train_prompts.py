@@ -87,7 +87,7 @@ class Settings:
     magpie_share: float = 0.5
     temperature: float = 1.0
     top_p: float = 0.95
-    max_new_tokens: int = 320
+    max_new_tokens: int = 512
     min_tokens: int = 4
     max_tokens: int = 1024
     plan_version: int = PLAN_VERSION
@@ -193,10 +193,10 @@ class PromptSet:
     """The prompt files of one work dir, the filters' state rebuilt from them, and the slot loop."""
 
     def __init__(self, out_dir: Path, settings: Settings, count_tokens: Callable[[str], int],
-                 benchmarks: list[Path] | None = None, max_cjk_share: float = 0.1):
+                 benchmarks: list[Path] | None = None, max_non_latin: float = 0.1):
         settings.check()
         self.dir, self.settings, self.count_tokens = Path(out_dir), settings, count_tokens
-        self.max_cjk_share = max_cjk_share
+        self.max_non_latin = max_non_latin
         self.guard = BenchmarkGuard(benchmark_texts(BENCHMARKS if benchmarks is None else benchmarks))
         self.dir.mkdir(parents=True, exist_ok=True)
         saved = self.dir / "settings.json"
@@ -252,7 +252,7 @@ class PromptSet:
             return "too_short", text
         if n > self.settings.max_tokens:
             return "too_long", text
-        why = degenerate(text, self.max_cjk_share)
+        why = degenerate(text, self.max_non_latin)
         if why:
             return why, text
         hit = self.guard.overlap(text)

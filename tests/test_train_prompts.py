@@ -107,6 +107,8 @@ def test_degenerate_samples_are_named():
     assert degenerate("Sure! Here is a function that sorts a list.") == "assistant_like"
     assert degenerate("Qwen: what are CRM tools?") == "self_reference"
     assert degenerate("如何提高写作成绩？请给我一些建议。") == "non_english"
+    assert degenerate("بوت تواصل مع المستخدم وتنظيم الأداء؟") == "non_english"
+    assert degenerate("Prove that sin(α + β) = sin α cos β + cos α sin β for all real angles.") is None
     assert degenerate("Why is this so slow " + "!" * 30) == "char_run"
     assert degenerate("Fix this list:\n" + "- item\n" * 6) == "repeated_lines"
     assert degenerate(" ".join(["please sort the list"] * 12)) == "repetitive"
@@ -121,6 +123,10 @@ def test_answer_leaks_are_cut_from_sampled_turns():
     assert cut_answer_leak("Is there a way to do X?\n\nYes, you can use Y.") == ("Is there a way to do X?", True)
     assert cut_answer_leak("Write a SQL query for Z.\n\nHere is a SQL query that does it:\n```sql\nSELECT 1;\n```") \
         == ("Write a SQL query for Z.", True)
+    assert cut_answer_leak("What is special about the book?\n\n\nThe book is known for ...") == (
+        "What is special about the book?", True)
+    assert cut_answer_leak("Help me write a proposal\n\nAssistant Creating a proposal ...") == (
+        "Help me write a proposal", True)
     kept = "My code fails.\n\nHere is my code:\n```python\nx = 1\n```\n\nHere's an example of the input:\n\n[1, 2]"
     assert cut_answer_leak(kept) == (kept, False)
 
