@@ -241,22 +241,24 @@ def degenerate(text: str, max_non_latin: float = 0.1) -> str | None:
         return "non_english"  # the benchmarks are English: another script's tokens train little that is used
     if re.search(r"(\S)\1{19,}", text):
         return "char_run"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Repetition is judged on the prose: code repeats lines ("}", "end") and phrases by nature.
+    prose = re.sub(r"```.*?(?:```|$)", " ", text, flags=re.DOTALL)
+    lines = [ln.strip() for ln in prose.splitlines() if len(ln.split()) >= 4]
     if len(lines) >= 4 and max(lines.count(ln) for ln in set(lines)) >= 4:
         return "repeated_lines"
-    w = words(text)
+    w = words(prose)
     if len(w) >= 24:
         grams = [tuple(w[i:i + 3]) for i in range(len(w) - 2)]
         if len(set(grams)) / len(grams) < 0.5:
             return "repetitive"
-    raw = text.encode()
-    if len(raw) >= 400 and len(zlib.compress(raw)) / len(raw) < 0.2:
+    raw = text.encode()  # the whole turn, code included, only when it is one thing over and over
+    if len(raw) >= 400 and len(zlib.compress(raw)) / len(raw) < 0.12:
         return "repetitive"
     if re.search(r"[A-Za-z0-9+/=]{80,}", text):
         return "gibberish"  # long unbroken runs: base64, hashes, keyboard mash
-    letters = sum(c.isalpha() for c in text)
-    if letters < 0.3 * len(text) and "```" not in text:
-        return "gibberish"
+    plain = sum(c.isalnum() or c.isspace() for c in text)
+    if plain < 0.5 * len(text) and "```" not in text:
+        return "gibberish"  # mostly symbols (arithmetic and LaTeX stay well above half)
     return None
 
 

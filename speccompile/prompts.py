@@ -371,7 +371,7 @@ def general_prompt(family: str, rng: random.Random, held_out: bool = False) -> s
                                                                                                       held_out)))
     if family == "advice":
         return rng.choice(["How can I {g}?", "Give me a realistic four-week plan to {g}.",
-                           "What mistakes do people make when they try to {g}?"]).format(
+                           "What mistakes should I avoid when I try to {g}?"]).format(
             g=rng.choice(partition(GOALS, held_out)))
     # held-out styles
     if family == "constrained":

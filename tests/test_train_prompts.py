@@ -110,7 +110,9 @@ def test_degenerate_samples_are_named():
     assert degenerate("بوت تواصل مع المستخدم وتنظيم الأداء؟") == "non_english"
     assert degenerate("Prove that sin(α + β) = sin α cos β + cos α sin β for all real angles.") is None
     assert degenerate("Why is this so slow " + "!" * 30) == "char_run"
-    assert degenerate("Fix this list:\n" + "- item\n" * 6) == "repeated_lines"
+    assert degenerate("Fix this list:\n" + "- buy one more item\n" * 6) == "repeated_lines"
+    braces = "Why does this not compile?\n```c\n" + "if (x) {\n  y++;\n}\n" * 6 + "```"
+    assert degenerate(braces) is None  # code repeats its lines by nature
     assert degenerate(" ".join(["please sort the list"] * 12)) == "repetitive"
     assert degenerate("Decode this: " + "QUJD" * 30) == "gibberish"
     code = "Why does this fail?\n```python\ndef f(x):\n" + " " * 24 + "return x\n```"
