@@ -31,6 +31,19 @@ bench:
 heads:
 	$(BIN)/python -m speccompile.heads
 
+# Draft-head training data, stage 1: the prompt set (speccompile/train_prompts.py) -- written families plus
+# Magpie user turns sampled from the target, filtered, with a held-out set -- into
+# $SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/prompts/. Hours on 2 cores; resumable: rerun to continue.
+# For `make heads MODEL=...` to call first. TRAIN_PROMPTS / HELD_OUT_PROMPTS change the targets.
+MODEL ?= Qwen2.5-Coder-1.5B-Instruct
+QUANT ?= q4f32_1
+TRAIN_PROMPTS ?= 20000
+HELD_OUT_PROMPTS ?= 500
+.PHONY: head-prompts
+head-prompts:
+	nice -n 19 $(BIN)/python -m speccompile.cli train-prompts --model $(MODEL) --quantization $(QUANT) \
+		--num-prompts $(TRAIN_PROMPTS) --held-out $(HELD_OUT_PROMPTS)
+
 # The C API for embedding (runtime/capi): libspeccompile_capi.so + build/capi/spc_generate,
 # built with CMake against the TVM runtime in the venv's wheel.
 .PHONY: capi

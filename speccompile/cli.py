@@ -467,5 +467,50 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
                f"--model-type {method} --target <the target's HF folder or GGUF> ...")
 
 
+@main.command("train-prompts")
+@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--model-lib", type=click.Path(path_type=Path), default=None, help="the target's compiled library")
+@click.option("--model", "model_name", default=None,
+              help="instead of MODEL_DIR --model-lib: a model of speccompile/fetch.py, prepared once and cached")
+@click.option("--quantization", default="q4f32_1", show_default=True, help="with --model")
+@click.option("--work-dir", type=click.Path(path_type=Path), default=None,
+              help="prompts go to WORK_DIR/prompts (default $SPECCOMPILE_CACHE/train/<model dir name>-eagle3)")
+@click.option("--num-prompts", type=int, default=20000, show_default=True, help="training prompts to reach")
+@click.option("--held-out", type=int, default=500, show_default=True, help="held-out prompts (other styles) to reach")
+@click.option("--magpie-share", type=float, default=0.5, show_default=True,
+              help="share of slots whose user turn the target samples itself (the rest are written families)")
+@click.option("--batch", type=int, default=8, show_default=True, help="Magpie sequences decoded together")
+@click.option("--max-new-tokens", type=int, default=512, show_default=True,
+              help="longest sampled user turn (longer ones are dropped as truncated)")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--top-p", type=float, default=0.95, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="decides every slot; fixed for a work dir")
+@click.option("--exclude", "exclude", multiple=True, type=click.Path(path_type=Path),
+              help="benchmark JSONL files (MT-bench format) never to overlap; default bench/mt_bench.jsonl and "
+                   "bench/prompts.jsonl")
+def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, num_prompts, held_out, magpie_share,
+                      batch, max_new_tokens, temperature, top_p, seed, exclude):
+    """Build the prompt set a draft head trains on: written families plus Magpie user turns
+    sampled from the target, filtered (duplicates, degenerate samples, benchmark overlap),
+    with a held-out set of other styles. Resumable: rerun the same command to continue."""
+    from speccompile.train_prompts import Settings, run_train_prompts
+
+    try:
+        settings = Settings(seed=seed, magpie_share=magpie_share, temperature=temperature, top_p=top_p,
+                            max_new_tokens=max_new_tokens)
+        settings.check()
+        if model_name:
+            from speccompile.fetch import prepare
+
+            model_dir, model_lib = prepare(model_name, quantization)
+        if model_dir is None or model_lib is None:
+            raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+        report = run_train_prompts(model_dir, model_lib, work_dir, num_prompts, held_out, settings, batch,
+                                   list(exclude) or None)
+    except USER_ERRORS as err:
+        _fail(err)
+    click.echo(json.dumps(report, indent=1))
+
+
 if __name__ == "__main__":
     main()

@@ -254,3 +254,148 @@ def instruction_prompts(n: int, seed: int = 0) -> list[str]:
     if n > len(out):
         raise ValueError(f"at most {len(out)} distinct prompts are available, {n} asked")
     return out[:n]
+
+
+# ------------------------------------------------------------------ prompt sets for coder targets
+# ``instruction_prompts`` above stays as it is (the SmolLM2 heads' data resumes by its order).
+# What follows serves speccompile/train_prompts.py: one prompt per draw, from families named
+# here and in speccompile/prompts_code.py, with a held-out half of every list kept apart.
+
+
+def partition(items: list, held_out: bool, every: int = 5) -> list:
+    """Every ``every``-th item (from the first) for the held-out set, the others for training:
+    the held-out prompts then ask about things no training prompt of that family mentions."""
+    return items[::every] if held_out else [x for i, x in enumerate(items) if i % every]
+
+
+SENTENCES = [
+    "The meeting has been moved to Thursday afternoon because the client is travelling.",
+    "Could you tell me where the nearest pharmacy is?", "I have been learning to play the piano for two years.",
+    "Please keep your luggage with you at all times.", "The museum is free on the first Sunday of every month.",
+    "We regret to inform you that your order has been delayed.", "My grandmother grew up in a small fishing village.",
+    "Turn left at the bakery and walk straight for five minutes.", "The software update fixes several security issues.",
+    "I'd like to book a table for four at eight o'clock.", "Rain is expected for most of the weekend.",
+    "She finished the marathon despite a painful knee injury.", "Thank you for your patience while we investigate.",
+    "The library will close early on public holidays.", "The bakery on the corner is hiring a part-time assistant.",
+    "Do not leave the oven unattended while it is on.", "He apologized for forgetting her birthday.",
+    "The train to the airport leaves every fifteen minutes.", "This recipe works just as well with oat milk.",
+    "Children under twelve must be accompanied by an adult.",
+]
+LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese", "Japanese", "Korean", "Russian", "Dutch",
+             "Turkish", "Polish", "Swedish", "Hindi", "Indonesian", "Greek"]
+ARTICLES = [
+    "A new study of 2,400 office workers found that those who took a short walk every two hours reported less back "
+    "pain and better concentration than those who stayed seated. The researchers asked half of the participants to "
+    "walk for five minutes at regular intervals for eight weeks. Productivity, measured by completed tasks, did not "
+    "fall, and several managers said meetings became shorter. The authors caution that the results rely on "
+    "self-reported pain and that the study did not include remote workers.",
+    "The town of Eldham will replace its diesel buses with electric ones over the next four years. The council "
+    "approved a budget of 38 million, two thirds of it from a national grant. Charging stations will be built at the "
+    "main depot first, and drivers will be trained in the spring. Critics point out that the buses cost twice as "
+    "much as diesel models and that winter range is still uncertain. Supporters expect fuel and maintenance savings "
+    "to cover the difference within twelve years.",
+    "After three dry summers, farmers in the valley are switching from maize to sorghum, which needs about a third "
+    "less water. Seed suppliers report that orders doubled this year. Agronomists say yields are lower but more "
+    "stable, and that local mills will need new equipment to process the grain. Some farmers worry that buyers "
+    "will not pay enough to make the switch worthwhile.",
+    "The open-source project Quillmark released version 3.0 of its note-taking app, adding real-time collaboration "
+    "and end-to-end encryption. The maintainers said the rewrite took eighteen months and was funded by donations "
+    "from about 4,000 users. Older plugins will need to be updated because the extension API changed. The team "
+    "plans to publish a migration guide and keep fixing security bugs in version 2 until next June.",
+    "Volunteers counted 1,312 sea turtle nests on the island this season, the highest number in twenty years. "
+    "Conservation groups credit a ban on beach lighting near nesting areas and patrols that discourage poaching. "
+    "However, rising sand temperatures mean more females are hatching than males, a trend scientists will monitor "
+    "with sensors buried at different depths.",
+    "A mid-sized bakery chain cut its food waste by 40 percent in one year by forecasting demand for each shop and "
+    "day of the week. Unsold bread is now sold at half price through an app in the last hour before closing, and "
+    "what remains goes to food banks. The company says the forecasting tool paid for itself within five months.",
+    "The regional hospital opened a night clinic for minor injuries, staffed by two nurses and a doctor on call. In "
+    "its first month it treated 640 patients, and average waiting times in the emergency department fell from four "
+    "hours to just under three. Staff unions welcomed the change but warned that recruiting night nurses remains "
+    "difficult, and the clinic's funding is only guaranteed until the end of next year.",
+    "A survey of 1,100 secondary school teachers found that most now use AI tools to prepare lessons, but fewer than "
+    "one in five let students use them for homework. Teachers said the tools save about three hours a week, mainly "
+    "on worksheets and quizzes. Many worried about cheating and about students losing the habit of writing drafts. "
+    "The education ministry plans to publish guidelines in the autumn.",
+    "City cyclists will get 22 kilometres of new protected bike lanes by 2026, the transport department announced. "
+    "The first section, along the river, opens in May. Shop owners on two of the planned streets oppose the loss of "
+    "parking spaces and have collected 3,000 signatures. The department says delivery zones will be kept and that "
+    "similar projects elsewhere increased foot traffic for local shops.",
+    "Researchers trained a small robot to sort recyclable waste using a camera and a suction gripper. In tests at a "
+    "municipal plant it picked 38 items per minute with 94 percent accuracy, compared with about 30 items for a "
+    "human worker. The team says the robot is meant to take over the dirtiest tasks rather than replace staff, and "
+    "that its main weakness is crumpled or wet cardboard.",
+]
+QUESTIONS = [
+    "Why do cats purr?", "How do noise-cancelling headphones work?", "Why is the ocean salty?",
+    "What makes a good night's sleep?", "How do vaccines train the immune system?", "Why do leaves change color in "
+    "autumn?", "How does a credit card payment actually go through?", "What is the difference between weather and "
+    "climate?", "Why do we get jet lag?", "How do airplanes stay in the air?", "What causes inflation?",
+    "How does GPS know where I am?", "Why do onions make you cry?", "How are rainbows formed?", "What is a mortgage "
+    "and how does it work?", "Why do some people get motion sickness?", "How does a refrigerator keep things cold?",
+    "What happens in the brain when we learn something new?", "Why is the sky dark at night if there are so many "
+    "stars?", "How do bees make honey?", "What is the difference between a virus and a bacterium?",
+    "How do solar panels turn sunlight into electricity?", "Why does bread go stale?", "How do elections work in a "
+    "parliamentary system?",
+]
+GOALS = ["improve my sleep", "learn to cook on a budget", "save for a down payment", "get better at public speaking",
+         "start running without getting injured", "read more books", "learn a new language as an adult",
+         "keep a tidy home with little time", "prepare for a job interview", "reduce my screen time",
+         "make friends in a new city", "negotiate a higher salary", "stay focused while working from home",
+         "start a vegetable garden on a balcony", "plan a two-week trip on a small budget"]
+
+
+def general_prompt(family: str, rng: random.Random, held_out: bool = False) -> str:
+    """One prompt of a general-chat family. The families of ``instruction_prompts`` are
+    drawn through the same templates; translation, summarization, questions and advice are
+    new. Held-out families (``HELD_OUT_GENERAL_FAMILIES``) use other styles: constrained
+    writing, hint-only tutoring, terse chat and comparisons."""
+    topics = partition(TOPICS, held_out)
+    if family == "topics":
+        return rng.choice(TEMPLATES).format(t=rng.choice(topics))
+    old = {"writing": WRITING, "roleplay": ROLEPLAY, "extraction": EXTRACTION, "math": MATH, "reasoning": REASONING}
+    if family in old:
+        return _fill(rng, rng.choice(old[family]))
+    if family == "translation":
+        return rng.choice(["Translate into {lang}: \"{s}\"", "How would you say this in {lang}? {s}",
+                           "Translate this sentence to {lang} and explain any word choices that are not literal:\n{s}"]
+                          ).format(lang=rng.choice(LANGUAGES), s=rng.choice(partition(SENTENCES, held_out)))
+    if family == "summarization":
+        return rng.choice(["Summarize this article in {n} bullet points:\n\n{a}", "Give me a one-paragraph summary "
+                           "of the following, then list the numbers it mentions.\n\n{a}", "TL;DR this for a busy "
+                           "manager:\n\n{a}", "What are the main arguments for and against in this text?\n\n{a}"]
+                          ).format(n=rng.randint(2, 5), a=rng.choice(partition(ARTICLES, held_out)))
+    if family == "qa":
+        return rng.choice(["{q}", "{q} Please keep it short.", "{q} Explain it like I'm ten.",
+                           "{q} Give me the scientific explanation."]).format(q=rng.choice(partition(QUESTIONS,
+                                                                                                      held_out)))
+    if family == "advice":
+        return rng.choice(["How can I {g}?", "Give me a realistic four-week plan to {g}.",
+                           "What mistakes should I avoid when I try to {g}?"]).format(
+            g=rng.choice(partition(GOALS, held_out)))
+    # held-out styles
+    if family == "constrained":
+        return rng.choice([
+            "In exactly {n} sentences, explain {t}. Do not use the letter 'z'.",
+            "Write a paragraph about {t} for a newsletter. Constraints: under {w} words, no jargon, end with a "
+            "question to the reader.", "Describe {t} using only words a five-year-old knows, in a numbered list of "
+            "{n} items."]).format(t=rng.choice(topics), n=rng.randint(3, 6), w=rng.choice([60, 80, 100, 120]))
+    if family == "socratic":
+        a, b, c = rng.randint(2, 15), rng.randint(2, 12), rng.randint(20, 300)
+        problem = rng.choice([f"solve {a}x - {b} = {c}", f"find {a}% of {c}", f"a car covers {c} km in {b} hours; "
+                              f"what is its speed?", f"how many ways can {b} people sit in a row?"])
+        return rng.choice(["Don't give me the answer, only hints: {p}", "I want to learn, not copy. Guide me step "
+                           "by step with questions: {p}"]).format(p=problem)
+    if family == "terse_chat":
+        return rng.choice(["eli5 {t}", "{t}?? explain pls", "tldr on {t}", "{t} in 2 lines"]).format(
+            t=rng.choice(topics))
+    if family == "versus":
+        t1, t2 = rng.sample(topics, 2)
+        return rng.choice(["{a} vs {b}: which is more useful to understand, and why?",
+                           "What do {a} and {b} have in common, if anything?"]).format(a=t1, b=t2)
+    raise ValueError(f"unknown prompt family {family!r}")
+
+
+GENERAL_FAMILIES = ("topics", "writing", "roleplay", "extraction", "math", "reasoning", "translation",
+                    "summarization", "qa", "advice")
+HELD_OUT_GENERAL_FAMILIES = ("constrained", "socratic", "terse_chat", "versus")
