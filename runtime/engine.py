@@ -101,6 +101,7 @@ class Engine:
         self.set_draft_length(spec.spec_draft_length)
         self._next_seq = 0
         self.totals = Stats(spec=SpecMetrics())  # every step this engine ran (a server exports them)
+        self.feature_sink = None  # see capture_features
 
     def set_draft_length(self, k: int) -> None:
         """Fix the draft length (k > 0) or make it adaptive (k = 0, starting from the
@@ -123,6 +124,25 @@ class Engine:
             self.generate(ids, max_tokens=16, ignore_eos=True)
             self.set_draft_length(self.policy.fixed_k or 0)
         self.totals = Stats(spec=SpecMetrics())
+
+    @contextmanager
+    def capture_features(self, sink):
+        """Within this block every forward also returns the target's low/mid/high layer
+        features, and ``sink(seq_id, position, features [m, 3 * hidden])`` receives those of
+        each token as it is committed (prompt tokens at prefill, then every accepted token):
+        an EAGLE-3 head's training data, captured while the engine generates, with no
+        second pass. The logits are the same kernels' (bit-identical)."""
+        if self.model.feature_layers is None:
+            raise GenerationError(f"{self.model.lib_path} exports no layer features (built before EAGLE-3 "
+                                  "support): rebuild it with `speccompile compile`")
+        if self.proposer is not None and self.proposer.features not in ("", "layers"):
+            raise GenerationError(f"--speculative-mode {self.spec.speculative_mode} reads the final hidden states; "
+                                  "layer features cannot be captured beside it")
+        self.feature_sink = sink
+        try:
+            yield self
+        finally:
+            self.feature_sink = None
 
     @contextmanager
     def speculation_disabled(self):
@@ -262,12 +282,12 @@ class Engine:
             return []
         t0 = time.perf_counter()
         ids, starts = [s.seq_id for s in batch], [self.kv.length(s.seq_id) for s in batch]
-        if self.proposer and self.proposer.features:  # the head reads every prompt token's features
+        if self._features():  # a head (or the feature sink) reads every prompt token's features
             hidden, feats = self._forward_features(ids, chunks, None)
             ends = np.cumsum([len(c) for c in chunks])
             logits = self.model.get_logits(hidden.numpy()[ends - 1]).numpy()
             for sid, start, end, c in zip(ids, starts, ends, chunks):
-                self.proposer.observe_hidden(sid, start, feats[end - len(c): end])
+                self._observe(sid, start, feats[end - len(c): end])
         else:
             logits = self.model.prefill(self.kv, ids, chunks)
         # a draft model prefills along -- if the batch about to decode (every sequence
@@ -346,7 +366,7 @@ class Engine:
         tree = any(d.parents is not None for d in drafts)
         parents = [d.verify_parents() for d in drafts] if tree else None
         try:
-            if self.proposer is not None and self.proposer.features:
+            if self._features():
                 hidden, feats = self._forward_features(ids, tokens, parents)
                 return drafts, self.model.get_logits(hidden), feats
             if all(len(d) == 0 for d in drafts):
@@ -357,11 +377,25 @@ class Engine:
                 raise
             return self._forward(active, [Draft() for _ in active])
 
+    def _features(self) -> str:
+        """Which target features this step's forward must return: the proposer's ("" none,
+        "hidden", "layers"), or "layers" for the feature sink."""
+        if self.feature_sink is not None:
+            return "layers"
+        return self.proposer.features if self.proposer is not None else ""
+
+    def _observe(self, seq_id: int, position: int, feats: np.ndarray) -> None:
+        """Hand the features of committed tokens at position.. to whoever reads them."""
+        if self.proposer is not None and self.proposer.features:
+            self.proposer.observe_hidden(seq_id, position, feats)
+        if self.feature_sink is not None:
+            self.feature_sink(seq_id, position, feats)
+
     def _forward_features(self, ids: list[int], tokens: list[list[int]], parents: list[list[int]] | None):
         """(device final-normed hidden states [n, hidden], the features the proposer reads on
         the host: those hidden states, or the target's low/mid/high layer outputs [n, 3 * hidden]
         for an EAGLE-3 head) of one forward that stops before the logits."""
-        if self.proposer.features == "layers":
+        if self._features() == "layers":
             hidden, feats = self.model.forward_features(self.kv, ids, tokens, parents)
             return hidden, feats.numpy()
         hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
@@ -403,6 +437,6 @@ class Engine:
             else:
                 self.kv.popn(s.seq_id, len(d) - len(verdict.path))
             if hidden is not None:
-                self.proposer.observe_hidden(s.seq_id, len(s.history) - 1,
+                self._observe(s.seq_id, len(s.history) - 1,
                                              hidden[[row] + [row + 1 + j for j in verdict.path]])
             row += len(d) + 1
