@@ -25,11 +25,13 @@ bench:
 	$(BIN)/python -m speccompile.cli bench --model SmolLM2-135M-Instruct --quantization q4f32_1 \
 		--speculative-mode ngram --per-category 3 --max-tokens 128 --json bench-results/smollm2-ngram.json
 
-# Train our EAGLE head for SmolLM2-135M-Instruct by self-distillation (speccompile/heads.py):
-# an hour or more on 2 cores; resumable (data and checkpoints in ~/.cache/speccompile/train);
-# the head lands in heads/. HEAD_STEPS / HEAD_PROMPTS override the defaults.
+# Train our draft heads by self-distillation (speccompile/heads.py), resumable: rerun to continue.
+# MODEL=Qwen2.5-Coder-1.5B-Instruct (default): the EAGLE-3 pipeline (prompts, answers with features,
+# training-time test), days of CPU in all; MODEL=SmolLM2-135M-Instruct: its EAGLE-1 and Medusa heads.
+# Data and checkpoints in ~/.cache/speccompile/train; heads land in heads/.
 heads:
-	$(BIN)/python -m speccompile.heads
+	MODEL=$(MODEL) QUANT=$(QUANT) TRAIN_PROMPTS=$(TRAIN_PROMPTS) HELD_OUT_PROMPTS=$(HELD_OUT_PROMPTS) \
+		nice -n 10 $(BIN)/python -m speccompile.heads
 
 # Draft-head training data, stage 1: the prompt set (speccompile/train_prompts.py) -- written families plus
 # Magpie user turns sampled from the target, filtered, with a held-out set -- into

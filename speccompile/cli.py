@@ -430,8 +430,10 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 
 @main.command("train-draft")
 @click.argument("target_dir", type=click.Path(path_type=Path))
-@click.option("--method", type=click.Choice(["eagle", "medusa"]), required=True)
-@click.option("--model-lib", type=click.Path(path_type=Path), required=True, help="the target's compiled library")
+@click.option("--method", type=click.Choice(["eagle", "eagle3", "medusa"]), required=True,
+              help="eagle3 trains on WORK_DIR/answers (train-prompts, then train-answers make them)")
+@click.option("--model-lib", type=click.Path(path_type=Path), default=None,
+              help="the target's compiled library (eagle, medusa: they generate their data themselves)")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
               help="folder for the head (official layout), its data and checkpoints")
 @click.option("--num-prompts", type=int, default=600, show_default=True, help="self-distillation conversations")
@@ -439,8 +441,9 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 @click.option("--gen-batch", type=int, default=8, show_default=True, help="sequences generated together")
 @click.option("--steps", type=int, default=3000, show_default=True, help="training steps (resumes from a checkpoint)")
 @click.option("--train-batch", type=int, default=4, show_default=True, help="conversations per step")
-@click.option("--draft-vocab", type=int, default=16384, show_default=True,
-              help="tokens in the training loss's vocabulary, counted from the target's answers")
+@click.option("--draft-vocab", type=int, default=None,
+              help="tokens in the draft vocabulary, counted from the target's answers [eagle, medusa: 16384; "
+                   "eagle3: 32768]")
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="data and checkpoints (default OUTPUT/work); reuse it to resume, or to train "
                    "another method on the same data")
@@ -451,14 +454,35 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 @click.option("--medusa-freeze-lm-head/--no-medusa-freeze-lm-head", default=True, show_default=True,
               help="medusa: keep every head's vocabulary projection equal to the target's lm_head "
                    "(cheap on a CPU); --no-... trains one per head (vocab x hidden floats each, plus Adam state)")
+@click.option("--epochs", type=int, default=8, show_default=True, help="eagle3: passes over the training answers")
+@click.option("--ttt-steps", type=int, default=4, show_default=True,
+              help="eagle3: training-time test steps (the head trained on its own fed-back outputs)")
+@click.option("--intermediate-size", type=int, default=2816, show_default=True,
+              help="eagle3: the head layer's MLP width (sets its size: 2816 is 57 MB of fp16 for a 1536-wide target)")
 def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_tokens, gen_batch, steps, train_batch,
-                    draft_vocab, work_dir, medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head):
+                    draft_vocab, work_dir, medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head, epochs,
+                    ttt_steps, intermediate_size):
     """Train a draft head for TARGET_DIR by self-distillation (resumable; needs torch)."""
     from speccompile.train_draft import run_train_draft
 
     try:
+        if method == "eagle3":
+            from speccompile.train_eagle3 import Settings, train_eagle3
+
+            if work_dir is None:
+                raise ValueError("--method eagle3 trains on WORK_DIR/answers: give --work-dir (train-answers' "
+                                 "--work-dir)")
+            report = train_eagle3(target_dir, work_dir, output,
+                                  Settings(intermediate_size=intermediate_size, draft_vocab=draft_vocab or 32768,
+                                           steps=ttt_steps, epochs=epochs))
+            click.echo(json.dumps(report, indent=1))
+            click.echo(f"wrote {output}/config.json and model.safetensors; next: speccompile convert_weight {output} "
+                       "--model-type eagle --target <the target's HF folder or GGUF> ...")
+            return
+        if model_lib is None:
+            raise ValueError(f"--method {method} generates its data: give --model-lib")
         report = run_train_draft(method, target_dir, model_lib, output, num_prompts, max_tokens, gen_batch, steps,
-                                 train_batch, draft_vocab, work_dir=work_dir, medusa_num_heads=medusa_num_heads,
+                                 train_batch, draft_vocab or 16384, work_dir=work_dir, medusa_num_heads=medusa_num_heads,
                                  medusa_num_layers=medusa_num_layers, medusa_freeze_lm_head=medusa_freeze_lm_head)
     except USER_ERRORS as err:
         _fail(err)
@@ -511,6 +535,39 @@ def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
         _fail(err)
     click.echo(json.dumps(report, indent=1))
 
+
+@main.command("train-answers")
+@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--model-lib", type=click.Path(path_type=Path), default=None, help="the target's compiled library")
+@click.option("--model", "model_name", default=None,
+              help="instead of MODEL_DIR --model-lib: a model of speccompile/fetch.py, prepared once and cached")
+@click.option("--quantization", default="q4f32_1", show_default=True, help="with --model")
+@click.option("--work-dir", type=click.Path(path_type=Path), default=None,
+              help="reads WORK_DIR/prompts, writes WORK_DIR/answers (default as train-prompts)")
+@click.option("--num-prompts", type=int, default=None, help="training prompts to answer (default: all there are)")
+@click.option("--held-out", type=int, default=200, show_default=True, help="held-out prompts to answer")
+@click.option("--mt-bench/--no-mt-bench", default=True, show_default=True,
+              help="also answer MT-bench first turns (offline evaluation only, never trained on)")
+@click.option("--max-tokens", type=int, default=768, show_default=True, help="longest answer")
+@click.option("--batch", type=int, default=8, show_default=True, help="sequences decoded together")
+def train_answers_cmd(model_dir, model_lib, model_name, quantization, work_dir, num_prompts, held_out, mt_bench,
+                      max_tokens, batch):
+    """The target's greedy answers to the prompt set, with its low/mid/high layer features
+    captured while it generates (an EAGLE-3 head's training data). Resumable: rerun the
+    same command to continue; raise --num-prompts as train-prompts makes more."""
+    from speccompile.train_answers import run_train_answers
+
+    try:
+        if model_name:
+            from speccompile.fetch import prepare
+
+            model_dir, model_lib = prepare(model_name, quantization)
+        if model_dir is None or model_lib is None:
+            raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+        report = run_train_answers(model_dir, model_lib, work_dir, num_prompts, held_out, mt_bench, max_tokens, batch)
+    except USER_ERRORS as err:
+        _fail(err)
+    click.echo(json.dumps(report, indent=1))
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,15 @@
-"""``make heads``: train the project's own EAGLE and Medusa heads for SmolLM2-135M-Instruct.
+"""``make heads MODEL=...``: train the project's own draft heads.
+
+``MODEL=Qwen2.5-Coder-1.5B-Instruct`` (the default) runs the EAGLE-3 pipeline, every stage
+resumable, into ``$SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/``:
+1. train-prompts: written prompt families plus Magpie user turns (TRAIN_PROMPTS, HELD_OUT_PROMPTS);
+2. train-answers: the target's greedy answers with its layer features captured while it
+   generates (ANSWER_PROMPTS caps how many training prompts are answered);
+3. train-draft --method eagle3: the training-time test, best held-out checkpoint exported to
+   ``heads/<model>-eagle3`` (HEAD_EPOCHS).
+Rerun the same command to continue after any interruption.
+
+``MODEL=SmolLM2-135M-Instruct`` trains the EAGLE-1 and Medusa heads described below.
 
 No EAGLE or Medusa weights for our models are reachable from this machine, so we train
 them by self-distillation (speccompile/train_draft.py, speccompile/train_medusa.py) on
@@ -27,7 +38,30 @@ HEAD_DIR = REPO / "heads" / f"{TARGET}-eagle"
 MEDUSA_DIR = REPO / "heads" / f"{TARGET}-medusa"
 
 
+def eagle3_pipeline(model: str, quant: str) -> dict:
+    """The three stages for one target; returns the training report."""
+    from .train_answers import run_train_answers
+    from .train_eagle3 import Settings, train_eagle3
+    from .train_prompts import Settings as PromptSettings
+    from .train_prompts import default_work_dir, run_train_prompts
+
+    target_dir, lib = prepare(model, quant)
+    work = default_work_dir(target_dir)
+    env = os.environ.get
+    run_train_prompts(target_dir, lib, work, int(env("TRAIN_PROMPTS", "20000")), int(env("HELD_OUT_PROMPTS", "500")),
+                      PromptSettings())
+    limit = env("ANSWER_PROMPTS")
+    run_train_answers(target_dir, lib, work, int(limit) if limit else None, held_out=200, mt_bench=True,
+                      max_tokens=768, batch=16)
+    return train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3",
+                        Settings(epochs=int(env("HEAD_EPOCHS", "8"))))
+
+
 def main() -> None:
+    model = os.environ.get("MODEL", "Qwen2.5-Coder-1.5B-Instruct")
+    if model != TARGET:
+        print(json.dumps(eagle3_pipeline(model, os.environ.get("QUANT", QUANT)), indent=1))
+        return
     target_dir, lib = prepare(TARGET, QUANT)
     which = os.environ.get("HEADS", "eagle,medusa").split(",")
     common = dict(num_prompts=int(os.environ.get("HEAD_PROMPTS", "2000")), max_tokens=320, gen_batch=24,

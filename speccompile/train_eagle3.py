@@ -1,153 +1,428 @@
-"""EAGLE-3 heads in torch, named as SafeAILab and SpecForge publish them, and the writer
-of that layout: the model and the export of ``train-draft --method eagle3``.
+"""Training an EAGLE-3 head with the training-time test, resumable (``train-draft --method eagle3``).
 
-What is not here yet (issue 17, part 2): the training loop -- data whose three layer
-features are captured while the engine generates (``Model.forward_features``), the
-training-time test on the head's own fed-back outputs, checkpoint selection on held-out
-conversations. What is here is what that loop will train and write, so a trained head is
-read by ``convert_weight --model-type eagle`` exactly as a downloaded one; the round trip
-(torch forward == the numpy reference the compiled head is checked against) is tested in
-tests/test_eagle3.py.
+Why the training-time test (TTT). At draft time only the first depth sees a true target
+feature; deeper rows are built from the head's *own* output at the parent row. A head
+trained on true features alone falls apart after one step (DRAFT_TRAINING.md: chains
+collapsed after the first draft). So every batch runs the head ``steps`` times: step 0 on
+the fused target features, step k on step k-1's outputs shifted one position right --
+exactly the rows a chain drafts -- and each step's loss trains the head to survive its
+own errors.
 
-The module mirrors models/eagle3.py: ``fuse`` is fc over the target's low/mid/high layer
-outputs [.., 3h]; ``forward`` the one decoder layer, whose attention reads
-[input_layernorm(embedding), hidden_norm(hidden)] and whose residual starts from
-``hidden`` (the fused feature, or the head's own previous output); ``logits`` its final
-norm and lm_head over the draft vocabulary.
+Attention at step k, position r, mirrors the runtime's KV cache: the rows built from
+true features at positions <= r - k (the committed context when row r - k was the last
+true one), then the draft rows of steps 1..k on its own chain (step s at position
+r - k + s). Positions keep their RoPE index, as the runtime's scratch rows do.
+
+Labels are the target's own greedy tokens (train-answers generated greedily, which is
+what lossless greedy verification accepts): row r predicts token r + 2. Only answer
+tokens are scored, and only those in the draft vocabulary (the ``draft_vocab`` most
+frequent answer tokens, fixed at the first run). The projection is the target's own
+embedding/lm_head rows for that vocabulary, frozen: the head ships without it (conversion
+reads it from the target), which keeps the committed head small.
+
+Resumable: ``state.pt`` (model, optimizer, epoch, the epoch's batch plan, progress) is
+rewritten atomically every few minutes and after each evaluation; a rerun continues where
+the last one stopped, and conversations train-answers added since join at the next epoch.
+``curve.jsonl`` holds the held-out curve; ``best.pt`` the weights with the best held-out
+chain length, which is what gets exported.
 """
 from __future__ import annotations
 
+import copy
 import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .train_answers import conversations, read_shards
 
-def build_eagle3_head(layer_cfg, draft_vocab_size: int, torch):
-    """The EAGLE-3 head in torch; ``layer_cfg`` gives the decoder layer's sizes (a Llama
-    config: hidden_size, intermediate_size, heads, head_dim, rms_norm_eps)."""
-    nn, F = torch.nn, torch.nn.functional
-    c = layer_cfg
-    h, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-
-    class RMSNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(h))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * self.weight
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
-            self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-            self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-            self.o_proj = nn.Linear(nh * hd, h, bias=False)
-
-        def forward(self, x, cos, sin):
-            # x: [b, n, 2h]; cos, sin: [1, 1, n, hd] -> [b, n, h], causal
-            b, n, _ = x.shape
-            q = rope(self.q_proj(x).view(b, n, nh, hd).transpose(1, 2), cos, sin)
-            k = rope(self.k_proj(x).view(b, n, nkv, hd).transpose(1, 2), cos, sin)
-            v = self.v_proj(x).view(b, n, nkv, hd).transpose(1, 2)
-            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate_proj = nn.Linear(h, c.intermediate_size, bias=False)
-            self.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
-            self.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-    class MidLayer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.self_attn, self.mlp = Attention(), MLP()
-            self.input_layernorm, self.hidden_norm, self.post_attention_layernorm = RMSNorm(), RMSNorm(), RMSNorm()
-
-        def forward(self, emb, hidden, cos, sin):
-            x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
-            hidden = hidden + self.self_attn(x, cos, sin)
-            return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-    class Eagle3(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(3 * h, h, bias=False)
-            self.midlayer = MidLayer()
-            self.norm = RMSNorm()
-            self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
-
-        def fuse(self, features):
-            # features: [b, n, 3h] the target's low/mid/high layer outputs -> [b, n, h]
-            return self.fc(features)
-
-        def forward(self, emb, hidden, cos, sin):
-            # emb: [b, n, h] embeddings of token i+1; hidden: [b, n, h] fused feature (or the
-            # head's own output) at i -> the head's output at i [b, n, h], before its norm
-            return self.midlayer(emb, hidden, cos, sin)
-
-        def logits(self, out):
-            # out: [b, n, h] -> [b, n, draft_vocab]
-            return self.lm_head(self.norm(out))
-
-    return Eagle3()
+IGNORE = -100
+EVAL_STEPS = 6  # depths scored on held-out data (training may run fewer TTT steps)
 
 
-def rope(x, cos, sin):
-    """Rotate-half RoPE (HF Llama), x: [b, heads, n, hd]."""
-    half = x.shape[-1] // 2
-    import torch
+@dataclass
+class Conv:
+    """One conversation: tokens [L], the prompt's length, features [L-1, 3h] fp16."""
 
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+    id: str
+    tokens: np.ndarray
+    prompt_len: int
+    feats: np.ndarray
 
-
-def rope_tables(n: int, head_dim: int, theta: float, torch):
-    """cos, sin [1, 1, n, head_dim] for positions 0..n-1."""
-    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None]
-    cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
-    sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
-    return torch.from_numpy(cos)[None, None], torch.from_numpy(sin)[None, None]
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) - 1
 
 
-def export_eagle3(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray, feature_layers: list[int],
-                  ship_lm_head: bool = False) -> None:
-    """config.json + model.safetensors in the published EAGLE-3 layout (fp16).
+def load_split(split_dir: Path, max_rows: int) -> list[Conv]:
+    """Every conversation of a split, cut to ``max_rows`` head rows (longer ones keep their start)."""
+    out = []
+    for shard in read_shards(split_dir):
+        for pid, toks, plen, feats in conversations(shard):
+            if len(toks) - plen < 2:
+                continue
+            n = min(len(toks), max_rows + 1)
+            out.append(Conv(pid, toks[:n], plen, feats[: n - 1]))
+    return out
 
-    ``vocab``: the draft vocabulary's target ids, sorted; written as ``d2t`` (target id minus
-    draft id) and ``t2d`` (the mask of those ids over the target's vocabulary).
-    ``feature_layers``: the target layers whose outputs fc was trained on, written where
-    SpecForge writes them (``eagle_config.eagle_aux_hidden_state_layer_ids``). Without
-    ``ship_lm_head`` the projection -- the target's own rows, frozen in training -- is left
-    out and ``convert_weight --target`` reads it from the target, as for our EAGLE-1 heads."""
-    from safetensors.numpy import save_file
 
-    vocab = np.asarray(vocab, np.int64)
-    c = layer_cfg
-    if vocab.ndim != 1 or np.any(np.diff(vocab) <= 0) or vocab[0] < 0 or vocab[-1] >= c.vocab_size:
-        raise ValueError(f"the draft vocabulary must be sorted distinct ids of the target's {c.vocab_size} tokens")
-    if model.lm_head.weight.shape[0] != vocab.size:
-        raise ValueError(f"the head's lm_head has {model.lm_head.weight.shape[0]} rows for {vocab.size} draft tokens")
-    tensors = {k: v.detach().to(torch.float16).numpy() for k, v in model.state_dict().items()
-               if ship_lm_head or k != "lm_head.weight"}
-    tensors["d2t"] = vocab - np.arange(vocab.size)
-    tensors["t2d"] = np.isin(np.arange(c.vocab_size), vocab)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "model.safetensors"))
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
-           "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
-           "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1, "head_dim": c.head_dim,
-           "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "vocab_size": c.vocab_size,
-           "max_position_embeddings": c.context_window_size, "hidden_act": "silu", "tie_word_embeddings": False,
-           "torch_dtype": "float16", "draft_vocab_size": int(vocab.size),
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in feature_layers]}}
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+def plan_batches(convs: list[Conv], batch_rows: int, seed: int) -> list[list[int]]:
+    """Batches of conversation indices, about ``batch_rows`` padded rows each: conversations
+    of similar length together (little padding), batches in a seeded random order."""
+    rng = np.random.default_rng(seed)
+    order = sorted(range(len(convs)), key=lambda i: (convs[i].rows, rng.random()))
+    batches, cur, longest = [], [], 0
+    for i in order:
+        n = convs[i].rows
+        if cur and max(longest, n) * (len(cur) + 1) > batch_rows:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+class Trainer:
+    """The head, the frozen target rows it reads, and the TTT forward."""
+
+    def __init__(self, torch, model, emb: np.ndarray, head_rows: np.ndarray, vocab: np.ndarray, layer_cfg,
+                 dtype):
+        self.torch, self.model, self.cfg, self.dtype = torch, model, layer_cfg, dtype
+        self.emb = torch.from_numpy(emb)  # [V, h] fp32, frozen (rows gathered per batch)
+        self.lm = torch.from_numpy(np.ascontiguousarray(head_rows[vocab])).to(dtype)  # [Vd, h] frozen
+        t2d = np.full(emb.shape[0], IGNORE, np.int64)
+        t2d[vocab] = np.arange(vocab.size)
+        self.t2d = t2d
+        c = layer_cfg
+        self.nh, self.nkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.rope_theta = c.rope_theta
+
+    def batch(self, convs: list[Conv]):
+        """Padded tensors of a batch: feats [b, n, 3h], emb ids [b, n] (token r+1), labels
+        [b, n] (draft id of token r+2, or IGNORE), valid rows [b, n]."""
+        torch = self.torch
+        n = max(c.rows for c in convs)
+        b, w = len(convs), convs[0].feats.shape[1]
+        feats = np.zeros((b, n, w), np.float32)
+        nxt = np.zeros((b, n), np.int64)
+        labels = np.full((b, n), IGNORE, np.int64)
+        for j, c in enumerate(convs):
+            m = c.rows
+            feats[j, :m] = c.feats
+            nxt[j, :m] = c.tokens[1:]
+            lab = self.t2d[c.tokens[2:]]  # row r predicts token r + 2: rows 0..m-2
+            rows = np.arange(m - 1)
+            lab[rows + 2 < c.prompt_len] = IGNORE  # score answer tokens only
+            labels[j, : m - 1] = lab
+        return torch.from_numpy(feats), torch.from_numpy(nxt), torch.from_numpy(labels)
+
+    def rope(self, n: int):
+        from .eagle3_torch import rope_tables
+
+        return rope_tables(n, self.hd, self.rope_theta, self.torch)
+
+    def attend(self, layer, x, cos, sin, cache: list, k: int):
+        """The midlayer's attention at TTT step k: x [b, n, 2h] -> [b, n, h]; appends this
+        step's keys and values to ``cache`` (step 0's are the true-feature rows)."""
+        from .eagle3_torch import rope
+
+        torch, F = self.torch, self.torch.nn.functional
+        a = layer.self_attn
+        b, n, _ = x.shape
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        g = nh // nkv
+        q = rope(a.q_proj(x).view(b, n, nh, hd).transpose(1, 2), cos, sin).reshape(b, nkv, g, n, hd)
+        key = rope(a.k_proj(x).view(b, n, nkv, hd).transpose(1, 2), cos, sin)  # [b, nkv, n, hd]
+        val = a.v_proj(x).view(b, n, nkv, hd).transpose(1, 2)
+        cache.append((key, val))
+        scale = 1.0 / math.sqrt(hd)
+        k0, v0 = cache[0]
+        s0 = torch.einsum("bkgnd,bkmd->bkgnm", q, k0) * scale  # [b, nkv, g, n, n]
+        r = torch.arange(n)
+        allowed = r[None, :] <= (r[:, None] - k)  # key position m <= r - k
+        s0 = s0.masked_fill(~allowed, float("-inf"))
+        diag_k, diag_v = [], []
+        for s in range(1, k + 1):  # step s's row at position r - (k - s) on the same chain
+            shift = k - s
+            ks, vs = cache[s]
+            diag_k.append(F.pad(ks, (0, 0, shift, 0))[:, :, :n])
+            diag_v.append(F.pad(vs, (0, 0, shift, 0))[:, :, :n])
+        if diag_k:
+            dk, dv = torch.stack(diag_k, 3), torch.stack(diag_v, 3)  # [b, nkv, n, k, hd]
+            sd = torch.einsum("bkgnd,bknsd->bkgns", q, dk) * scale  # [b, nkv, g, n, k]
+            if k > 1:  # keys before position 0 do not exist
+                valid = (r[:, None] - (k - torch.arange(1, k + 1))[None, :]) >= 0  # [n, k]
+                sd = sd.masked_fill(~valid, float("-inf"))
+            p = torch.softmax(torch.cat([s0, sd], -1).float(), -1).to(q.dtype)
+            out = torch.einsum("bkgnm,bkmd->bkgnd", p[..., :n], v0) + torch.einsum("bkgns,bknsd->bkgnd", p[..., n:], dv)
+        else:
+            # row 0.. at step 0 always has its own key; rows before position k - 1 at step k > 0 are never scored
+            p = torch.softmax(s0.float(), -1).to(q.dtype)
+            out = torch.einsum("bkgnm,bkmd->bkgnd", p, v0)
+        return a.o_proj(out.reshape(b, nh, n, hd).transpose(1, 2).reshape(b, n, nh * hd))
+
+    def run(self, feats, nxt, labels, steps: int, weights: list[float] | None = None, keep: list | None = None):
+        """TTT forward of a batch: (weighted loss or None, per step (correct [b, n] bool, scored [b, n] bool));
+        ``keep`` collects each step's logits of the scored rows (tests)."""
+        torch, F = self.torch, self.torch.nn.functional
+        m = self.model
+        L = m.midlayer
+        b, n, _ = feats.shape
+        cos, sin = self.rope(n)
+        with torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32):
+            emb = self.emb[nxt].to(self.dtype)  # [b, n, h]
+            hid = m.fuse(feats.to(self.dtype))  # [b, n, h]
+            cache, total, out = [], None, []
+            for k in range(steps):
+                x = torch.cat([L.input_layernorm(emb), L.hidden_norm(hid)], -1)
+                h1 = hid + self.attend(L, x, cos, sin, cache, k)
+                o = h1 + L.mlp(L.post_attention_layernorm(h1))  # [b, n, h]
+                lab = labels.clone()
+                lab[:, :k] = IGNORE  # row r at step k needs a true row at r - k
+                scored = lab != IGNORE
+                logits = F.linear(m.norm(o)[scored], self.lm)  # [rows, Vd]
+                target = lab[scored]
+                if keep is not None:
+                    keep.append(logits.detach())
+                if weights is not None and scored.any():
+                    loss = F.cross_entropy(logits.float(), target)
+                    total = loss * weights[k] if total is None else total + loss * weights[k]
+                correct = torch.zeros_like(scored)
+                correct[scored] = logits.argmax(-1) == target
+                out.append((correct, scored))
+                hid = F.pad(o, (0, 0, 1, 0))[:, :n]  # step k+1 at r reads step k's output at r - 1
+        return total, out
+
+
+def score(per_step: list, sums: dict | None = None) -> dict:
+    """Accumulate held-out counts from one batch's TTT correctness: hits and rows per depth
+    (top-1 at depth d given the shallower drafts right) and, for a chain of len(per_step)
+    drafts from every scored start row, the drafts accepted (a depth whose row is past the
+    answer counts as rejected)."""
+    cs = [(c & s).numpy() for c, s in per_step]
+    ss = [s.numpy() for _, s in per_step]
+    sums = sums or {"hits": [0] * len(cs), "rows": [0] * len(cs), "accepted": 0, "starts": 0}
+    b, n = cs[0].shape
+    alive = ss[0].copy()
+    accepted = np.zeros((b, n), np.int64)
+    for d, c in enumerate(cs):
+        sums["hits"][d] += int(c.sum())
+        sums["rows"][d] += int(ss[d].sum())
+        at = np.zeros((b, n), bool)
+        at[:, : n - d] = c[:, d:]  # depth d + 1 from start r is step d at row r + d
+        alive &= at
+        accepted += alive
+    sums["accepted"] += int(accepted[ss[0]].sum())
+    sums["starts"] += int(ss[0].sum())
+    return sums
+
+
+def finish(sums: dict) -> dict:
+    top1 = [h / r if r else 0.0 for h, r in zip(sums["hits"], sums["rows"])]
+    return {"top1": [round(x, 4) for x in top1], "rows": sums["rows"][0],
+            "accept_len": round(1 + sums["accepted"] / max(sums["starts"], 1), 4)}
+
+
+def evaluate(trainer: "Trainer", convs: list[Conv], batch_rows: int, steps: int = EVAL_STEPS,
+             groups: dict[str, str] | None = None) -> dict:
+    """Held-out scores (``finish``) overall and, with ``groups`` (conversation id -> name,
+    e.g. MT-bench categories), per group."""
+    torch = trainer.torch
+    trainer.model.eval()
+    by: dict[str, dict | None] = {"all": None}
+    with torch.no_grad():
+        for idx in plan_batches(convs, batch_rows, seed=0):
+            part = [convs[i] for i in idx]
+            _, per_step = trainer.run(*trainer.batch(part), steps=steps)
+            by["all"] = score(per_step, by["all"])
+            if groups:
+                for j, c in enumerate(part):
+                    one = [(cc[j: j + 1], ss[j: j + 1]) for cc, ss in per_step]
+                    name = groups.get(c.id, "other")
+                    by[name] = score(one, by.get(name))
+    trainer.model.train()
+    return {k: finish(v) for k, v in by.items() if v is not None}
+
+
+@dataclass
+class Settings:
+    """What a run is; a resumed run keeps the head's shape and vocabulary from its state."""
+
+    intermediate_size: int = 2816  # 57 MB of fp16 with a 1536-wide target (fits heads/' 60 MB)
+    draft_vocab: int = 32768
+    steps: int = 4  # TTT steps per batch
+    epochs: int = 8
+    batch_rows: int = 2048  # padded head rows per optimizer step
+    max_rows: int = 2048  # longest conversation (head rows) kept
+    lr: float = 3e-4
+    warmup: int = 100
+    eval_every: int = 200  # optimizer steps
+    save_every_s: float = 300.0
+    seed: int = 0
+
+
+def _atomic_save(torch, obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Settings, progress: bool = True) -> dict:
+    """Train (or resume) the head on WORK_DIR/answers, export the best held-out checkpoint
+    to ``out_dir`` in the published EAGLE-3 layout; returns the report."""
+    from .eagle3_torch import build_eagle3_head, export_eagle3
+    from .models.config import feature_layers
+    from .train_common import draft_vocabulary, require_torch, target_config, target_embedding_and_head
+
+    torch = require_torch()
+    from tqdm import tqdm
+
+    work_dir, out_dir = Path(work_dir), Path(out_dir)
+    ans = work_dir / "answers"
+    train = load_split(ans / "train", settings.max_rows)
+    held = load_split(ans / "held_out", settings.max_rows)
+    if not train or not held:
+        raise FileNotFoundError(f"{ans} holds no train or held_out answers: run `speccompile train-answers` first")
+    tcfg = target_config(Path(target_dir))
+    width = train[0].feats.shape[1]
+    if width != 3 * tcfg.hidden_size:
+        raise ValueError(f"the captured features are {width} wide, this target needs {3 * tcfg.hidden_size}: "
+                         "the answers were made with another model")
+    run_dir = work_dir / "eagle3"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_path = run_dir / "state.pt"
+    state = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    if state is not None:
+        settings = Settings(**{**settings.__dict__, "intermediate_size": state["settings"]["intermediate_size"],
+                               "draft_vocab": state["settings"]["draft_vocab"]})
+    layer_cfg = copy.deepcopy(tcfg)
+    layer_cfg.num_hidden_layers, layer_cfg.tie_word_embeddings = 1, False
+    layer_cfg.intermediate_size = settings.intermediate_size
+    vocab = (np.asarray(state["vocab"]) if state is not None else
+             draft_vocabulary(np.concatenate([c.tokens[c.prompt_len:] for c in train]).astype(np.int64),
+                              settings.draft_vocab, tcfg.vocab_size))
+    emb, head_rows = target_embedding_and_head(Path(target_dir), tcfg)
+    torch.manual_seed(settings.seed)
+    model = build_eagle3_head(layer_cfg, int(vocab.size), torch)
+    del model.lm_head  # the target's rows, frozen (Trainer.lm)
+    if state is None:  # the frozen rows expect the target's final norm: start the head's norm there
+        from .runtime.tensor_cache import load_params
+
+        norm = load_params(Path(target_dir), ["norm.weight"], verify_md5=False)["norm.weight"]
+        model.norm.weight.data[:] = torch.from_numpy(np.array(norm, np.float32))
+    dtype = torch.bfloat16 if _bf16_pays(torch) else torch.float32
+    trainer = Trainer(torch, model, emb, head_rows, vocab, layer_cfg, dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    done = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "plan": None, "best": None, "seconds": 0.0}
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        done = state["progress"]
+    curve_path = run_dir / "curve.jsonl"
+
+    def schedule(step: int, total: int) -> float:
+        if step < settings.warmup:
+            return (step + 1) / settings.warmup
+        t = min(1.0, (step - settings.warmup) / max(1, total - settings.warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+    def save():
+        _atomic_save(torch, {"model": model.state_dict(), "optimizer": opt.state_dict(), "progress": done,
+                             "settings": settings.__dict__, "vocab": vocab}, state_path)
+
+    def held_out_point():
+        res = evaluate(trainer, held, settings.batch_rows)["all"]
+        point = {"step": done["step"], "epoch": done["epoch"], "tokens": done["tokens"], **res}
+        with open(curve_path, "a") as f:
+            f.write(json.dumps(point) + "\n")
+        if done["best"] is None or res["accept_len"] > done["best"]["accept_len"]:
+            done["best"] = point
+            _atomic_save(torch, {"model": model.state_dict(), "vocab": vocab, "point": point}, run_dir / "best.pt")
+        save()
+        return point
+
+    by_id = {c.id: i for i, c in enumerate(train)}
+    per_epoch = len(plan_batches(train, settings.batch_rows, 0))
+    total_steps = per_epoch * settings.epochs
+    weights = [0.8 ** k for k in range(settings.steps)]
+    bar = tqdm(total=total_steps, initial=min(done["step"], total_steps), desc="eagle3 ttt", unit="step",
+               disable=not progress, file=sys.stderr, mininterval=10)
+    last_save, loss_ema, t_start = time.perf_counter(), None, time.perf_counter() - done["seconds"]
+    if done["step"] == 0 and not curve_path.exists():
+        held_out_point()
+    while done["epoch"] < settings.epochs:
+        if done["plan"] is None:  # this epoch's batches, by id: stable across resumes
+            done["plan"] = [[train[i].id for i in b] for b in plan_batches(train, settings.batch_rows,
+                                                                             settings.seed + done["epoch"])]
+            done["batch"] = 0
+        plan = done["plan"]
+        while done["batch"] < len(plan):
+            part = [train[by_id[x]] for x in plan[done["batch"]] if x in by_id]
+            for g in opt.param_groups:
+                g["lr"] = settings.lr * schedule(done["step"], total_steps)
+            loss, per_step = trainer.run(*trainer.batch(part), steps=settings.steps, weights=weights)
+            if loss is not None:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+            done["batch"] += 1
+            done["step"] += 1
+            done["tokens"] += int(sum(c.rows for c in part))
+            done["seconds"] = time.perf_counter() - t_start
+            acc = finish(score(per_step))["top1"]
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_ema or 0:.3f}", top1=f"{acc[0]:.2f}/{acc[-1]:.2f}",
+                            best=f"{(done['best'] or {}).get('accept_len', 0):.3f}", refresh=False)
+            if done["step"] % settings.eval_every == 0:
+                point = held_out_point()
+                bar.write(f"held-out at step {point['step']}: top1 {point['top1']} accept_len {point['accept_len']}")
+                last_save = time.perf_counter()
+            elif time.perf_counter() - last_save > settings.save_every_s:
+                save()
+                last_save = time.perf_counter()
+        done["epoch"] += 1
+        done["plan"] = None
+        save()
+    bar.close()
+    if done["best"] is None or done["best"]["step"] != done["step"]:
+        held_out_point()
+    best = torch.load(run_dir / "best.pt", weights_only=False)
+    final = build_eagle3_head(layer_cfg, int(vocab.size), torch)
+    final.load_state_dict({**best["model"], "lm_head.weight": trainer.lm.float()})
+    export_eagle3(final, layer_cfg, out_dir, torch, vocab, feature_layers(tcfg.num_hidden_layers))
+    report = {"best": done["best"], "steps": done["step"], "epochs": done["epoch"], "tokens": done["tokens"],
+              "train_conversations": len(train), "held_out_conversations": len(held),
+              "train_answer_tokens": int(sum(c.rows + 1 - c.prompt_len for c in train)),
+              "dtype": str(dtype).replace("torch.", ""), "settings": settings.__dict__,
+              "seconds": round(done["seconds"], 1)}
+    (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _bf16_pays(torch) -> bool:
+    """bf16 autocast where this CPU multiplies bf16 faster than fp32 (AVX-512 BF16 or AMX:
+    2-5x here), measured rather than assumed from the host's name."""
+    a = torch.randn(1024, 1536)
+    b = torch.randn(1536, 1536)
+
+    def rate(dt):
+        x, y = a.to(dt), b.to(dt)
+        x @ y
+        times = []
+        for _ in range(4):
+            t = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    return rate(torch.bfloat16) < 0.8 * rate(torch.float32)

@@ -347,12 +347,12 @@ def test_runtime_refuses_a_target_without_layer_features(e3, monkeypatch):
 
 # ------------------------------------------------------------ writing heads
 def test_torch_head_written_in_the_published_layout_round_trips(e3, tmp_path):
-    """train-draft's EAGLE-3 model and writer (speccompile/train_eagle3.py): what it writes
+    """train-draft's EAGLE-3 model and writer (speccompile/eagle3_torch.py): what it writes
     converts as a published head, and its torch forward is the numpy reference's (which the
     compiled head matches, test_head_matches_the_reference_forward)."""
     torch = pytest.importorskip("torch")
     from speccompile.convert_weight import open_any
-    from speccompile.train_eagle3 import build_eagle3_head, export_eagle3, rope_tables
+    from speccompile.eagle3_torch import build_eagle3_head, export_eagle3, rope_tables
 
     built, _, _, ids, *_ = e3
     hcfg = head_config()
@@ -386,3 +386,56 @@ def test_torch_head_written_in_the_published_layout_round_trips(e3, tmp_path):
         np.testing.assert_allclose(model.logits(out)[0].numpy(), ref_logits, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="sorted distinct ids"):
         export_eagle3(model, hcfg, tmp_path / "bad", torch, ids[::-1], feature_layers(2))
+
+
+def test_answers_with_features_then_training_resume(e3, tmp_path):
+    """train-answers: greedy answers with the target's layer features captured while the
+    engine generates -- the same tokens as plain generation, the same features as one
+    forward over the finished conversation -- in shards a rerun resumes (a torn index line
+    and an unnamed shard are redone, nothing twice); train-draft --method eagle3 trains on
+    them, resumes from its state and exports a head conversion reads."""
+    pytest.importorskip("torch")
+    from speccompile.convert_weight import open_any
+    from speccompile.runtime.engine import Engine
+    from speccompile.train_answers import conversations, read_shards, run_train_answers
+    from speccompile.train_eagle3 import Settings, train_eagle3
+
+    built, *_ = e3
+    (tmp_path / "prompts").mkdir()
+    for split, texts in (("train", ["Tell me a story.", "Write a poem.", "Hello there.", "Sort a list."]),
+                         ("held_out", ["What is two plus two?", "Name a color."])):
+        rows = [{"id": f"{split[0]}{i}", "prompt": t} for i, t in enumerate(texts)]
+        (tmp_path / "prompts" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = lambda: run_train_answers(built.model_dir, built.lib, tmp_path, None, held_out=2, mt_bench=False,  # noqa
+                                    max_tokens=12, batch=3, shard_tokens=40, progress=False)
+    run()
+    train_dir = tmp_path / "answers" / "train"
+    shards = read_shards(train_dir)
+    assert len(shards) >= 2
+    eng = Engine(built.model_dir, built.lib)
+    convs = [c for s in shards for c in conversations(s)]
+    assert sorted(c[0] for c in convs) == ["t0", "t1", "t2", "t3"]
+    for pid, toks, plen, feats in convs:
+        assert eng.generate(list(map(int, toks[:plen])), 12).token_ids == list(map(int, toks[plen:]))
+        eng.kv.add_sequence(99)
+        _, f = eng.model.forward_features(eng.kv, [99], [list(map(int, toks[:-1]))])
+        eng.kv.remove_sequence(99)
+        assert np.array_equal(feats, f.numpy().astype(np.float16))
+    # an interrupted run: the last shard's index line torn, a half-written shard left behind
+    index = (train_dir / "index.jsonl").read_text().splitlines()
+    (train_dir / "index.jsonl").write_text("\n".join(index[:-1]) + "\n" + index[-1][:10])
+    (train_dir / "shard_00099.npz.tmp").write_bytes(b"partial")
+    run()
+    again = [c[0] for s in read_shards(train_dir) for c in conversations(s)]
+    assert sorted(again) == ["t0", "t1", "t2", "t3"] and not list(train_dir.glob("*.tmp"))
+
+    settings = Settings(intermediate_size=32, draft_vocab=64, steps=2, epochs=1, batch_rows=32, eval_every=2, warmup=1)
+    first = train_eagle3(built.model_dir, tmp_path, tmp_path / "head", settings, progress=False)
+    assert first["epochs"] == 1 and first["best"]["top1"]
+    second = train_eagle3(built.model_dir, tmp_path, tmp_path / "head", Settings(**{**settings.__dict__, "epochs": 2}),
+                          progress=False)
+    assert second["steps"] == 2 * first["steps"] and second["epochs"] == 2  # continued, not restarted
+    curve = [json.loads(x) for x in (tmp_path / "eagle3" / "curve.jsonl").read_text().splitlines()]
+    assert curve[0]["step"] == 0 and curve[-1]["step"] == second["steps"]
+    src = open_any(tmp_path / "head", "eagle", built.hf_dir)
+    assert src.config.model_type == "eagle3" and src.config.draft_vocab_size <= 64

@@ -1,0 +1,153 @@
+"""EAGLE-3 heads in torch, named as SafeAILab and SpecForge publish them, and the writer
+of that layout: the model and the export of ``train-draft --method eagle3``.
+
+The training loop (speccompile/train_eagle3.py: the training-time test on the head's own
+fed-back outputs, checkpoint selection on held-out conversations) trains this model on the
+features speccompile/train_answers.py captured while the engine generated, and writes it
+with ``export_eagle3``, so a trained head is
+read by ``convert_weight --model-type eagle`` exactly as a downloaded one; the round trip
+(torch forward == the numpy reference the compiled head is checked against) is tested in
+tests/test_eagle3.py.
+
+The module mirrors models/eagle3.py: ``fuse`` is fc over the target's low/mid/high layer
+outputs [.., 3h]; ``forward`` the one decoder layer, whose attention reads
+[input_layernorm(embedding), hidden_norm(hidden)] and whose residual starts from
+``hidden`` (the fused feature, or the head's own previous output); ``logits`` its final
+norm and lm_head over the draft vocabulary.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def build_eagle3_head(layer_cfg, draft_vocab_size: int, torch):
+    """The EAGLE-3 head in torch; ``layer_cfg`` gives the decoder layer's sizes (a Llama
+    config: hidden_size, intermediate_size, heads, head_dim, rms_norm_eps)."""
+    nn, F = torch.nn, torch.nn.functional
+    c = layer_cfg
+    h, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(h))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * self.weight
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+            self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+            self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+            self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+        def forward(self, x, cos, sin):
+            # x: [b, n, 2h]; cos, sin: [1, 1, n, hd] -> [b, n, h], causal
+            b, n, _ = x.shape
+            q = rope(self.q_proj(x).view(b, n, nh, hd).transpose(1, 2), cos, sin)
+            k = rope(self.k_proj(x).view(b, n, nkv, hd).transpose(1, 2), cos, sin)
+            v = self.v_proj(x).view(b, n, nkv, hd).transpose(1, 2)
+            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = nn.Linear(h, c.intermediate_size, bias=False)
+            self.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
+            self.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class MidLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn, self.mlp = Attention(), MLP()
+            self.input_layernorm, self.hidden_norm, self.post_attention_layernorm = RMSNorm(), RMSNorm(), RMSNorm()
+
+        def forward(self, emb, hidden, cos, sin):
+            x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
+            hidden = hidden + self.self_attn(x, cos, sin)
+            return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    class Eagle3(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3 * h, h, bias=False)
+            self.midlayer = MidLayer()
+            self.norm = RMSNorm()
+            self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
+
+        def fuse(self, features):
+            # features: [b, n, 3h] the target's low/mid/high layer outputs -> [b, n, h]
+            return self.fc(features)
+
+        def forward(self, emb, hidden, cos, sin):
+            # emb: [b, n, h] embeddings of token i+1; hidden: [b, n, h] fused feature (or the
+            # head's own output) at i -> the head's output at i [b, n, h], before its norm
+            return self.midlayer(emb, hidden, cos, sin)
+
+        def logits(self, out):
+            # out: [b, n, h] -> [b, n, draft_vocab]
+            return self.lm_head(self.norm(out))
+
+    return Eagle3()
+
+
+def rope(x, cos, sin):
+    """Rotate-half RoPE (HF Llama), x: [b, heads, n, hd]."""
+    half = x.shape[-1] // 2
+    import torch
+
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def rope_tables(n: int, head_dim: int, theta: float, torch):
+    """cos, sin [1, 1, n, head_dim] for positions 0..n-1."""
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None]
+    cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
+    sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
+    return torch.from_numpy(cos)[None, None], torch.from_numpy(sin)[None, None]
+
+
+def export_eagle3(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray, feature_layers: list[int],
+                  ship_lm_head: bool = False) -> None:
+    """config.json + model.safetensors in the published EAGLE-3 layout (fp16).
+
+    ``vocab``: the draft vocabulary's target ids, sorted; written as ``d2t`` (target id minus
+    draft id) and ``t2d`` (the mask of those ids over the target's vocabulary).
+    ``feature_layers``: the target layers whose outputs fc was trained on, written where
+    SpecForge writes them (``eagle_config.eagle_aux_hidden_state_layer_ids``). Without
+    ``ship_lm_head`` the projection -- the target's own rows, frozen in training -- is left
+    out and ``convert_weight --target`` reads it from the target, as for our EAGLE-1 heads."""
+    from safetensors.numpy import save_file
+
+    vocab = np.asarray(vocab, np.int64)
+    c = layer_cfg
+    if vocab.ndim != 1 or np.any(np.diff(vocab) <= 0) or vocab[0] < 0 or vocab[-1] >= c.vocab_size:
+        raise ValueError(f"the draft vocabulary must be sorted distinct ids of the target's {c.vocab_size} tokens")
+    if model.lm_head.weight.shape[0] != vocab.size:
+        raise ValueError(f"the head's lm_head has {model.lm_head.weight.shape[0]} rows for {vocab.size} draft tokens")
+    tensors = {k: v.detach().to(torch.float16).numpy() for k, v in model.state_dict().items()
+               if ship_lm_head or k != "lm_head.weight"}
+    tensors["d2t"] = vocab - np.arange(vocab.size)
+    tensors["t2d"] = np.isin(np.arange(c.vocab_size), vocab)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"))
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
+           "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+           "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1, "head_dim": c.head_dim,
+           "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "vocab_size": c.vocab_size,
+           "max_position_embeddings": c.context_window_size, "hidden_act": "silu", "tie_word_embeddings": False,
+           "torch_dtype": "float16", "draft_vocab_size": int(vocab.size),
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in feature_layers]}}
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))

@@ -1,0 +1,246 @@
+"""``speccompile train-answers``: the target's own greedy answers to the prompt set, with the
+target's low/mid/high layer features of every token, captured while it generates.
+
+Why this shape. An EAGLE-3 head learns to predict what *this* target says next from the
+outputs of three of its layers, so its training data is the target's own greedy answers
+(what lossless greedy verification accepts) and those layers' outputs at every token.
+Both come out of one run of our batched engine: ``Engine.capture_features`` hands the
+features of each token to a sink as the token is committed (the prompt at prefill, then
+every decoded token), so there is no second pass over the text. Sequences are batched
+continuously (a finished answer's slot is refilled at once), since answer lengths vary
+tenfold and a static batch would wait for its longest member.
+
+Splits: ``train`` and ``held_out`` answer train-prompts' two prompt sets; ``mt_bench``
+answers the first turns of bench/mt_bench.jsonl for the *offline evaluation* only (top-1
+and accepted length per category and depth) -- the training stage never reads it.
+
+Layout, under ``WORK_DIR/answers/<split>/``:
+- ``shard_NNNNN.npz``: a group of whole conversations. ``tokens`` int32 [T] (prompt then
+  answer, conversations back to back), ``offsets`` int64 [C+1] (conversation c is
+  ``tokens[offsets[c]:offsets[c+1]]``), ``prompt_lens`` int32 [C], ``features`` float16
+  [T - C, 3 * hidden] (every token but each conversation's last, which the target never
+  forwarded: conversation c's rows start at ``offsets[c] - c``), ``ids`` [C] (prompt ids);
+- ``index.jsonl``: one line per shard, appended only after the shard was renamed into
+  place; a rerun skips every id listed and deletes shards no line names (an interrupted
+  write), so nothing done is redone and nothing half-written is read;
+- ``WORK_DIR/answers/summary.json``: counts and throughput per split.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SPLITS = ("held_out", "mt_bench", "train")  # the order a run fills them: the small evaluation sets first
+FEATURE_DTYPE = np.float16  # 9 KB a token for a 1536-wide target (fp32 would double the disk, not the accuracy)
+
+
+def read_shards(split_dir: Path) -> list[Path]:
+    """The complete shards of a split, in the order they were written."""
+    index = Path(split_dir) / "index.jsonl"
+    if not index.exists():
+        return []
+    out = []
+    for line in index.read_text().splitlines():
+        try:
+            out.append(Path(split_dir) / json.loads(line)["shard"])
+        except (json.JSONDecodeError, KeyError):
+            break  # a torn last line: the shard it names is redone
+    return out
+
+
+def conversations(shard: Path):
+    """Yield (id, tokens [L], prompt_len, features [L-1, 3h] fp16) of one shard."""
+    with np.load(shard) as z:
+        tokens, offsets, plens, feats, ids = z["tokens"], z["offsets"], z["prompt_lens"], z["features"], z["ids"]
+    for c in range(len(plens)):
+        a, b = int(offsets[c]), int(offsets[c + 1])
+        yield str(ids[c]), tokens[a:b], int(plens[c]), feats[a - c: b - c - 1]
+
+
+def split_prompts(work_dir: Path, split: str, mt_bench: Path) -> list[dict]:
+    """[{id, prompt, category?}] of a split: train-prompts' accepted prompts, or MT-bench's first turns."""
+    if split == "mt_bench":
+        rows = [json.loads(x) for x in Path(mt_bench).read_text().splitlines() if x.strip()]
+        return [{"id": f"mt{r['question_id']}", "prompt": r["turns"][0], "category": r.get("category", "")}
+                for r in rows]
+    from .train_prompts import read_prompts
+
+    return read_prompts(Path(work_dir) / "prompts", split)
+
+
+class ShardWriter:
+    """Collects finished conversations and writes them as shards of about ``shard_tokens``."""
+
+    def __init__(self, split_dir: Path, shard_tokens: int):
+        self.dir, self.shard_tokens = Path(split_dir), shard_tokens
+        self.dir.mkdir(parents=True, exist_ok=True)
+        index = self.dir / "index.jsonl"
+        lines = index.read_text().splitlines() if index.exists() else []
+        good = []
+        for line in lines:
+            try:
+                json.loads(line)["ids"]
+            except (json.JSONDecodeError, KeyError):
+                break  # a torn last line: its shard is redone
+            good.append(line)
+        index.write_text("".join(x + "\n" for x in good))  # what an interrupted run left, made whole
+        named = {json.loads(x)["shard"] for x in good}
+        for p in self.dir.glob("shard_*.npz*"):
+            if p.name not in named:
+                p.unlink()
+        self.next = len(good)
+        self.rows: list[tuple[str, list[int], int, np.ndarray]] = []
+
+    def done_ids(self) -> set[str]:
+        done = set()
+        for line in (self.dir / "index.jsonl").read_text().splitlines():
+            done.update(json.loads(line)["ids"])
+        return done
+
+    def add(self, pid: str, tokens: list[int], prompt_len: int, feats: np.ndarray) -> None:
+        self.rows.append((pid, tokens, prompt_len, feats))
+        if sum(len(r[1]) for r in self.rows) >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        name = f"shard_{self.next:05d}.npz"
+        tmp = self.dir / (name + ".tmp")
+        lens = [len(r[1]) for r in self.rows]
+        with open(tmp, "wb") as f:
+            np.savez(f, tokens=np.concatenate([np.asarray(r[1], np.int32) for r in self.rows]),
+                     offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                     prompt_lens=np.asarray([r[2] for r in self.rows], np.int32),
+                     features=np.concatenate([r[3] for r in self.rows]),
+                     ids=np.asarray([r[0] for r in self.rows]))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / name)
+        with open(self.dir / "index.jsonl", "a") as f:
+            f.write(json.dumps({"shard": name, "ids": [r[0] for r in self.rows], "tokens": int(sum(lens)),
+                                "answer_tokens": int(sum(n - r[2] for n, r in zip(lens, self.rows)))}) + "\n")
+        self.next += 1
+        self.rows = []
+
+
+class FeatureBuffers:
+    """The sink ``Engine.capture_features`` calls: features [m, 3h] of the tokens at
+    positions position.. of a sequence, written into that sequence's buffer."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.buf: dict[int, np.ndarray] = {}
+        self.filled: dict[int, int] = {}
+
+    def open(self, seq_id: int, capacity: int) -> None:
+        self.buf[seq_id] = np.zeros((capacity, self.width), FEATURE_DTYPE)
+        self.filled[seq_id] = 0
+
+    def __call__(self, seq_id: int, position: int, feats: np.ndarray) -> None:
+        if position != self.filled[seq_id]:
+            raise RuntimeError(f"features of position {position} arrived, {self.filled[seq_id]} expected")
+        self.buf[seq_id][position: position + len(feats)] = feats
+        self.filled[seq_id] += len(feats)
+
+    def close(self, seq_id: int, length: int) -> np.ndarray:
+        """The features of a finished sequence of ``length`` tokens: all but its last token's.
+        (An answer that ended at a stop token forwarded its last token too, but the stop token
+        itself is not part of the history: its row, whose label it would be, is dropped.)"""
+        feats, filled = self.buf.pop(seq_id), self.filled.pop(seq_id)
+        if filled not in (length - 1, length):
+            raise RuntimeError(f"a {length}-token conversation has features of {filled} tokens, {length - 1} expected")
+        return feats[: length - 1]
+
+
+def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_tokens: int, batch: int,
+                 shard_tokens: int, progress: bool = True) -> dict:
+    """Answer (greedily) the first ``limit`` prompts not yet answered, ``batch`` sequences
+    decoding together; returns this run's counts and throughput."""
+    from tqdm import tqdm
+
+    writer = ShardWriter(split_dir, shard_tokens)
+    done = writer.done_ids()
+    wanted = prompts[:limit]
+    todo = [p for p in wanted if p["id"] not in done]
+    sink = FeatureBuffers(3 * engine.model.hidden_size)
+    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=f"answers {split_dir.name}", unit="prompt",
+               disable=not progress, file=sys.stderr, mininterval=20)
+    active, owner, made, t0 = [], {}, 0, time.perf_counter()
+    queue = list(reversed(todo))
+    with engine.capture_features(sink):
+        while queue or active:
+            while queue and len(active) < batch:
+                row = queue.pop()
+                ids = engine.encode_prompt(row["prompt"])
+                seq = engine.new_sequence(ids, max_tokens)
+                sink.open(seq.seq_id, len(ids) + seq.budget + 1)
+                engine.attach(seq)
+                while seq.prefilling:
+                    engine.prefill([seq], engine.model.prefill_chunk_size)
+                active.append(seq)
+                owner[seq.seq_id] = (row["id"], len(ids))
+            running = [s for s in active if not s.done]
+            if running:
+                engine.step(running)
+            for s in [s for s in active if s.done]:
+                active.remove(s)
+                engine.detach(s)
+                pid, plen = owner.pop(s.seq_id)
+                feats = sink.close(s.seq_id, len(s.history))
+                writer.add(pid, list(s.history), plen, feats)
+                made += len(s.history) - plen
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{made / (time.perf_counter() - t0):.1f}", refresh=False)
+    writer.flush()
+    bar.close()
+    dt = time.perf_counter() - t0
+    return {"answered": len(todo), "answer_tokens": made, "seconds": round(dt, 1),
+            "tok_s": round(made / dt, 1) if dt > 0 else 0.0}
+
+
+def summarize(answers_dir: Path) -> dict:
+    out = {}
+    for split in SPLITS:
+        index = answers_dir / split / "index.jsonl"
+        if index.exists():
+            rows = [json.loads(x) for x in index.read_text().splitlines()]
+            out[split] = {"conversations": sum(len(r["ids"]) for r in rows), "shards": len(rows),
+                          "tokens": sum(r["tokens"] for r in rows),
+                          "answer_tokens": sum(r["answer_tokens"] for r in rows)}
+    return out
+
+
+def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, num_prompts: int | None,
+                      held_out: int, mt_bench: bool, max_tokens: int, batch: int, shard_tokens: int = 16384,
+                      bench_file: Path | None = None, progress: bool = True) -> dict:
+    """The stage: held-out answers first (checkpoint selection needs them), MT-bench first turns
+    (offline evaluation), then the training answers."""
+    from speccompile.runtime.engine import Engine
+
+    from .train_prompts import REPO, default_work_dir
+
+    work_dir = Path(work_dir or default_work_dir(model_dir))
+    bench_file = Path(bench_file or REPO / "bench" / "mt_bench.jsonl")
+    if not (work_dir / "prompts" / "train.jsonl").exists():
+        raise FileNotFoundError(f"{work_dir / 'prompts'} holds no prompt set: run `speccompile train-prompts` first")
+    if max_tokens < 1 or batch < 1:
+        raise ValueError("--max-tokens and --batch must be positive")
+    plan = [("held_out", held_out), ("mt_bench", 10**9 if mt_bench else 0), ("train", num_prompts or 10**9)]
+    prompts = {split: split_prompts(work_dir, split, bench_file) for split, n in plan if n}
+    longest = max(len(p["prompt"]) for rows in prompts.values() for p in rows)  # characters >= tokens
+    engine = Engine(model_dir, model_lib, max_num_sequence=batch,
+                    max_total_seq_len=batch * (min(longest, 4096) + max_tokens + 64))
+    report = {"runs": {}}
+    for split, n in plan:
+        if n:
+            report["runs"][split] = answer_split(engine, work_dir / "answers" / split, prompts[split], n, max_tokens,
+                                                 batch, shard_tokens, progress)
+    report["totals"] = summarize(work_dir / "answers")
+    (work_dir / "answers" / "summary.json").write_text(json.dumps(report, indent=1))
+    return report

@@ -1,0 +1,144 @@
+"""The EAGLE-3 training loop (speccompile/train_eagle3.py): the training-time test computes,
+for every row at once, exactly what the runtime computes when it drafts a chain; held-out
+scores count a chain's accepted drafts; training resumes from disk and lowers the loss.
+
+No model files: a random tiny head on random features (the real data path, train-answers'
+shards, is exercised by test_train_answers.py)."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from speccompile.eagle3_torch import build_eagle3_head, rope, rope_tables  # noqa: E402
+from speccompile.train_eagle3 import IGNORE, Conv, Trainer, finish, score  # noqa: E402
+
+H, NH, NKV, HD, V = 32, 4, 2, 8, 50
+
+
+def tiny_trainer(seed=0, vocab=None):
+    torch.manual_seed(seed)
+    cfg = SimpleNamespace(hidden_size=H, intermediate_size=48, num_attention_heads=NH, num_key_value_heads=NKV,
+                          head_dim=HD, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=V)
+    vocab = np.arange(V) if vocab is None else vocab
+    model = build_eagle3_head(cfg, len(vocab), torch)
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((V, H)).astype(np.float32)
+    lm = rng.standard_normal((V, H)).astype(np.float32)
+    del model.lm_head
+    return Trainer(torch, model, emb, lm, np.asarray(vocab), cfg, torch.float32), cfg
+
+
+def reference_chain(tr: Trainer, feats: np.ndarray, tokens: np.ndarray, t: int, depth: int) -> list[np.ndarray]:
+    """Draft logits of a chain whose last true row is t, computed row by row as the runtime
+    does: rows 0..t from true features (causal), then one row per depth at positions t+1..,
+    each reading the previous depth's output and attending to rows 0..t plus the chain."""
+    m, L = tr.model, tr.model.midlayer
+    a = L.self_attn
+    cos, sin = rope_tables(len(tokens) + depth, HD, 10000.0, torch)
+
+    def row(pos, hid, tok):
+        emb = tr.emb[int(tok)][None, None]
+        x = torch.cat([L.input_layernorm(emb), L.hidden_norm(hid[None, None])], -1)
+        c, s = cos[:, :, pos:pos + 1], sin[:, :, pos:pos + 1]
+        q = rope(a.q_proj(x).view(1, 1, NH, HD).transpose(1, 2), c, s)[0, :, 0]  # [NH, HD]
+        k = rope(a.k_proj(x).view(1, 1, NKV, HD).transpose(1, 2), c, s)[0, :, 0]  # [NKV, HD]
+        v = a.v_proj(x).view(NKV, HD)
+        return x, q, k, v
+
+    keys, vals = [], []
+
+    def attend(x, q, hid):
+        K, Vv = torch.stack(keys, 1), torch.stack(vals, 1)  # [NKV, m, HD]
+        K, Vv = K.repeat_interleave(NH // NKV, 0), Vv.repeat_interleave(NH // NKV, 0)
+        p = torch.softmax((q[:, None] * K).sum(-1) / math.sqrt(HD), -1)  # [NH, m]
+        o = a.o_proj((p[..., None] * Vv).sum(1).reshape(1, NH * HD))[0]
+        h1 = hid + o
+        return h1 + L.mlp(L.post_attention_layernorm(h1))
+
+    fused = m.fuse(torch.from_numpy(feats))
+    out = None
+    with torch.no_grad():
+        for r in range(t + 1):  # true rows: row r reads (feature r, token r + 1)
+            x, q, k, v = row(r, fused[r], tokens[r + 1])
+            keys.append(k)
+            vals.append(v)
+            out = attend(x, q, fused[r])
+        logits = [torch.from_numpy(tr.lm.numpy().astype(np.float32)) @ m.norm(out)]
+        for d in range(1, depth):  # depth d + 1: position t + d, token t + d + 1, the previous output
+            x, q, k, v = row(t + d, out, tokens[t + d + 1])
+            keys.append(k)
+            vals.append(v)
+            out = attend(x, q, out)
+            logits.append(torch.from_numpy(tr.lm.numpy().astype(np.float32)) @ m.norm(out))
+    return [x.numpy() for x in logits]
+
+
+def test_ttt_rows_are_the_runtime_chain():
+    """TTT step k at row r == depth k + 1 of a chain whose last true row is r - k."""
+    tr, _ = tiny_trainer()
+    rng = np.random.default_rng(1)
+    n_tok, steps = 12, 4
+    tokens = rng.integers(0, V, n_tok)
+    feats = rng.standard_normal((n_tok - 1, 3 * H)).astype(np.float32)
+    conv = Conv("c", tokens, 1, feats)
+    f, nxt, lab = tr.batch([conv])
+    captured = []
+    with torch.no_grad():
+        tr.run(f, nxt, torch.zeros_like(lab), steps=steps, keep=captured)  # label 0 everywhere: all scored
+    for t in (0, 3, 6):
+        ref = reference_chain(tr, feats, tokens, t, steps)
+        for k in range(steps):
+            got = captured[k].numpy()  # step k scores rows k.. in order: row t + k is entry t
+            np.testing.assert_allclose(got[t], ref[k], rtol=2e-4, atol=2e-4)
+
+
+def test_labels_score_answer_tokens_in_the_draft_vocabulary():
+    tr, _ = tiny_trainer(vocab=np.arange(0, V, 2))  # even ids only
+    tokens = np.array([1, 3, 5, 8, 10, 11, 12])
+    conv = Conv("c", tokens, 4, np.zeros((6, 3 * H), np.float32))
+    _, nxt, lab = tr.batch([conv])
+    assert nxt[0].tolist() == tokens[1:].tolist()
+    # row r predicts token r + 2 (draft id = id // 2); prompt tokens (0..3), odd ids and the last row are not scored
+    assert lab[0].tolist() == [IGNORE, IGNORE, 10 // 2, IGNORE, 12 // 2, IGNORE]
+
+
+def test_chain_score_counts_leading_hits():
+    c = lambda rows: torch.tensor([rows], dtype=torch.bool)  # noqa: E731
+    scored = c([1, 1, 1, 1])
+    per_step = [(c([1, 1, 0, 1]), scored), (c([0, 1, 1, 0]), scored)]
+    res = finish(score(per_step))
+    # start 0: depth1 hit (row0), depth2 = step1 row1 hit -> 2; start 1: hit, step1 row2 hit -> 2;
+    # start 2: miss -> 0; start 3: hit, depth 2 past the end -> 1
+    assert res["accept_len"] == pytest.approx(1 + (2 + 2 + 0 + 1) / 4)
+    assert res["top1"] == [0.75, 0.5]
+
+
+def test_training_lowers_the_loss():
+    """The loss falls on data with a
+    learnable rule (next-next token = feature argmax)."""
+    from speccompile.train_eagle3 import plan_batches
+
+    tr, _ = tiny_trainer()
+    rng = np.random.default_rng(0)
+    convs = []
+    for i in range(16):
+        toks = rng.integers(0, V, 20)
+        feats = np.zeros((19, 3 * H), np.float32)
+        feats[np.arange(19), np.minimum(toks[2:].tolist() + [0], [3 * H - 1] * 19)[:19] % (3 * H)] = 5.0
+        convs.append(Conv(str(i), toks, 1, feats))
+    opt = torch.optim.AdamW(tr.model.parameters(), lr=3e-3)
+    first = last = None
+    for epoch in range(30):
+        for idx in plan_batches(convs, 80, epoch):
+            loss, _ = tr.run(*tr.batch([convs[i] for i in idx]), steps=2, weights=[1.0, 0.8])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            first = first if first is not None else loss.item()
+            last = loss.item()
+    assert last < 0.5 * first
