@@ -128,8 +128,8 @@ class Engine:
     @contextmanager
     def capture_features(self, sink):
         """Within this block every forward also returns the target's low/mid/high layer
-        features, and ``sink(seq_id, position, features [m, 3 * hidden])`` receives those of
-        each token as it is committed (prompt tokens at prefill, then every accepted token):
+        features, and ``sink(seq_id, position, layers [m, 3 * hidden], hidden [m, hidden])``
+        receives those, and the final-normed hidden states, of each token as it is committed (prompt tokens at prefill, then every accepted token):
         an EAGLE-3 head's training data, captured while the engine generates, with no
         second pass. The logits are the same kernels' (bit-identical)."""
         if self.model.feature_layers is None:
@@ -287,7 +287,7 @@ class Engine:
             ends = np.cumsum([len(c) for c in chunks])
             logits = self.model.get_logits(hidden.numpy()[ends - 1]).numpy()
             for sid, start, end, c in zip(ids, starts, ends, chunks):
-                self._observe(sid, start, feats[end - len(c): end])
+                self._observe(sid, start, tuple(f[end - len(c): end] for f in feats))
         else:
             logits = self.model.prefill(self.kv, ids, chunks)
         # a draft model prefills along -- if the batch about to decode (every sequence
@@ -384,22 +384,24 @@ class Engine:
             return "layers"
         return self.proposer.features if self.proposer is not None else ""
 
-    def _observe(self, seq_id: int, position: int, feats: np.ndarray) -> None:
-        """Hand the features of committed tokens at position.. to whoever reads them."""
+    def _observe(self, seq_id: int, position: int, feats: tuple[np.ndarray, ...]) -> None:
+        """Hand the features of committed tokens at position.. to whoever reads them: the
+        proposer its kind, the sink the layer features and the hidden states."""
         if self.proposer is not None and self.proposer.features:
-            self.proposer.observe_hidden(seq_id, position, feats)
+            self.proposer.observe_hidden(seq_id, position, feats[0])
         if self.feature_sink is not None:
-            self.feature_sink(seq_id, position, feats)
+            self.feature_sink(seq_id, position, *feats)
 
     def _forward_features(self, ids: list[int], tokens: list[list[int]], parents: list[list[int]] | None):
-        """(device final-normed hidden states [n, hidden], the features the proposer reads on
-        the host: those hidden states, or the target's low/mid/high layer outputs [n, 3 * hidden]
-        for an EAGLE-3 head) of one forward that stops before the logits."""
+        """(device final-normed hidden states [n, hidden], a tuple of host features: first what
+        the proposer reads -- those hidden states, or the target's low/mid/high layer outputs
+        [n, 3 * hidden] -- then, for the feature sink, the hidden states too) of one forward
+        that stops before the logits."""
         if self._features() == "layers":
             hidden, feats = self.model.forward_features(self.kv, ids, tokens, parents)
-            return hidden, feats.numpy()
+            return hidden, (feats.numpy(),) + ((hidden.numpy(),) if self.feature_sink is not None else ())
         hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
-        return hidden, hidden.numpy()
+        return hidden, (hidden.numpy(),)
 
     def _accept(self, active: list[Sequence], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, on the device logits: greedy (argmax and tree walk)
@@ -437,6 +439,6 @@ class Engine:
             else:
                 self.kv.popn(s.seq_id, len(d) - len(verdict.path))
             if hidden is not None:
-                self._observe(s.seq_id, len(s.history) - 1,
-                                             hidden[[row] + [row + 1 + j for j in verdict.path]])
+                rows = [row] + [row + 1 + j for j in verdict.path]
+                self._observe(s.seq_id, len(s.history) - 1, tuple(f[rows] for f in hidden))
             row += len(d) + 1

@@ -19,7 +19,9 @@ Layout, under ``WORK_DIR/answers/<split>/``:
   answer, conversations back to back), ``offsets`` int64 [C+1] (conversation c is
   ``tokens[offsets[c]:offsets[c+1]]``), ``prompt_lens`` int32 [C], ``features`` float16
   [T - C, 3 * hidden] (every token but each conversation's last, which the target never
-  forwarded: conversation c's rows start at ``offsets[c] - c``), ``ids`` [C] (prompt ids);
+  forwarded: conversation c's rows start at ``offsets[c] - c``), ``hidden`` float16
+  [T - C, hidden] (the final-normed hidden states of the same tokens: what Medusa heads
+  read), ``ids`` [C] (prompt ids);
 - ``index.jsonl``: one line per shard, appended only after the shard was renamed into
   place; a rerun skips every id listed and deletes shards no line names (an interrupted
   write), so nothing done is redone and nothing half-written is read;
@@ -53,10 +55,12 @@ def read_shards(split_dir: Path) -> list[Path]:
     return out
 
 
-def conversations(shard: Path):
-    """Yield (id, tokens [L], prompt_len, features [L-1, 3h] fp16) of one shard."""
+def conversations(shard: Path, hidden: bool = False):
+    """Yield (id, tokens [L], prompt_len, layer features [L-1, 3h] fp16) of one shard, or with
+    ``hidden`` (id, tokens, prompt_len, final hidden states [L-1, h] fp16)."""
     with np.load(shard) as z:
-        tokens, offsets, plens, feats, ids = z["tokens"], z["offsets"], z["prompt_lens"], z["features"], z["ids"]
+        tokens, offsets, plens, ids = z["tokens"], z["offsets"], z["prompt_lens"], z["ids"]
+        feats = z["hidden" if hidden else "features"]
     for c in range(len(plens)):
         a, b = int(offsets[c]), int(offsets[c + 1])
         yield str(ids[c]), tokens[a:b], int(plens[c]), feats[a - c: b - c - 1]
@@ -94,7 +98,7 @@ class ShardWriter:
             if p.name not in named:
                 p.unlink()
         self.next = len(good)
-        self.rows: list[tuple[str, list[int], int, np.ndarray]] = []
+        self.rows: list[tuple[str, list[int], int, np.ndarray, np.ndarray]] = []
 
     def done_ids(self) -> set[str]:
         done = set()
@@ -102,8 +106,8 @@ class ShardWriter:
             done.update(json.loads(line)["ids"])
         return done
 
-    def add(self, pid: str, tokens: list[int], prompt_len: int, feats: np.ndarray) -> None:
-        self.rows.append((pid, tokens, prompt_len, feats))
+    def add(self, pid: str, tokens: list[int], prompt_len: int, feats: np.ndarray, hidden: np.ndarray) -> None:
+        self.rows.append((pid, tokens, prompt_len, feats, hidden))
         if sum(len(r[1]) for r in self.rows) >= self.shard_tokens:
             self.flush()
 
@@ -118,6 +122,7 @@ class ShardWriter:
                      offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
                      prompt_lens=np.asarray([r[2] for r in self.rows], np.int32),
                      features=np.concatenate([r[3] for r in self.rows]),
+                     hidden=np.concatenate([r[4] for r in self.rows]),
                      ids=np.asarray([r[0] for r in self.rows]))
             f.flush()
             os.fsync(f.fileno())
@@ -130,32 +135,34 @@ class ShardWriter:
 
 
 class FeatureBuffers:
-    """The sink ``Engine.capture_features`` calls: features [m, 3h] of the tokens at
-    positions position.. of a sequence, written into that sequence's buffer."""
+    """The sink ``Engine.capture_features`` calls: layer features [m, 3h] and hidden states
+    [m, h] of the tokens at positions position.. of a sequence, written into its buffers."""
 
-    def __init__(self, width: int):
-        self.width = width
-        self.buf: dict[int, np.ndarray] = {}
+    def __init__(self, hidden_size: int):
+        self.h = hidden_size
+        self.buf: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.filled: dict[int, int] = {}
 
     def open(self, seq_id: int, capacity: int) -> None:
-        self.buf[seq_id] = np.zeros((capacity, self.width), FEATURE_DTYPE)
+        self.buf[seq_id] = (np.zeros((capacity, 3 * self.h), FEATURE_DTYPE), np.zeros((capacity, self.h), FEATURE_DTYPE))
         self.filled[seq_id] = 0
 
-    def __call__(self, seq_id: int, position: int, feats: np.ndarray) -> None:
+    def __call__(self, seq_id: int, position: int, feats: np.ndarray, hidden: np.ndarray) -> None:
         if position != self.filled[seq_id]:
             raise RuntimeError(f"features of position {position} arrived, {self.filled[seq_id]} expected")
-        self.buf[seq_id][position: position + len(feats)] = feats
+        layers, hid = self.buf[seq_id]
+        layers[position: position + len(feats)] = feats
+        hid[position: position + len(feats)] = hidden
         self.filled[seq_id] += len(feats)
 
-    def close(self, seq_id: int, length: int) -> np.ndarray:
+    def close(self, seq_id: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """The features of a finished sequence of ``length`` tokens: all but its last token's.
         (An answer that ended at a stop token forwarded its last token too, but the stop token
         itself is not part of the history: its row, whose label it would be, is dropped.)"""
         feats, filled = self.buf.pop(seq_id), self.filled.pop(seq_id)
         if filled not in (length - 1, length):
             raise RuntimeError(f"a {length}-token conversation has features of {filled} tokens, {length - 1} expected")
-        return feats[: length - 1]
+        return feats[0][: length - 1], feats[1][: length - 1]
 
 
 def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_tokens: int, batch: int,
@@ -168,7 +175,7 @@ def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_t
     done = writer.done_ids()
     wanted = prompts[:limit]
     todo = [p for p in wanted if p["id"] not in done]
-    sink = FeatureBuffers(3 * engine.model.hidden_size)
+    sink = FeatureBuffers(engine.model.hidden_size)
     bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=f"answers {split_dir.name}", unit="prompt",
                disable=not progress, file=sys.stderr, mininterval=20)
     active, owner, made, t0 = [], {}, 0, time.perf_counter()
@@ -192,8 +199,8 @@ def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_t
                 active.remove(s)
                 engine.detach(s)
                 pid, plen = owner.pop(s.seq_id)
-                feats = sink.close(s.seq_id, len(s.history))
-                writer.add(pid, list(s.history), plen, feats)
+                feats, hidden = sink.close(s.seq_id, len(s.history))
+                writer.add(pid, list(s.history), plen, feats, hidden)
                 made += len(s.history) - plen
                 bar.update(1)
                 bar.set_postfix(tok_s=f"{made / (time.perf_counter() - t0):.1f}", refresh=False)

@@ -418,9 +418,11 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     for pid, toks, plen, feats in convs:
         assert eng.generate(list(map(int, toks[:plen])), 12).token_ids == list(map(int, toks[plen:]))
         eng.kv.add_sequence(99)
-        _, f = eng.model.forward_features(eng.kv, [99], [list(map(int, toks[:-1]))])
+        h, f = eng.model.forward_features(eng.kv, [99], [list(map(int, toks[:-1]))])
         eng.kv.remove_sequence(99)
         assert np.array_equal(feats, f.numpy().astype(np.float16))
+        hidden = [c[3] for s in shards for c in conversations(s, hidden=True) if c[0] == pid][0]
+        assert np.array_equal(hidden, h.numpy().astype(np.float16))
     # an interrupted run: the last shard's index line torn, a half-written shard left behind
     index = (train_dir / "index.jsonl").read_text().splitlines()
     (train_dir / "index.jsonl").write_text("\n".join(index[:-1]) + "\n" + index[-1][:10])
