@@ -479,8 +479,10 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
             click.echo(f"wrote {output}/config.json and model.safetensors; next: speccompile convert_weight {output} "
                        "--model-type eagle --target <the target's HF folder or GGUF> ...")
             return
-        if model_lib is None:
-            raise ValueError(f"--method {method} generates its data: give --model-lib")
+        shared = method == "medusa" and work_dir and (Path(work_dir) / "answers" / "train" / "index.jsonl").exists()
+        if model_lib is None and not shared:
+            raise ValueError(f"--method {method} generates its data: give --model-lib (or, for medusa, --work-dir "
+                             "holding train-answers' data)")
         report = run_train_draft(method, target_dir, model_lib, output, num_prompts, max_tokens, gen_batch, steps,
                                  train_batch, draft_vocab or 16384, work_dir=work_dir, medusa_num_heads=medusa_num_heads,
                                  medusa_num_layers=medusa_num_layers, medusa_freeze_lm_head=medusa_freeze_lm_head)

@@ -328,6 +328,16 @@ def run_train_draft(method: str, target_dir: Path, model_lib: Path, out_dir: Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir else out_dir / "work"
     data_dir = work / "data"
+    answers = work / "answers"
+    if method == "medusa" and (answers / "train" / "index.jsonl").exists():  # train-answers' data (EAGLE-3's)
+        from .train_medusa import train_medusa
+
+        report = train_medusa([], target_dir, out_dir, steps, batch=train_batch, num_heads=medusa_num_heads,
+                              num_layers=medusa_num_layers, freeze_lm_head=medusa_freeze_lm_head,
+                              draft_vocab=draft_vocab, progress=progress, checkpoint=work / "medusa-checkpoint.pt",
+                              answers=answers)
+        (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
+        return report
     engine = Engine(target_dir, model_lib, max_num_sequence=gen_batch)
     rows = distill.generate_answers(engine, data_dir, num_prompts, max_tokens, gen_batch, progress)
     paths = distill.extract_features(engine.model, data_dir, rows, progress=progress)

@@ -86,6 +86,13 @@ def build_medusa(hidden: int, num_heads: int, num_layers: int, torch, lm_head: n
 
 
 # ------------------------------------------------------------------ data
+def answer_items(split_dir: Path) -> list:
+    """(tokens [L], final hidden states [L-1, h] fp16, answer start) of train-answers' conversations."""
+    from .train_answers import conversations, read_shards
+
+    return [(t, f, plen) for shard in read_shards(split_dir) for _, t, plen, f in conversations(shard, hidden=True)]
+
+
 def medusa_rows(items: list, num_heads: int) -> tuple[np.ndarray, np.ndarray]:
     """The training rows of some conversations: features f_i [N, h] (float32) and labels
     [K, N], t_{i+k+2} for head k (-1 past the end of the conversation).
@@ -161,7 +168,9 @@ def held_out_score(model, items: list, lm, remap_t, vocab_t, num_heads: int, tor
 def train_medusa(feature_paths: list[Path], target_dir: Path, out_dir: Path, steps: int, batch: int = 4,
                  num_heads: int = 4, num_layers: int = 1, freeze_lm_head: bool = True, lr: float = 1e-3,
                  draft_vocab: int = 16384, seed: int = 0, checkpoint_every: int = 200, progress: bool = True,
-                 checkpoint: Path | None = None) -> dict:
+                 checkpoint: Path | None = None, answers: Path | None = None) -> dict:
+    """``answers``: train-answers' folder (its train and held_out splits, hidden states kept
+    beside the EAGLE-3 features) instead of ``feature_paths`` (distill.py's shards)."""
     torch = require_torch()
     from tqdm import tqdm
 
@@ -169,8 +178,10 @@ def train_medusa(feature_paths: list[Path], target_dir: Path, out_dir: Path, ste
     torch.manual_seed(seed)
     tcfg = target_config(target_dir)
     _, head_w = target_embedding_and_head(target_dir, tcfg)
-    data = Features(feature_paths)
-    train_items, held_out = split_held_out(data.items)
+    if answers is not None:
+        train_items, held_out = answer_items(Path(answers) / "train"), answer_items(Path(answers) / "held_out")
+    else:
+        train_items, held_out = split_held_out(Features(feature_paths).items)
     if medusa_rows(train_items, num_heads)[0].shape[0] == 0:
         raise ValueError("no conversation has an answer to train on: raise --max-tokens or --num-prompts")
     vocab = draft_vocabulary(np.concatenate([t[a:] for t, _, a in train_items]), draft_vocab, tcfg.vocab_size)

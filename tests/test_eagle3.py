@@ -441,3 +441,10 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     assert curve[0]["step"] == 0 and curve[-1]["step"] == second["steps"]
     src = open_any(tmp_path / "head", "eagle", built.hf_dir)
     assert src.config.model_type == "eagle3" and src.config.draft_vocab_size <= 64
+    # Medusa trains on the same answers (their final hidden states), with a reduced vocabulary
+    from speccompile.train_draft import run_train_draft
+
+    rep = run_train_draft("medusa", built.model_dir, None, tmp_path / "medusa", steps=3, train_batch=2, draft_vocab=64,
+                          progress=False, work_dir=tmp_path, medusa_num_heads=2)
+    assert rep["steps"] == 3 and rep["draft_vocab"] <= 64 and rep["held_out"] is not None
+    assert (tmp_path / "medusa" / "model.safetensors").exists()
