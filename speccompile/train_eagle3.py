@@ -252,6 +252,32 @@ def evaluate(trainer: "Trainer", convs: list[Conv], batch_rows: int, steps: int 
     return {k: finish(v) for k, v in by.items() if v is not None}
 
 
+def offline_scores(trainer: "Trainer", answers: Path, settings: "Settings") -> dict:
+    """The exported checkpoint's scores on data it was not chosen on: MT-bench first turns
+    per category (never trained on), and the held-out set split into code and other."""
+    from .train_prompts import REPO
+
+    out = {}
+    mt = load_split(answers / "mt_bench", settings.max_rows)
+    if mt:
+        bench = [json.loads(x) for x in (REPO / "bench" / "mt_bench.jsonl").read_text().splitlines() if x.strip()]
+        cats = {f"mt{r['question_id']}": r.get("category", "other") for r in bench}
+        out["mt_bench"] = evaluate(trainer, mt, settings.batch_rows, groups=cats)
+    held = load_split(answers / "held_out", settings.max_rows)
+    kinds = {}
+    prompts = answers.parent / "prompts" / "held_out.jsonl"
+    if prompts.exists():
+        for line in prompts.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            kinds[row["id"]] = "code" if row.get("code") else "other"
+    if held:
+        out["held_out"] = evaluate(trainer, held, settings.batch_rows, groups=kinds)
+    return out
+
+
 @dataclass
 class Settings:
     """What a run is; a resumed run keeps the head's shape and vocabulary from its state."""
@@ -397,6 +423,8 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     if done["best"] is None or done["best"]["step"] != done["step"]:
         held_out_point()
     best = torch.load(run_dir / "best.pt", weights_only=False)
+    model.load_state_dict(best["model"])
+    offline = offline_scores(trainer, ans, settings)
     final = build_eagle3_head(layer_cfg, int(vocab.size), torch)
     final.load_state_dict({**best["model"], "lm_head.weight": trainer.lm.float()})
     export_eagle3(final, layer_cfg, out_dir, torch, vocab, feature_layers(tcfg.num_hidden_layers))
@@ -404,7 +432,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
               "train_conversations": len(train), "held_out_conversations": len(held),
               "train_answer_tokens": int(sum(c.rows + 1 - c.prompt_len for c in train)),
               "dtype": str(dtype).replace("torch.", ""), "settings": settings.__dict__,
-              "seconds": round(done["seconds"], 1)}
+              "seconds": round(done["seconds"], 1), "offline": offline}
     (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
     return report
 
