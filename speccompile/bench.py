@@ -109,8 +109,10 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     plain / spec / spec / plain (the spec statistics are the first spec run's, its time the
     mean of both). ``llama_bench``
     (binary, gguf): llama.cpp's own benchmark runs right after, in the same run.
-    ``llama_speculative`` (binary, gguf, draft_gguf, draft_max): llama.cpp's speculative
-    decoding of the same rendered prompts in the same mode, also in the same run."""
+    ``llama_speculative`` (binary, gguf, draft_gguf, draft_max, modes): llama.cpp's speculative
+    decoding of the same rendered prompts, also in the same run, in each of ``modes`` (its
+    counterparts of our small_draft and ngram; default: the mode we run), so that a mode
+    llama.cpp lacks (eagle, medusa) is compared against its best peers."""
     from speccompile.runtime.engine import Engine
     from speccompile.llama_cpp import run_llama_bench, run_llama_speculative, summarize_llama_speculative
 
@@ -160,16 +162,16 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
         rows.append(row)
         if not quiet:
             print(line, flush=True)
-    if llama_speculative and speculative:
+    peers = llama_speculative.get("modes") or [spec["speculative_mode"]] if llama_speculative and speculative else []
+    for mode in peers:  # llama.cpp's speculative decoding of the same rendered prompts, per peer mode
         lrows = run_llama_speculative(
             llama_speculative["binary"], llama_speculative["gguf"],
             [engine.render([{"role": "user", "content": p["prompt"]}]) for p in prompts], max_tokens,
-            spec["speculative_mode"], llama_speculative.get("draft_gguf"), llama_speculative.get("draft_max", 3))
+            mode, llama_speculative.get("draft_gguf"), llama_speculative.get("draft_max", 3))
         for row, lr in zip(rows, lrows):
-            row.update({f"llama_cpp_{k}": v for k, v in lr.items()})
-            row["ours_over_llama_cpp_spec"] = row["spec_tokens_per_s"] / lr["tokens_per_s"]
+            row.setdefault("llama_cpp_spec", {})[mode] = {**lr, "ours_over": row["spec_tokens_per_s"] / lr["tokens_per_s"]}
             if not quiet:
-                print(f"llama.cpp {row['category']:<11} spec {lr['tokens_per_s']:6.1f} tok/s accept "
+                print(f"llama.cpp {mode:<11} {row['category']:<11} spec {lr['tokens_per_s']:6.1f} tok/s accept "
                       f"{lr['accept_rate']:.2f} | ours {row['spec_tokens_per_s']:6.1f}", flush=True)
     by_cat: dict[str, list[dict]] = {}
     for r in rows:
@@ -186,9 +188,11 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
             out["mean_accepted_length"] = (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
                                            if steps else 0.0)
             out["identical_outputs"] = sum(r["identical_output"] for r in group)
-            if "llama_cpp_tokens_per_s" in group[0]:
-                out["llama_cpp_spec_tokens_per_s"] = _aggregate(group, "llama_cpp_decode_tokens", "llama_cpp_seconds")
-                out["ours_over_llama_cpp_spec"] = out["spec_tokens_per_s"] / out["llama_cpp_spec_tokens_per_s"]
+            for mode in peers:  # llama.cpp's rate in each peer mode, and ours over it
+                rate = (sum(r["llama_cpp_spec"][mode]["decode_tokens"] for r in group)
+                        / sum(r["llama_cpp_spec"][mode]["seconds"] for r in group))
+                out.setdefault("llama_cpp_spec", {})[mode] = {"spec_tokens_per_s": rate,
+                                                              "ours_over": out["spec_tokens_per_s"] / rate}
         return out
 
     overall = summarize(rows)
@@ -202,10 +206,10 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
         lc = overall["llama_cpp"] = run_llama_bench(*llama_bench, depth=depth)
         lc["ours_over_llama_cpp_decode"] = overall["plain_tokens_per_s"] / lc["tg_tokens_per_s"]
         lc["ours_over_llama_cpp_decode_at_depth"] = overall["plain_tokens_per_s"] / lc["tg_tokens_per_s_at_depth"]
-    if llama_speculative and speculative:
-        overall["llama_cpp_speculative"] = summarize_llama_speculative(
-            [{k[len("llama_cpp_"):]: v for k, v in r.items() if k.startswith("llama_cpp_")} for r in rows],
-            llama_speculative["binary"], spec["speculative_mode"], llama_speculative.get("draft_max", 3))
+    if peers:
+        overall["llama_cpp_speculative"] = {
+            mode: summarize_llama_speculative([r["llama_cpp_spec"][mode] for r in rows], llama_speculative["binary"],
+                                              mode, llama_speculative.get("draft_max", 3)) for mode in peers}
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "measured_bandwidth_GBps": round(bandwidth, 2)},
@@ -243,17 +247,16 @@ def _print_summary(report: dict, speculative: bool, bandwidth: float, per_token:
                   f"{lc['tg_tokens_per_s_at_depth']:.1f} tok/s; ours / llama.cpp = "
                   f"{lc['ours_over_llama_cpp_decode_at_depth']:.2f}")
     if speculative:
-        lcpp = "llama_cpp_speculative" in s
+        peers = list(s.get("llama_cpp_speculative", {}))
         print(f"{'category':<12} {'plain':>7} {'spec':>7} {'speedup':>8} {'accept':>7} {'len':>5}"
-              + (f" {'llama.cpp spec':>15} {'ours/llama.cpp':>15}" if lcpp else ""))
+              + "".join(f" {'llama ' + m:>17} {'ours/it':>8}" for m in peers))
         for c, g in list(report["per_category"].items()) + [("overall", s)]:
             print(f"{c:<12} {g['plain_tokens_per_s']:7.1f} {g['spec_tokens_per_s']:7.1f} {g['speedup']:8.2f} "
                   f"{g['accept_rate']:7.2f} {g['mean_accepted_length']:5.2f}"
-                  + (f" {g['llama_cpp_spec_tokens_per_s']:15.1f} {g['ours_over_llama_cpp_spec']:15.2f}" if lcpp else ""))
-        if lcpp:
-            lc = s["llama_cpp_speculative"]
-            print(f"llama.cpp speculative (same run, {lc['mode']}, draft-max {lc['draft_max']}): "
-                  f"accept {lc['accept_rate']:.2f}")
+                  + "".join(f" {g['llama_cpp_spec'][m]['spec_tokens_per_s']:17.1f} {g['llama_cpp_spec'][m]['ours_over']:8.2f}"
+                            for m in peers))
+        for m, lc in s.get("llama_cpp_speculative", {}).items():
+            print(f"llama.cpp speculative (same run, {m}, draft-max {lc['draft_max']}): accept {lc['accept_rate']:.2f}")
 
 
 def write_chart(report: dict, path: Path) -> Path:

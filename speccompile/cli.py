@@ -364,12 +364,14 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
               help="with --llama-speculative in small_draft mode: the draft's GGUF file")
 @click.option("--one-shot", is_flag=True, default=False,
               help="each run a fresh `generate` process (plain/spec/spec/plain per prompt), as users run it")
+@click.option("--llama-spec-mode", "llama_modes", multiple=True, type=click.Choice(["small_draft", "ngram"]),
+              help="with --llama-speculative: llama.cpp's modes to run beside ours (repeatable; default: ours)")
 @click.option("--llama-draft-max", type=int, default=3, show_default=True,
               help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP + "; not with --endpoint")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
               per_category, spec, endpoint, concurrency, api_key, compare, ab, llama_bench, gguf, llama_spec, draft_gguf,
-              one_shot, llama_draft_max, overrides):
+              one_shot, llama_modes, llama_draft_max, overrides):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
@@ -414,13 +416,17 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             from speccompile.llama_cpp import SPEC_TYPES
 
             mode = spec.get("speculative_mode", "disable")
-            if mode not in SPEC_TYPES:
-                raise ValueError(f"--llama-speculative compares --speculative-mode {' or '.join(SPEC_TYPES)}")
+            peers = list(llama_modes) or [mode]
+            if mode == "disable" or any(m not in SPEC_TYPES for m in peers):
+                raise ValueError(f"--llama-speculative runs llama.cpp in the modes it has ({', '.join(SPEC_TYPES)}): "
+                                 "ours in one of them, or --llama-spec-mode to name its peers of ours "
+                                 "(e.g. --speculative-mode eagle --llama-spec-mode small_draft --llama-spec-mode ngram)")
             if gguf is None or not Path(llama_spec).exists():
                 raise ValueError("--llama-speculative needs an existing llama-speculative-simple binary and --gguf")
-            if SPEC_TYPES[mode] == "draft-simple" and (draft_gguf is None or not Path(draft_gguf).exists()):
-                raise ValueError("--llama-speculative in small_draft mode needs the draft's --draft-gguf file")
-            lspec = {"binary": llama_spec, "gguf": gguf, "draft_gguf": draft_gguf, "draft_max": llama_draft_max}
+            if "small_draft" in peers and (draft_gguf is None or not Path(draft_gguf).exists()):
+                raise ValueError("llama.cpp's small_draft peer needs the draft's --draft-gguf file")
+            lspec = {"binary": llama_spec, "gguf": gguf, "draft_gguf": draft_gguf, "draft_max": llama_draft_max,
+                     "modes": peers}
         run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,
                   categories=list(categories) or None, per_category=per_category,
                   llama_bench=(llama_bench, gguf) if llama_bench else None, llama_speculative=lspec)
@@ -457,11 +463,13 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 @click.option("--epochs", type=int, default=8, show_default=True, help="eagle3: passes over the training answers")
 @click.option("--ttt-steps", type=int, default=4, show_default=True,
               help="eagle3: training-time test steps (the head trained on its own fed-back outputs)")
+@click.option("--eval-every", type=int, default=50, show_default=True,
+              help="eagle3: optimizer steps between held-out evaluations (the curve; the best one is exported)")
 @click.option("--intermediate-size", type=int, default=2816, show_default=True,
               help="eagle3: the head layer's MLP width (sets its size: 2816 is 57 MB of fp16 for a 1536-wide target)")
 def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_tokens, gen_batch, steps, train_batch,
                     draft_vocab, work_dir, medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head, epochs,
-                    ttt_steps, intermediate_size):
+                    ttt_steps, eval_every, intermediate_size):
     """Train a draft head for TARGET_DIR by self-distillation (resumable; needs torch)."""
     from speccompile.train_draft import run_train_draft
 
@@ -474,7 +482,7 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
                                  "--work-dir)")
             report = train_eagle3(target_dir, work_dir, output,
                                   Settings(intermediate_size=intermediate_size, draft_vocab=draft_vocab or 32768,
-                                           steps=ttt_steps, epochs=epochs))
+                                           steps=ttt_steps, epochs=epochs, eval_every=eval_every))
             click.echo(json.dumps(report, indent=1))
             click.echo(f"wrote {output}/config.json and model.safetensors; next: speccompile convert_weight {output} "
                        "--model-type eagle --target <the target's HF folder or GGUF> ...")

@@ -290,7 +290,7 @@ class Settings:
     max_rows: int = 2048  # longest conversation (head rows) kept
     lr: float = 3e-4
     warmup: int = 100
-    eval_every: int = 200  # optimizer steps
+    eval_every: int = 50  # optimizer steps
     save_every_s: float = 300.0
     seed: int = 0
 
