@@ -355,9 +355,10 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     curve_path = run_dir / "curve.jsonl"
 
     def schedule(step: int, total: int) -> float:
-        if step < settings.warmup:
-            return (step + 1) / settings.warmup
-        t = min(1.0, (step - settings.warmup) / max(1, total - settings.warmup))
+        warm = min(settings.warmup, max(1, total // 20))  # at most 5% of the run
+        if step < warm:
+            return (step + 1) / warm
+        t = min(1.0, (step - warm) / max(1, total - warm))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
 
     def save():
