@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from speccompile.runtime.eagle import EagleProposer, top_tokens
+from speccompile.runtime.eagle import EagleProposer, HostDraftCalls, top_tokens
 from speccompile.runtime.kv_cache import PAGE, PagedKV
 from speccompile.runtime.medusa import MedusaProposer
 from speccompile.runtime.proposers import NGramProposer, SmallDraftProposer
@@ -217,9 +217,10 @@ class Out:
         return self.a
 
 
-class FakeEagleHead:
+class FakeEagleHead(HostDraftCalls):
     """Feature f, token t -> predicted feature [(3 f[0] + t) mod V, 0...]; its logits rank
-    tokens from that state on. Every forward's tokens, features and rows are recorded."""
+    tokens from that state on. Every forward's tokens, features and rows are recorded. It
+    drafts through the host path (HostDraftCalls), as a head without draft_step does."""
 
     vocab_ids = None
     hidden_size = H
