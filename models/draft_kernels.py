@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .attention import scratch_scope
+from .attention import building_for_cpu, scratch_scope
 
 CHUNK = 2048  # logits per work item of the first kernel (a multiple of 16)
 NEG_INF = -3.4028234663852886e38  # the lowest float32: below every finite logit
@@ -60,11 +60,57 @@ def _insert(vals, ids, pos, x, token, k: int):
         ids[pos[0]] = token
 
 
+# A parallel region costs ~6 us to start on the CPU and waits for its slowest worker (one the
+# OS has lent to another process, on a busy host, for a whole time slice): up to 8 rows of a
+# 32k draft vocabulary (~17 us of scanning per row) run on the calling thread instead
+# (models/attention.py's SERIAL_BELOW idea), which measured steadier draft steps on a
+# shared 2-core host at the same best-case time.
+SERIAL_CHUNKS = 128  # at most this many work items (rows x chunks) run serially on the CPU
+SERIAL_ROWS = 16  # the merge (~1 us per row): fewer rows than this run serially
+
+
 def topk_chunks(vocab: int, k: int):
     """logits [n, vocab], d2t [vocab] -> per chunk c: its k best (values [n, C, k], target ids
     [n, C, k]: draft id j is token j + d2t[j]), its maximum [n, C] and its sum of
     exp(logit - maximum) [n, C]."""
-    chunks, scratch = num_chunks(vocab), scratch_scope()
+    chunks, scratch, cpu = num_chunks(vocab), scratch_scope(), building_for_cpu()
+
+    @T.macro
+    def chunk(logits, d2t, cv, ci, cm, cs, t):
+        vals = T.decl_buffer((k,), "float32", scope=scratch)
+        ids = T.decl_buffer((k,), "int32", scope=scratch)
+        pos = T.decl_buffer((1,), "int32", scope=scratch)
+        acc = T.decl_buffer((16,), "float32", scope=scratch)
+        i = t // chunks
+        lo = (t % chunks) * CHUNK
+        size = T.min(vocab - lo, CHUNK)
+        for q in range(k):
+            vals[q] = T.float32(NEG_INF)
+            ids[q] = T.Cast("int32", lo)
+        for c in range(size // 16):  # blocks of 16: scanned only if their maximum gets in
+            for l in T.vectorized(8):
+                acc[l] = T.max(logits[i, lo + c * 16 + l], logits[i, lo + c * 16 + 8 + l])
+            for l in T.vectorized(4):
+                acc[l] = T.max(acc[l], acc[l + 4])
+            if T.max(T.max(acc[0], acc[1]), T.max(acc[2], acc[3])) > vals[k - 1]:
+                for j in range(16):
+                    _insert(vals, ids, pos, logits[i, lo + c * 16 + j], T.Cast("int32", lo + c * 16 + j), k)
+        for j in range(size // 16 * 16, size):
+            _insert(vals, ids, pos, logits[i, lo + j], T.Cast("int32", lo + j), k)
+        for l in T.vectorized(16):
+            acc[l] = T.float32(0)
+        for c in range(size // 16):  # the chunk's softmax mass in 16 fixed partial sums
+            for l in T.vectorized(16):
+                acc[l] = acc[l] + _exp(logits[i, lo + c * 16 + l] - vals[0])
+        for j in range(size % 16):
+            acc[j] = acc[j] + _exp(logits[i, lo + size // 16 * 16 + j] - vals[0])
+        cs[i, t % chunks] = T.float32(0)
+        for l in range(16):
+            cs[i, t % chunks] = cs[i, t % chunks] + acc[l]
+        cm[i, t % chunks] = vals[0]
+        for q in range(k):
+            cv[i, t % chunks, q] = vals[q]
+            ci[i, t % chunks, q] = ids[q] + d2t[ids[q]]  # the target's token id
 
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, d2t: T.Buffer((vocab,), "int32"), var_vals: T.handle, var_ids: T.handle,
@@ -78,48 +124,40 @@ def topk_chunks(vocab: int, k: int):
         ci = T.match_buffer(var_ids, (n, chunks, k), "int32")
         cm = T.match_buffer(var_max, (n, chunks), "float32")
         cs = T.match_buffer(var_sum, (n, chunks), "float32")
-        for t in T.parallel(n * chunks):
-            vals = T.decl_buffer((k,), "float32", scope=scratch)
-            ids = T.decl_buffer((k,), "int32", scope=scratch)
-            pos = T.decl_buffer((1,), "int32", scope=scratch)
-            acc = T.decl_buffer((16,), "float32", scope=scratch)
-            i = t // chunks
-            lo = (t % chunks) * CHUNK
-            size = T.min(vocab - lo, CHUNK)
-            for q in range(k):
-                vals[q] = T.float32(NEG_INF)
-                ids[q] = T.Cast("int32", lo)
-            for c in range(size // 16):  # blocks of 16: scanned only if their maximum gets in
-                for l in T.vectorized(8):
-                    acc[l] = T.max(logits[i, lo + c * 16 + l], logits[i, lo + c * 16 + 8 + l])
-                for l in T.vectorized(4):
-                    acc[l] = T.max(acc[l], acc[l + 4])
-                if T.max(T.max(acc[0], acc[1]), T.max(acc[2], acc[3])) > vals[k - 1]:
-                    for j in range(16):
-                        _insert(vals, ids, pos, logits[i, lo + c * 16 + j], T.Cast("int32", lo + c * 16 + j), k)
-            for j in range(size // 16 * 16, size):
-                _insert(vals, ids, pos, logits[i, lo + j], T.Cast("int32", lo + j), k)
-            for l in T.vectorized(16):
-                acc[l] = T.float32(0)
-            for c in range(size // 16):  # the chunk's softmax mass in 16 fixed partial sums
-                for l in T.vectorized(16):
-                    acc[l] = acc[l] + _exp(logits[i, lo + c * 16 + l] - vals[0])
-            for j in range(size % 16):
-                acc[j] = acc[j] + _exp(logits[i, lo + size // 16 * 16 + j] - vals[0])
-            cs[i, t % chunks] = T.float32(0)
-            for l in range(16):
-                cs[i, t % chunks] = cs[i, t % chunks] + acc[l]
-            cm[i, t % chunks] = vals[0]
-            for q in range(k):
-                cv[i, t % chunks, q] = vals[q]
-                ci[i, t % chunks, q] = ids[q] + d2t[ids[q]]  # the target's token id
+        if cpu and n * chunks <= SERIAL_CHUNKS:
+            for t in range(n * chunks):
+                chunk(logits, d2t, cv, ci, cm, cs, t)
+        else:
+            for t in T.parallel(n * chunks):
+                chunk(logits, d2t, cv, ci, cm, cs, t)
 
     return kernel
 
 
 def topk_merge(vocab: int, k: int):
     """The chunks of each row merged: target ids [n, k] and log-probabilities [n, k], best first."""
-    chunks, scratch = num_chunks(vocab), scratch_scope()
+    chunks, scratch, cpu = num_chunks(vocab), scratch_scope(), building_for_cpu()
+
+    @T.macro
+    def row(cv, ci, cm, cs, out_ids, out_logp, i):
+        vals = T.decl_buffer((k,), "float32", scope=scratch)
+        ids = T.decl_buffer((k,), "int32", scope=scratch)
+        pos = T.decl_buffer((1,), "int32", scope=scratch)
+        lse = T.decl_buffer((2,), "float32", scope=scratch)  # row maximum, softmax mass
+        for q in range(k):
+            vals[q] = T.float32(NEG_INF)
+            ids[q] = 0
+        lse[0] = cm[i, 0]
+        for c in range(1, chunks):
+            lse[0] = T.max(lse[0], cm[i, c])
+        lse[1] = T.float32(0)
+        for c in range(chunks):
+            lse[1] = lse[1] + cs[i, c] * _exp(cm[i, c] - lse[0])
+            for q in range(k):
+                _insert(vals, ids, pos, cv[i, c, q], ci[i, c, q], k)
+        for q in range(k):
+            out_ids[i, q] = ids[q]
+            out_logp[i, q] = vals[q] - (lse[0] + T.log(lse[1]))
 
     @T.prim_func(private=True)
     def kernel(var_vals: T.handle, var_ids: T.handle, var_max: T.handle, var_sum: T.handle, var_out_ids: T.handle,
@@ -132,25 +170,12 @@ def topk_merge(vocab: int, k: int):
         cs = T.match_buffer(var_sum, (n, chunks), "float32")
         out_ids = T.match_buffer(var_out_ids, (n, k), "int32")
         out_logp = T.match_buffer(var_out_logp, (n, k), "float32")
-        for i in T.parallel(n):
-            vals = T.decl_buffer((k,), "float32", scope=scratch)
-            ids = T.decl_buffer((k,), "int32", scope=scratch)
-            pos = T.decl_buffer((1,), "int32", scope=scratch)
-            lse = T.decl_buffer((2,), "float32", scope=scratch)  # row maximum, softmax mass
-            for q in range(k):
-                vals[q] = T.float32(NEG_INF)
-                ids[q] = 0
-            lse[0] = cm[i, 0]
-            for c in range(1, chunks):
-                lse[0] = T.max(lse[0], cm[i, c])
-            lse[1] = T.float32(0)
-            for c in range(chunks):
-                lse[1] = lse[1] + cs[i, c] * _exp(cm[i, c] - lse[0])
-                for q in range(k):
-                    _insert(vals, ids, pos, cv[i, c, q], ci[i, c, q], k)
-            for q in range(k):
-                out_ids[i, q] = ids[q]
-                out_logp[i, q] = vals[q] - (lse[0] + T.log(lse[1]))
+        if cpu and n < SERIAL_ROWS:
+            for i in range(n):
+                row(cv, ci, cm, cs, out_ids, out_logp, i)
+        else:
+            for i in T.parallel(n):
+                row(cv, ci, cm, cs, out_ids, out_logp, i)
 
     return kernel
 

@@ -324,18 +324,19 @@ def test_device_top_k_orders_as_top_tokens():
     vm = VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
     rng = np.random.default_rng(0)
     d2t = (np.sort(rng.choice(3 * vocab, vocab, replace=False)) - np.arange(vocab)).astype(np.int32)
-    logits = np.round(rng.standard_normal((5, vocab)) * 2, 1).astype(np.float32)  # many ties
+    logits = np.round(rng.standard_normal((48, vocab)) * 2, 1).astype(np.float32)  # many ties
     logits[1, [CHUNK - 1, CHUNK, 7, 2 * CHUNK + 50]] = 9.0  # tied maxima across chunks
     logits[2, :] = 0.0  # a flat row: the k lowest ids
     logits[3, [3, CHUNK + 3]] = 20.0
     logits[3, 2 * CHUNK + 99] = -100.0
     logits[4, ::7] = 5.0  # the k-th place tied many times over
-    got_ids, got_logp = (a.numpy() for a in vm["top"](tvm.runtime.tensor(logits), tvm.runtime.tensor(d2t)))
-    for row, gi, gl in zip(logits, got_ids, got_logp):
-        order, lp = top_tokens(row, k)
-        assert gi.tolist() == (order + d2t[order]).tolist()
-        np.testing.assert_allclose(gl, lp, rtol=1e-5, atol=1e-5)
-    assert got_ids[2].tolist() == (np.arange(k) + d2t[:k]).tolist()
+    for rows in (5, 48):  # few rows run on the calling thread, many in parallel: the same results
+        got_ids, got_logp = (a.numpy() for a in vm["top"](tvm.runtime.tensor(logits[:rows]), tvm.runtime.tensor(d2t)))
+        for row, gi, gl in zip(logits, got_ids, got_logp):
+            order, lp = top_tokens(row, k)
+            assert gi.tolist() == (order + d2t[order]).tolist()
+            np.testing.assert_allclose(gl, lp, rtol=1e-5, atol=1e-5)
+        assert got_ids[2].tolist() == (np.arange(k) + d2t[:k]).tolist()
 
 
 def test_draft_steps_need_the_targets_embedding_storage(e3):
