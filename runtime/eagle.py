@@ -60,38 +60,53 @@ MAX_TREE_NODES = 256
 
 class DraftTree:
     """The candidates of one ``propose`` for every sequence of the batch, in creation order
-    (a depth's children after its parents): flat arrays indexed by node."""
+    (a depth's children after its parents): flat arrays indexed by node, in preallocated
+    columns (a draft depth appends by slice assignment, not by concatenating)."""
 
-    def __init__(self, plan):
-        self.plan = plan
-        self.tok = np.zeros(0, np.int64)  # target token id
-        self.par = np.zeros(0, np.int64)  # parent node, -1 for a child of the last committed token
-        self.seq = np.zeros(0, np.int64)  # index of its sequence in the batch
-        self.depth = np.zeros(0, np.int64)  # 1 for a child of the last committed token
-        self.conf = np.zeros(0)  # the head's probability of the token
-        self.P = np.zeros(0)  # path probability: the plan's acceptance of conf times the parent's P
-        self.src = np.zeros(0, np.int64)  # row of the head call that gave it (its parent's features)
-        self.row = np.zeros(0, np.int64)  # its scratch row once expanded (ScratchRows), else -1
+    INT = ("tok", "par", "seq", "depth", "src", "row")
+    # tok: target token id; par: parent node (-1: a child of the last committed token); seq: its
+    # sequence's index in the batch; depth: 1 for a child of the last committed token; src: the row
+    # of the head call that gave it (its parent's features); row: its scratch row once expanded, or -1
+    FLOAT = ("conf", "P")  # the head's probability of the token; path probability (the plan's
+    # acceptance of conf times the parent's P)
+
+    def __init__(self, plan, capacity: int = 64):
+        self.plan, self.n = plan, 0
+        self._int = np.zeros((len(self.INT), capacity), np.int64)
+        self._float = np.zeros((len(self.FLOAT), capacity))
+        self._views()
+
+    def _views(self) -> None:
+        for j, name in enumerate(self.INT):
+            setattr(self, name, self._int[j, : self.n])
+        for j, name in enumerate(self.FLOAT):
+            setattr(self, name, self._float[j, : self.n])
 
     def add(self, parents: np.ndarray, seqs: np.ndarray, ids: np.ndarray, logp: np.ndarray) -> np.ndarray:
         """Row j of a head call ([rows, width] ids and log-probs) gives ``width`` children of
         node parents[j] (-1: the root) of sequence seqs[j]; returns the new nodes' indices."""
         rows, width = ids.shape
-        par, seq = np.repeat(parents, width), np.repeat(seqs, width)
-        conf = np.exp(np.asarray(logp, np.float64)).reshape(-1)
-        known = par >= 0
-        up = np.where(known, self.P[np.where(known, par, 0)] if len(self.P) else 1.0, 1.0)
-        depth = np.where(known, self.depth[np.where(known, par, 0)] + 1 if len(self.depth) else 1, 1)
-        new = np.arange(len(self.tok), len(self.tok) + rows * width)
-        self.tok = np.concatenate([self.tok, ids.reshape(-1)])
-        self.par = np.concatenate([self.par, par])
-        self.seq = np.concatenate([self.seq, seq])
-        self.depth = np.concatenate([self.depth, depth])
-        self.conf = np.concatenate([self.conf, conf])
-        self.P = np.concatenate([self.P, np.asarray([self.plan.p(c) for c in conf.tolist()]) * up])
-        self.src = np.concatenate([self.src, np.repeat(np.arange(rows), width)])
-        self.row = np.concatenate([self.row, np.full(rows * width, -1)])
-        return new
+        n0, n1 = self.n, self.n + rows * width
+        if n1 > self._int.shape[1]:
+            grow = max(n1, 2 * self._int.shape[1]) - self._int.shape[1]
+            self._int = np.pad(self._int, ((0, 0), (0, grow)))
+            self._float = np.pad(self._float, ((0, 0), (0, grow)))
+        tok, par, seq, depth, src, row = (c.reshape(rows, width) for c in self._int[:, n0:n1])
+        conf, P = (c.reshape(rows, width) for c in self._float[:, n0:n1])
+        tok[:] = ids
+        par[:] = parents[:, None]
+        seq[:] = seqs[:, None]
+        src[:] = np.arange(rows)[:, None]
+        row[:] = -1
+        conf[:] = np.exp(logp)
+        known = parents >= 0
+        at = np.where(known, parents, 0)
+        depth[:] = np.where(known, self._int[3, at] + 1, 1)[:, None]
+        up = np.where(known, self._float[1, at], 1.0)
+        P[:] = np.asarray([self.plan.p(c) for c in conf.reshape(-1).tolist()]).reshape(rows, width) * up[:, None]
+        self.n = n1
+        self._views()
+        return np.arange(n0, n1)
 
     def expand(self, frontier: np.ndarray, width: int) -> np.ndarray:
         """Per sequence the ``width`` most probable of these nodes (ties: created first),
@@ -108,7 +123,7 @@ class DraftTree:
         nodes = np.flatnonzero(self.seq == seq)
         keep = nodes[np.lexsort((nodes, self.depth[nodes], -self.P[nodes]))][:budget]
         keep = keep[np.lexsort((keep, self.depth[keep]))]
-        local = np.full(len(self.tok), -1)
+        local = np.full(self.n, -1)
         local[keep] = np.arange(len(keep))
         par = self.par[keep]
         parents = np.where(par >= 0, local[np.maximum(par, 0)], -1)
@@ -126,41 +141,41 @@ class ScratchRows:
     added by this call, from arrays of the earlier rows' paths (the tree is never
     re-planned)."""
 
-    def __init__(self, kv: PagedKV, ids: list[int]):
-        self.kv, self.ids = kv, ids
+    def __init__(self, kv: PagedKV, ids: list[int], max_depth: int = MAX_DEPTH, capacity: int = 64):
+        self.kv, self.ids, self.n = kv, ids, 0
         self.base = np.asarray([kv.length(s) for s in ids], np.int64)  # committed rows
         self.count = np.zeros(len(ids), np.int64)  # scratch rows so far
-        self.depth = np.zeros(0, np.int64)  # of every scratch row (all sequences, in planning order)
-        self.path = np.zeros((0, 1), np.int64)  # slots of each row's ancestors, root first, then itself
+        self.depth = np.zeros(capacity, np.int64)  # of every scratch row (all sequences, in planning order)
+        self.path = np.zeros((capacity, max_depth), np.int32)  # slots of each row's ancestors, root first, then itself
 
     def plan(self, seqs: np.ndarray, parents: np.ndarray) -> tuple[ForwardBatch, np.ndarray]:
         """New rows of sequences seqs (batch indices, ascending) whose parents are these
         earlier rows (indices this method returned, -1: the root) -> (their forward's
         metadata, their row indices)."""
-        grow, first, counts = np.unique(seqs, return_index=True, return_counts=True)
-        local = self.count[seqs] + np.arange(len(seqs)) - np.repeat(first, counts)
+        n = len(seqs)
+        first = np.flatnonzero(np.concatenate([[True], seqs[1:] != seqs[:-1]]))
+        grow, counts = seqs[first], np.diff(np.append(first, n))
+        local = self.count[seqs] + np.arange(n) - np.repeat(first, counts)
         self.count[grow] += counts
-        ids = [self.ids[g] for g in grow]
+        ids = [self.ids[g] for g in grow.tolist()]
         self.kv.reserve(ids, self.count[grow].tolist())
         rows = self.base[seqs] + local
-        slots = np.empty(len(seqs), np.int64)
-        for g, s, lo, c in zip(grow, ids, first, counts):
-            slots[lo: lo + c] = self.kv.slots(s, rows[lo: lo + c])
+        slots = np.concatenate([self.kv.slots(s, rows[lo: lo + c]) for s, lo, c in zip(ids, first, counts)])
         known = parents >= 0
-        depth = np.where(known, self.depth[np.where(known, parents, 0)] + 1 if len(self.depth) else 1, 1)
-        width = max(int(depth.max()), self.path.shape[1])
-        path = np.zeros((len(seqs), width), np.int64)
-        if known.any():
-            path[known, : self.path.shape[1]] = self.path[parents[known]]
-        path[np.arange(len(seqs)), depth - 1] = slots
-        new = np.arange(len(self.depth), len(self.depth) + len(seqs))
-        self.depth = np.concatenate([self.depth, depth])
-        self.path = np.concatenate([np.pad(self.path, ((0, 0), (0, width - self.path.shape[1]))), path])
-        i32 = lambda a: np.ascontiguousarray(a, np.int32)
-        named = {"positions": i32(self.base[seqs] + depth - 1), "write_slots": i32(slots),
-                 "page_table": self.kv.page_table(ids), "token_seq": i32(np.searchsorted(grow, seqs)),
-                 "token_prefix": i32(self.base[seqs]), "extra_slots": i32(path[:, : depth.max()]),
-                 "extra_len": i32(depth)}
+        depth = np.where(known, self.depth[np.where(known, parents, 0)] + 1, 1)
+        if self.n + n > len(self.depth) or depth.max() > self.path.shape[1]:
+            more = max(self.n + n, 2 * len(self.depth)) - len(self.depth)
+            self.depth = np.pad(self.depth, (0, more))
+            self.path = np.pad(self.path, ((0, more), (0, max(0, int(depth.max()) - self.path.shape[1]))))
+        new = np.arange(self.n, self.n + n)
+        path = self.path[new]
+        path[known] = self.path[parents[known]]
+        path[np.arange(n), depth - 1] = slots
+        self.path[new], self.depth[new], self.n = path, depth, self.n + n
+        named = {"positions": (self.base[seqs] + depth - 1).astype(np.int32), "write_slots": slots.astype(np.int32),
+                 "page_table": self.kv.page_table(ids), "token_seq": np.repeat(np.arange(len(grow), dtype=np.int32), counts),
+                 "token_prefix": self.base[seqs].astype(np.int32),
+                 "extra_slots": np.ascontiguousarray(path[:, : depth.max()]), "extra_len": depth.astype(np.int32)}
         return ForwardBatch(ids, counts.tolist(), named), new
 
 
@@ -297,7 +312,7 @@ class EagleProposer:
         frontier = tree.add(np.full(len(ids), -1), np.arange(len(ids)), top_ids, top_logp)
         plan.spent(time.perf_counter() - t0)
         plan.drafted(tree.P.tolist())
-        rows = ScratchRows(self.kv, ids)
+        rows = ScratchRows(self.kv, ids, max(MAX_DEPTH, max(depths)))
         depths = np.asarray(depths)
         for depth in range(1, int(depths.max())):
             expand = tree.expand(frontier[depths[tree.seq[frontier]] > depth], self.width)

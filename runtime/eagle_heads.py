@@ -21,7 +21,7 @@ from tvm.runtime import tensor as to_device
 
 from .contract import EAGLE, EAGLE3
 from .kv_cache import ForwardBatch
-from .model import Model
+from .model import Model, stage
 from .proposers import HeadMismatch
 
 
@@ -107,26 +107,22 @@ class EagleHeadModel(HostDraftCalls, Model):
         if not self.on_device:
             return super().catch_up(target, kv, batch, tokens, feats, last, width)
         target.check_token_ids(tokens)  # committed tokens; the embedding gather does not bounds-check
-        out = self._fn["draft_catch_up"](self._dev(tokens, "int32"), self._dev(feats, self.dtype),
-                                         self._dev(last, "int32"), self.target_embed, kv.tensor,
-                                         *self._dev_meta(batch), self.params)
+        ids, feats, last, *meta = stage([np.asarray(tokens, np.int32), np.asarray(feats, self.dtype),
+                                         np.asarray(last, np.int32), *batch.arrays], self.device)
+        out = self._fn["draft_catch_up"](ids, feats, last, self.target_embed, kv.tensor, *meta, self.params)
         return self._result(out, width)
 
     def step(self, target, kv, batch, tokens, hidden, rows, width):
         if not self.on_device:
             return super().step(target, kv, batch, tokens, hidden, rows, width)
-        # tokens: drafts of this head, mapped to target ids through d2t (checked at load)
-        out = self._fn["draft_step"](self._dev(tokens, "int32"), self._dev(hidden, self.dtype),
-                                     self._dev(rows, "int32"), self.target_embed, kv.tensor,
-                                     *self._dev_meta(batch), self.params)
+        # tokens: drafts of this head, mapped to target ids through d2t (checked at load); hidden: the
+        # features the last call left on the device (or host ones, staged with the rest)
+        host = [np.asarray(hidden, self.dtype)] if isinstance(hidden, np.ndarray) else []
+        ids, rows, *meta = stage([np.asarray(tokens, np.int32), np.asarray(rows, np.int32), *batch.arrays, *host],
+                                 self.device)
+        hidden = meta.pop() if host else hidden
+        out = self._fn["draft_step"](ids, hidden, rows, self.target_embed, kv.tensor, *meta, self.params)
         return self._result(out, width)
-
-    def _dev(self, a, dtype: str):
-        """A host array on the device (device tensors pass as they are)."""
-        return to_device(np.ascontiguousarray(a, dtype), self.device) if isinstance(a, np.ndarray) else a
-
-    def _dev_meta(self, batch: ForwardBatch) -> list:
-        return [to_device(a, self.device) for a in batch.arrays]
 
     @staticmethod
     def _result(out, width: int):
