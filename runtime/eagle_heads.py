@@ -72,7 +72,8 @@ class EagleHeadModel(HostDraftCalls, Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.vocab_ids = draft_vocab_ids(self)
-        self.top_k = int(self.meta.get("draft_top_k") or 0) if "draft_step" in self._fn else 0
+        has = "draft_step" in self._fn and self.meta.get("target_embed")
+        self.top_k = int(self.meta.get("draft_top_k") or 0) if has else 0
         self.target_embed: list | None = None  # the target's embedding tensors, once bound
 
     def check_target(self, target: Model) -> None:
