@@ -15,6 +15,22 @@ then scores only those tokens; without them the runtime uses the target's ``get_
 (runtime/eagle.py). Drafts are still verified by the target, so this changes speed, never
 the output.
 
+Draft steps on device. A head with a draft vocabulary also exports ``draft_step`` and
+``draft_catch_up``: embedding, fc, layers, lm_head and the top-k (models/draft_kernels.py)
+of a whole draft depth in one call, so only the small [n, k] arrays of token ids and
+log-probabilities leave the device, and the features stay there for the next depth.
+
+Where the embedding comes from. The head owns none, and copying the target's table into
+every head would make a Qwen head 117 MB (q4) or 933 MB (fp32) heavier, for rows the
+target already holds in memory. So those entry points take the target's own embedding
+tensors as an argument (``target_embed``: its ``embed_tokens`` storage, e.g. the packed
+q4 words and scales) and gather with the same tagged kernel the target uses
+(``embedding_rows``): no copy, no extra call, and embeddings bit-identical to the
+target's. The head is compiled with its target's quantization, which is what fixes the
+storage; ``_metadata["target_embed"]`` records the names, shapes and dtypes it expects,
+and the runtime hands the target's tensors over only when they match (else it drafts
+through the separate calls: ``target.embed``, ``eagle_forward``, ``draft_logits``).
+
 The decoder layers are models/llama.py's own ``DecoderLayer`` with the same paged KV cache,
 attention kernels and per-forward token metadata (``FORWARD_META``, runtime/contract.py)
 as the target, so the head drafts chains and token trees with the planner the target uses
@@ -34,9 +50,13 @@ from tvm.relax.frontend.nn import Tensor, op
 from speccompile.runtime.contract import EAGLE, FORWARD_META
 
 from .config import ConfigError, LlamaConfig, reduced_vocabulary_size
+from .draft_kernels import draft_top
 from .exports import contract_spec, forward_meta_specs
 from .llama import DecoderLayer
-from .quantization import QLinear, Quantization
+from .quantization import QLinear, Quantization, embedding_rows, weight_storage
+
+DRAFT_TOP_K = 8  # columns of draft_step's top-k: the widest tree (--spec-tree-width) it serves
+TARGET_EMBED = "embed_tokens"  # the target's embedding module (models/llama.py): its tensors' prefix
 
 
 @dataclass
@@ -89,6 +109,23 @@ class EagleConfig:
             raise ConfigError(f"config.json says {layer.num_hidden_layers} layer(s) but the weights hold "
                               f"layers {sorted(layers)}")
         return cls(layer, draft_vocab)
+
+
+def target_embed_storage(vocab: int, hidden: int, quant: Quantization) -> list[dict[str, Any]]:
+    """The target's embedding tensors a head's draft entry points take, as
+    ``_metadata["target_embed"]`` records them (a target of this quantization stores these)."""
+    return [{"name": f"{TARGET_EMBED}.{name}", "shape": list(shape), "dtype": dtype}
+            for name, shape, dtype in weight_storage(vocab, hidden, quant)]
+
+
+def draft_step_metadata(vocab: int, hidden: int, draft_vocab: int, quant: Quantization) -> dict[str, Any]:
+    """``draft_top_k`` (0: no draft entry points) and ``target_embed`` of a head."""
+    return {"draft_top_k": min(DRAFT_TOP_K, draft_vocab),
+            "target_embed": target_embed_storage(vocab, hidden, quant) if draft_vocab else []}
+
+
+def target_embed_specs(meta: dict[str, Any]) -> list[nn.spec.Tensor]:
+    return [nn.spec.Tensor(e["shape"], e["dtype"]) for e in meta["target_embed"]]
 
 
 def head_decoder_config(raw: dict[str, Any], target: LlamaConfig, who: str, attention_bias: bool,
@@ -146,28 +183,61 @@ class EagleHead(nn.Module):
         c = self.cfg
         return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
 
+    def extra_metadata(self) -> dict[str, Any]:
+        c = self.cfg
+        return {**c.extra_metadata(), **draft_step_metadata(c.vocab_size, c.hidden_size, c.draft_vocab_size, self.quant)}
+
+    def _forward(self, emb: Tensor, hidden: Tensor, kv: Tensor, meta: dict[str, Tensor]) -> Tensor:
+        # emb, hidden: [n, h] -> predicted features [n, h]
+        x = self.fc(op.concat([emb, hidden], dim=-1))
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, kv, meta, i)
+        return x
+
     def eagle_forward(self, input_embeds: Tensor, hidden: Tensor, kv: Tensor, positions, write_slots, page_table,
                       token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
         # input_embeds: [n, h] embeddings of token i+1; hidden: [n, h] features f_i -> predicted f_{i+1} [n, h]
         # the metadata arguments are FORWARD_META's names in order (get_spec checks)
         meta = dict(zip(FORWARD_META, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
                                        extra_len)))
-        x = self.fc(op.concat([input_embeds, hidden], dim=-1))
-        for i, layer in enumerate(self.layers):
-            x, kv = layer(x, kv, meta, i)
-        return x
+        return self._forward(input_embeds, hidden, kv, meta)
 
     def draft_logits(self, hidden: Tensor) -> Tensor:
         # hidden: [n, h] predicted features -> [n, draft_vocab] logits over the reduced vocabulary
         logits = self.lm_head(hidden)
         return logits if logits.dtype == "float32" else logits.astype("float32")
 
+    def draft_step(self, input_ids: Tensor, hidden: Tensor, hidden_rows: Tensor, target_embed, kv: Tensor, positions,
+                   write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len):
+        # input_ids: [n] draft tokens; hidden: [m, h] features, row hidden_rows[j] ([n]) the parent of row j;
+        # target_embed: the target's embedding tensors -> (features [n, h], target ids [n, k], log-probs [n, k])
+        meta = dict(zip(FORWARD_META, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
+                                       extra_len)))
+        emb = embedding_rows(list(target_embed), input_ids, self.quant)
+        out = self._forward(emb, op.take(hidden, hidden_rows, axis=0), kv, meta)
+        return (out, *draft_top(self.draft_logits(out), self.d2t, self.extra_metadata()["draft_top_k"]))
+
+    def draft_catch_up(self, input_ids: Tensor, hidden: Tensor, score_rows: Tensor, target_embed, kv: Tensor,
+                       positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len):
+        # input_ids: [n]; hidden: [n, h] the target's features; score_rows: [s] rows whose top-k is
+        # wanted -> (features [s, h], target ids [s, k], log-probs [s, k])
+        meta = dict(zip(FORWARD_META, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
+                                       extra_len)))
+        emb = embedding_rows(list(target_embed), input_ids, self.quant)
+        out = op.take(self._forward(emb, hidden, kv, meta), score_rows, axis=0)
+        return (out, *draft_top(self.draft_logits(out), self.d2t, self.extra_metadata()["draft_top_k"]))
+
     def get_spec(self) -> dict[str, Any]:
-        h, dt = self.cfg.hidden_size, self.dtype
+        h, dt, meta = self.cfg.hidden_size, self.dtype, self.extra_metadata()
+        i32 = lambda *shape: nn.spec.Tensor(list(shape), "int32")
         tensors = {"input_embeds": nn.spec.Tensor(["n", h], dt), "hidden": nn.spec.Tensor(["n", h], dt),
-                   "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **forward_meta_specs()}
-        # draft_logits only with a reduced draft vocabulary (its own lm_head): the metadata says which
-        return contract_spec(self, EAGLE, tensors, self.cfg.extra_metadata())
+                   "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt), **forward_meta_specs(),
+                   "input_ids": i32("n"), "hidden_rows": i32("n"), "score_rows": i32("s"),
+                   "target_embed": target_embed_specs(meta)}
+        tensors["draft_step.hidden"] = nn.spec.Tensor(["m", h], dt)  # parents: m rows of the last step
+        # draft_logits and the draft steps only with a reduced draft vocabulary (its own lm_head):
+        # the metadata says which
+        return contract_spec(self, EAGLE, tensors, meta)
 
 
 def source_map(cfg: EagleConfig) -> dict[str, list[str]]:

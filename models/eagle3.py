@@ -20,6 +20,11 @@ The layer uses models/llama.py's attention with the same paged KV cache, kernels
 per-forward metadata as the target, so it drafts chains and token trees like EAGLE-1.
 The head owns no embedding: the target library's ``embed`` serves (published heads ship
 a frozen copy of the target's, which conversion ignores).
+
+Draft steps on device: ``draft_catch_up`` (fc, layer, norm, lm_head and top-k at each
+sequence's last row, from target features) and ``draft_step`` (the same from the head's
+own outputs, gathered on device) make a draft depth one call, reading the target's
+embedding tensors passed in (why, in models/eagle.py's doc).
 """
 from __future__ import annotations
 
@@ -32,10 +37,11 @@ from tvm.relax.frontend.nn import Tensor, op
 from speccompile.runtime.contract import EAGLE3, FORWARD_META
 
 from .config import ConfigError, LlamaConfig, feature_layers
-from .eagle import head_decoder_config
+from .draft_kernels import draft_top
+from .eagle import draft_step_metadata, head_decoder_config, target_embed_specs
 from .exports import contract_spec, forward_meta_specs
 from .llama import MLP, Attention
-from .quantization import QLinear, Quantization
+from .quantization import QLinear, Quantization, embedding_rows
 
 
 @dataclass
@@ -180,6 +186,10 @@ class Eagle3Head(nn.Module):
         c = self.cfg
         return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
 
+    def extra_metadata(self) -> dict[str, Any]:
+        c = self.cfg
+        return {**c.extra_metadata(), **draft_step_metadata(c.vocab_size, c.hidden_size, c.draft_vocab_size, self.quant)}
+
     def fuse_features(self, features: Tensor) -> Tensor:
         # features: [n, 3h] target layer outputs, low/mid/high -> [n, h]
         return self.fc(features)
@@ -198,12 +208,40 @@ class Eagle3Head(nn.Module):
         logits = self.lm_head(self.norm(hidden))
         return logits if logits.dtype == "float32" else logits.astype("float32")
 
+    def _top(self, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # out: [n, h] -> (out, target ids [n, k], log-probabilities [n, k]) over the draft vocabulary
+        return (out, *draft_top(self.draft_logits(out), self.d2t, self.extra_metadata()["draft_top_k"]))
+
+    def draft_step(self, input_ids: Tensor, hidden: Tensor, hidden_rows: Tensor, target_embed, kv: Tensor, positions,
+                   write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len):
+        # input_ids: [n] draft tokens; hidden: [m, h] the head's outputs of the last step, row
+        # hidden_rows[j] ([n]) the parent of row j; target_embed: the target's embedding tensors
+        # -> (outputs before the final norm [n, h], target ids [n, k], log-probabilities [n, k])
+        meta = dict(zip(FORWARD_META, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
+                                       extra_len)))
+        emb = embedding_rows(list(target_embed), input_ids, self.quant)
+        out, _ = self.midlayer(emb, op.take(hidden, hidden_rows, axis=0), kv, meta)
+        return self._top(out)
+
+    def draft_catch_up(self, input_ids: Tensor, features: Tensor, score_rows: Tensor, target_embed, kv: Tensor,
+                       positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len):
+        # input_ids: [n]; features: [n, 3h] the target's layer outputs; score_rows: [s] rows whose
+        # top-k is wanted -> (outputs [s, h], target ids [s, k], log-probabilities [s, k])
+        meta = dict(zip(FORWARD_META, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
+                                       extra_len)))
+        emb = embedding_rows(list(target_embed), input_ids, self.quant)
+        out, _ = self.midlayer(emb, self.fc(features), kv, meta)
+        return self._top(op.take(out, score_rows, axis=0))
+
     def get_spec(self) -> dict[str, Any]:
-        h, dt = self.cfg.hidden_size, self.dtype
+        h, dt, meta = self.cfg.hidden_size, self.dtype, self.extra_metadata()
+        i32 = lambda *shape: nn.spec.Tensor(list(shape), "int32")
         tensors = {"features": nn.spec.Tensor(["n", 3 * h], dt), "input_embeds": nn.spec.Tensor(["n", h], dt),
                    "hidden": nn.spec.Tensor(["n", h], dt), "kv": nn.spec.Tensor(self.kv_cache_shape("slots"), dt),
-                   **forward_meta_specs()}
-        return contract_spec(self, EAGLE3, tensors, self.cfg.extra_metadata())
+                   **forward_meta_specs(), "input_ids": i32("n"), "hidden_rows": i32("n"), "score_rows": i32("s"),
+                   "target_embed": target_embed_specs(meta),
+                   "draft_step.hidden": nn.spec.Tensor(["m", h], dt)}  # parents: m rows of the last step
+        return contract_spec(self, EAGLE3, tensors, meta)
 
 
 def source_map(cfg: Eagle3Config) -> dict[str, list[str]]:

@@ -27,7 +27,8 @@ def contract_spec(module: nn.Module, kind: str, tensors: dict[str, Any],
                   metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """``get_spec`` for ``module``: each entry point of ``kind`` -- optional ones where
     ``metadata`` (the config's extra ``_metadata``) says so, by the rule the loaders
-    apply -- its arguments' specs taken by name from ``tensors``."""
+    apply -- its arguments' specs taken by name from ``tensors`` (``"entry.arg"`` keys
+    override ``"arg"`` for that entry point alone)."""
     spec: dict[str, Any] = {}
     for name in entry_point_names(kind, metadata or {}):
         args = ENTRY_POINTS[kind][name]
@@ -37,7 +38,8 @@ def contract_spec(module: nn.Module, kind: str, tensors: dict[str, Any],
             raise TypeError(f"{type(module).__name__}.{name} takes ({', '.join(takes)}) but runtime/contract.py "
                             f"says the runtimes pass ({', '.join(inputs)}): change one to match the other")
         mode = "packed" if PARAMS in args else "none"
-        spec[name] = {**{a: tensors[a] for a in inputs}, "$": {"param_mode": mode, "effect_mode": "none"}}
+        spec[name] = {**{a: tensors[f"{name}.{a}" if f"{name}.{a}" in tensors else a] for a in inputs},
+                      "$": {"param_mode": mode, "effect_mode": "none"}}
     return spec
 
 

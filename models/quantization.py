@@ -114,13 +114,17 @@ def q4_take_te(qw: te.Tensor, qs: te.Tensor, ids: te.Tensor) -> te.Tensor:
     )
 
 
+def weight_storage(rows: int, cols: int, quant: Quantization) -> list[tuple[str, tuple[int, int], str]]:
+    """(parameter name, shape, dtype) of each stored tensor of a [rows, cols] matrix."""
+    if quant.is_q4:
+        return [("q_weight", (rows, cols // PACK), "uint32"), ("q_scale", (rows, cols // GROUP_SIZE), quant.model_dtype)]
+    return [("weight", (rows, cols), quant.model_dtype)]
+
+
 def _declare_weight(module: nn.Module, rows: int, cols: int, quant: Quantization) -> None:
     """The weight parameters of a [rows, cols] matrix in the quantization's storage."""
-    if quant.is_q4:
-        module.q_weight = nn.Parameter((rows, cols // PACK), "uint32")
-        module.q_scale = nn.Parameter((rows, cols // GROUP_SIZE), quant.model_dtype)
-    else:
-        module.weight = nn.Parameter((rows, cols), quant.model_dtype)
+    for name, shape, dtype in weight_storage(rows, cols, quant):
+        setattr(module, name, nn.Parameter(shape, dtype))
 
 
 def _project(module: nn.Module, x: nn.Tensor, cols: int, rows: int) -> nn.Tensor:
@@ -150,6 +154,19 @@ class QLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def embedding_rows(storage: list[nn.Tensor], ids: nn.Tensor, quant: Quantization) -> nn.Tensor:
+    """Rows ``ids`` [n] of an embedding table stored as ``weight_storage`` says -> [n, dim].
+
+    The kernel-tagged gather every library uses for a table of this shape and storage (the
+    CPU dispatcher swaps in the tiled kernel by the same rule as the loader tiles the
+    tensor), so a draft head handed its target's table gets the target's embeddings bit
+    for bit (models/eagle.py)."""
+    if quant.is_q4:
+        return op.tensor_expr_op(q4_take_te, "q4_take", [*storage, ids], attrs={KERNEL_ATTR: "q4_take"})
+    return op.tensor_expr_op(lambda w, i: te.compute((i.shape[0], w.shape[1]), lambda a, b: w[i[a], b], name="take"),
+                             "take", [*storage, ids], attrs={KERNEL_ATTR: "take"})
+
+
 class QEmbedding(nn.Module):
     """Token embedding in the chosen format; also serves as a tied lm_head."""
 
@@ -160,12 +177,8 @@ class QEmbedding(nn.Module):
 
     def forward(self, ids: nn.Tensor) -> nn.Tensor:
         # ids: [n] int32 (validated by the runtime: take does not bounds-check)
-        if self.quant.is_q4:
-            return op.tensor_expr_op(q4_take_te, "q4_take", [self.q_weight, self.q_scale, ids],
-                                      attrs={KERNEL_ATTR: "q4_take"})
-        return op.tensor_expr_op(lambda w, i: te.compute((i.shape[0], w.shape[1]), lambda a, b: w[i[a], b],
-                                                         name="take"),
-                                 "take", [self.weight, ids], attrs={KERNEL_ATTR: "take"})
+        storage = [self.q_weight, self.q_scale] if self.quant.is_q4 else [self.weight]
+        return embedding_rows(storage, ids, self.quant)
 
     def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
         """Logits with the embedding matrix as the output projection (tied)."""

@@ -97,6 +97,14 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "eagle_forward": ("input_embeds", "hidden", *_FORWARD),
         # predicted features -> logits over the head's reduced draft vocabulary
         "draft_logits": ("hidden", PARAMS),
+        # one draft depth in one call (runtime/eagle.py): token ids [n] of the rows, their parents'
+        # features hidden[hidden_rows] ([m, hidden], [n]), target_embed = the target's embedding
+        # tensors (_metadata's target_embed) -> (predicted features [n, hidden], the draft_top_k best
+        # target token ids [n, k] of each row, their log-softmax over the draft vocabulary [n, k])
+        "draft_step": ("input_ids", "hidden", "hidden_rows", "target_embed", *_FORWARD),
+        # the catch-up on target features [n, hidden]: as draft_step, the top-k only at score_rows [s]
+        # (each sequence's last row) -> (features [s, hidden], ids [s, k], log-probabilities [s, k])
+        "draft_catch_up": ("input_ids", "hidden", "score_rows", "target_embed", *_FORWARD),
     },
     EAGLE3: {
         # the target's low/mid/high layer features [n, 3 * hidden] -> fc -> [n, hidden]
@@ -106,6 +114,12 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "eagle_forward": ("input_embeds", "hidden", *_FORWARD),
         # the head's outputs -> its final norm and lm_head -> logits over its draft vocabulary
         "draft_logits": ("hidden", PARAMS),
+        # as EAGLE's: embedding, layer, norm, lm_head and top-k in one call; hidden[hidden_rows] is
+        # the head's own output at each row's parent -> (outputs [n, hidden], ids [n, k], log-probs [n, k])
+        "draft_step": ("input_ids", "hidden", "hidden_rows", "target_embed", *_FORWARD),
+        # the catch-up from target layer features [n, 3 * hidden]: fc, then as draft_step, the
+        # top-k at score_rows [s] -> (outputs [s, hidden], ids [s, k], log-probs [s, k])
+        "draft_catch_up": ("input_ids", "features", "score_rows", "target_embed", *_FORWARD),
     },
     MEDUSA: {
         # target features [b, hidden] -> every head's logits [K, b, vocab]
@@ -116,9 +130,14 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
 # Entry points only some libraries of their kind export: (kind, name) -> the ``_metadata``
 # key whose nonzero (non-empty) value says the library has it (and the loaders then require
 # it). An EAGLE-1 head has ``draft_logits`` exactly when it carries a reduced draft
-# vocabulary; a target has ``forward_tokens_features`` when it records its feature layers
-# (libraries built before EAGLE-3 support lack both, and keep loading for every other mode).
+# vocabulary, and ``draft_step``/``draft_catch_up`` then too (``draft_top_k`` > 0: with the
+# target's lm_head it drafts through the separate calls); a target has
+# ``forward_tokens_features`` when it records its feature layers (libraries built before
+# EAGLE-3 support, or before draft steps on device, lack them and keep loading: the runtime
+# takes the separate calls).
 OPTIONAL_ENTRY_POINTS: dict[tuple[str, str], str] = {(EAGLE, "draft_logits"): "draft_vocab_size",
+                                                     (EAGLE, "draft_step"): "draft_top_k",
+                                                     (EAGLE, "draft_catch_up"): "draft_top_k",
                                                      (TARGET, "forward_tokens_features"): "feature_layers"}
 
 # --------------------------------------------------------------------- _metadata
@@ -153,9 +172,14 @@ METADATA_KEYS: dict[str, str] = {
 }
 KIND_METADATA_KEYS: dict[str, dict[str, str]] = {
     TARGET: {},  # plus, optionally, feature_layers (OPTIONAL_ENTRY_POINTS)
+    # plus, optionally, draft_top_k and target_embed as EAGLE3's (OPTIONAL_ENTRY_POINTS)
     EAGLE: {"draft_vocab_size": "0, or the size of the reduced vocabulary (d2t, draft_logits)"},
     EAGLE3: {"draft_vocab_size": "the size of its draft vocabulary (d2t, draft_logits)",
-             "feature_layers": "the target layers its fc reads: the target's must be the same"},
+             "feature_layers": "the target layers its fc reads: the target's must be the same",
+             "draft_top_k": "k of draft_step/draft_catch_up: the widest tree they serve",
+             "target_embed": "name, shape, dtype of the target's embedding tensors draft_step takes "
+                             "(the target's own are passed; a target storing them otherwise drafts "
+                             "through the separate calls)"},
     MEDUSA: {"draft_vocab_size": "0, or the size of the heads' shared reduced vocabulary (d2t)",
              "medusa_num_heads": "K: the first dimension of medusa_heads' output"},
 }

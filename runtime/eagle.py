@@ -10,7 +10,7 @@ token plus the accepted drafts. At the next ``propose`` the head first catches u
 rows it could not build before (pairs whose token was only just committed), in one
 chain forward; the output at the last row gives the depth-1 candidates. Draft rows built
 from the head's *own* predicted features are scratch rows of a token tree
-(``plan_tree`` never grows the committed length), so after drafting the head's cache is
+(``ScratchRows`` never grows the committed length), so after drafting the head's cache is
 exactly the rows built from true features -- rolling back costs nothing and the next
 catch-up rebuilds the accepted tokens from the target's real hidden states.
 
@@ -23,12 +23,20 @@ the logits come from the head's own norm and lm_head. The bookkeeping is the sam
 
 Trees (EAGLE-2): every candidate has a path probability P, the product of the calibrated
 acceptances of its and its ancestors' draft probabilities (runtime/adaptive.py); per depth
-the ``width`` most probable frontier nodes are expanded (one head forward per depth for all
+the ``width`` most probable frontier nodes are expanded (one head call per depth for all
 sequences), each giving its ``width`` best children, for as long as the step's plan says
-the next head forward pays. The proposer hands over the ``max_nodes`` most probable
+the next head call pays. The proposer hands over the ``max_nodes`` most probable
 candidates (a parent is never less probable than its child, so it is a tree) and the plan
 keeps those worth their verify rows; width 1 is a chain. Draft tokens are deterministic
 (one-hot q), which keeps rejection sampling exact for trees too (runtime/acceptance.py).
+
+Why it is built for speed. On a CPU a draft depth must cost a few percent of a target
+step, so each depth is one library call for the whole batch (runtime/eagle_heads.py: the
+head's ``draft_step`` embeds, runs its layers, scores and takes the top-k on the device;
+the features stay there, only [n, k] ids and log-probabilities come back), and the host
+work around it is array arithmetic: the candidates of all sequences live in flat numpy
+arrays (``DraftTree``) and the scratch rows' KV metadata is built from per-row arrays
+(``ScratchRows``), instead of per-node Python lists and a re-planned tree per depth.
 """
 from __future__ import annotations
 
@@ -37,109 +45,138 @@ import time
 import numpy as np
 from tvm.runtime import tensor as to_device
 
-from .contract import EAGLE, EAGLE3, FORWARD_META, KV_PAGE_SIZE
-from .kv_cache import ForwardBatch
-from .model import Model
-from .costs import time_min
 from .acceptance import Draft
 from .adaptive import MAX_DEPTH
-from .proposers import HeadMismatch, load_head
+from .contract import EAGLE, EAGLE3, KV_PAGE_SIZE
+from .costs import time_min
+from .eagle_heads import (Eagle3HeadModel, EagleHeadModel, HostDraftCalls, check_draft_vocab,  # noqa: F401
+                          draft_vocab_ids, top_tokens)
+from .kv_cache import ForwardBatch, PagedKV
+from .model import Model
+from .proposers import load_head
 
 MAX_TREE_NODES = 256
 
 
-class EagleHeadModel(Model):
-    """A compiled EAGLE head and its weights: ``eagle_forward``, and ``draft_logits`` when the
-    head has a reduced draft vocabulary (``vocab_ids`` maps its rows to target tokens)."""
+class DraftTree:
+    """The candidates of one ``propose`` for every sequence of the batch, in creation order
+    (a depth's children after its parents): flat arrays indexed by node, in preallocated
+    columns (a draft depth appends by slice assignment, not by concatenating)."""
 
-    kind = EAGLE  # the contract's entry points of an EAGLE head (draft_logits with a reduced vocabulary)
-    features = "hidden"  # what its rows are built from: the target's final-normed hidden states
+    INT = ("tok", "par", "seq", "depth", "src", "row")
+    # tok: target token id; par: parent node (-1: a child of the last committed token); seq: its
+    # sequence's index in the batch; depth: 1 for a child of the last committed token; src: the row
+    # of the head call that gave it (its parent's features); row: its scratch row once expanded, or -1
+    FLOAT = ("conf", "P")  # the head's probability of the token; path probability (the plan's
+    # acceptance of conf times the parent's P)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.vocab_ids = draft_vocab_ids(self)
+    def __init__(self, plan, capacity: int = 64):
+        self.plan, self.n = plan, 0
+        self._int = np.zeros((len(self.INT), capacity), np.int64)
+        self._float = np.zeros((len(self.FLOAT), capacity))
+        self._views()
 
-    def check_target(self, target: Model) -> None:
-        """Refuse a target this head cannot read. An EAGLE-1 head reads the final hidden states,
-        which every target library exports, and the loader checked the sizes: nothing to refuse."""
+    def _views(self) -> None:
+        for j, name in enumerate(self.INT):
+            setattr(self, name, self._int[j, : self.n])
+        for j, name in enumerate(self.FLOAT):
+            setattr(self, name, self._float[j, : self.n])
 
-    def logits(self, target: Model, feats) -> np.ndarray:
-        """Draft logits of predicted features: over the reduced vocabulary (rows of
-        ``vocab_ids``) when the head has one, else the target's full lm_head."""
-        if self.vocab_ids is None:
-            return target.get_logits(feats).numpy()
-        if isinstance(feats, np.ndarray):
-            feats = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
-        return self._fn["draft_logits"](feats, self.params).numpy()
+    def add(self, parents: np.ndarray, seqs: np.ndarray, ids: np.ndarray, logp: np.ndarray) -> np.ndarray:
+        """Row j of a head call ([rows, width] ids and log-probs) gives ``width`` children of
+        node parents[j] (-1: the root) of sequence seqs[j]; returns the new nodes' indices."""
+        rows, width = ids.shape
+        n0, n1 = self.n, self.n + rows * width
+        if n1 > self._int.shape[1]:
+            grow = max(n1, 2 * self._int.shape[1]) - self._int.shape[1]
+            self._int = np.pad(self._int, ((0, 0), (0, grow)))
+            self._float = np.pad(self._float, ((0, 0), (0, grow)))
+        tok, par, seq, depth, src, row = (c.reshape(rows, width) for c in self._int[:, n0:n1])
+        conf, P = (c.reshape(rows, width) for c in self._float[:, n0:n1])
+        tok[:] = ids
+        par[:] = parents[:, None]
+        seq[:] = seqs[:, None]
+        src[:] = np.arange(rows)[:, None]
+        row[:] = -1
+        conf[:] = np.exp(logp)
+        known = parents >= 0
+        at = np.where(known, parents, 0)
+        depth[:] = np.where(known, self._int[3, at] + 1, 1)[:, None]
+        up = np.where(known, self._float[1, at], 1.0)
+        P[:] = np.asarray([self.plan.p(c) for c in conf.reshape(-1).tolist()]).reshape(rows, width) * up[:, None]
+        self.n = n1
+        self._views()
+        return np.arange(n0, n1)
 
-    def forward(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats):
-        """Predicted features [n, hidden] (device) of the pairs (feats[j], tokens[j]); feats
-        on the host or the device."""
-        emb = target.embed(tokens)  # the target's embedding: the head owns none
-        hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device) if isinstance(feats, np.ndarray) else feats
-        meta = [to_device(a, self.device) for a in batch.arrays]
-        return self._fn["eagle_forward"](emb, hid, kv.tensor, *meta, self.params)
+    def expand(self, frontier: np.ndarray, width: int) -> np.ndarray:
+        """Per sequence the ``width`` most probable of these nodes (ties: created first),
+        sequences in batch order."""
+        fr = frontier[np.lexsort((frontier, -self.P[frontier], self.seq[frontier]))]
+        seq = self.seq[fr]
+        rank = np.arange(len(fr)) - np.searchsorted(seq, seq)
+        return fr[rank < width]
 
-    def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
-        """As :meth:`forward`, for rows built from the target's own features (the catch-up)."""
-        return self.forward(target, kv, batch, tokens, feats)
-
-
-class Eagle3HeadModel(EagleHeadModel):
-    """A compiled EAGLE-3 head: ``fuse_features`` (fc over the target's three layer outputs),
-    ``eagle_forward`` (its decoder layer, output before its final norm) and ``draft_logits``
-    (its final norm and lm_head over its draft vocabulary: ``vocab_ids`` is never None, as an
-    EAGLE-3 head always carries d2t, so :meth:`logits` never uses the target's lm_head)."""
-
-    kind = EAGLE3
-    features = "layers"  # the target's low/mid/high layer outputs [n, 3 * hidden]
-
-    def check_target(self, target: Model) -> None:
-        """The target library must export the outputs of the very layers the head was trained on."""
-        want, have = self.meta["feature_layers"], target.feature_layers
-        if have is None:
-            raise HeadMismatch(f"the EAGLE-3 head {self.lib_path} reads the target's layer features, which "
-                               f"{target.lib_path} does not export (it was built before EAGLE-3 support): rebuild it "
-                               "with `speccompile compile`")
-        if list(have) != list(want):
-            raise HeadMismatch(f"the EAGLE-3 head {self.lib_path} was trained on the outputs of target layers {want}, "
-                               f"{target.lib_path} exports layers {have}: it was built for another model")
-
-    def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
-        """Rows built from the target's layer features feats [n, 3 * hidden]: fc fuses them first."""
-        fused = self._fn["fuse_features"](to_device(np.ascontiguousarray(feats, self.dtype), self.device), self.params)
-        return self.forward(target, kv, batch, tokens, fused)
-
-
-def draft_vocab_ids(head: Model) -> np.ndarray | None:
-    """A head's reduced draft vocabulary as target token ids (row j -> ``j + d2t[j]``), or
-    None when it drafts over the full vocabulary."""
-    if not int(head.meta.get("draft_vocab_size", 0)):
-        return None
-    names = [p["name"] for p in head.meta["params"]]
-    d2t = head.params[names.index("d2t")].numpy().astype(np.int64)
-    return np.arange(d2t.size) + d2t
-
-
-def check_draft_vocab(ids: np.ndarray | None, vocab_size: int, kind: str) -> None:
-    """A draft vocabulary must map onto distinct tokens of the target (at conversion and load)."""
-    if ids is not None and (ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size):
-        raise ValueError(f"the {kind} head's d2t maps its draft vocabulary outside the target's vocabulary "
-                         f"(size {vocab_size}) or twice onto one token: it was trained for another model")
+    def select(self, seq: int, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``budget`` most probable nodes of a sequence (ties: shallower, then created
+        first), ordered by depth: (nodes, local parent index or -1). As P never grows down a
+        path, every chosen node's parent is chosen too: it is a tree."""
+        nodes = np.flatnonzero(self.seq == seq)
+        keep = nodes[np.lexsort((nodes, self.depth[nodes], -self.P[nodes]))][:budget]
+        keep = keep[np.lexsort((keep, self.depth[keep]))]
+        local = np.full(self.n, -1)
+        local[keep] = np.arange(len(keep))
+        par = self.par[keep]
+        parents = np.where(par >= 0, local[np.maximum(par, 0)], -1)
+        if ((parents < 0) != (par < 0)).any():
+            raise RuntimeError("EAGLE: a draft candidate is more probable than its parent")
+        return keep, parents
 
 
-def top_tokens(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``width`` most likely tokens of one logits row (ties: lower id first) and their
-    log-probabilities."""
-    row = np.asarray(row, np.float64)
-    if width == 1:
-        idx = np.asarray([int(np.argmax(row))])
-    else:
-        part = np.argpartition(-row, min(width, row.size) - 1)[:width]
-        idx = np.asarray(sorted(part.tolist(), key=lambda t: (-row[t], t)))
-    m = row.max()
-    lse = m + np.log(np.exp(row - m).sum())
-    return idx, row[idx] - lse
+class ScratchRows:
+    """KV metadata of a head's scratch tree rows, planned row by row as the tree grows.
+
+    Row j of sequence s (with L committed rows) sits at row L + j, has RoPE position
+    L + depth - 1 and attends rows 0..L-1, then its ancestors' rows from the root down and
+    itself -- what ``PagedKV.plan_tree`` gives for the whole tree, but only for the rows
+    added by this call, from arrays of the earlier rows' paths (the tree is never
+    re-planned)."""
+
+    def __init__(self, kv: PagedKV, ids: list[int], max_depth: int = MAX_DEPTH, capacity: int = 64):
+        self.kv, self.ids, self.n = kv, ids, 0
+        self.base = np.asarray([kv.length(s) for s in ids], np.int64)  # committed rows
+        self.count = np.zeros(len(ids), np.int64)  # scratch rows so far
+        self.depth = np.zeros(capacity, np.int64)  # of every scratch row (all sequences, in planning order)
+        self.path = np.zeros((capacity, max_depth), np.int32)  # slots of each row's ancestors, root first, then itself
+
+    def plan(self, seqs: np.ndarray, parents: np.ndarray) -> tuple[ForwardBatch, np.ndarray]:
+        """New rows of sequences seqs (batch indices, ascending) whose parents are these
+        earlier rows (indices this method returned, -1: the root) -> (their forward's
+        metadata, their row indices)."""
+        n = len(seqs)
+        first = np.flatnonzero(np.concatenate([[True], seqs[1:] != seqs[:-1]]))
+        grow, counts = seqs[first], np.diff(np.append(first, n))
+        local = self.count[seqs] + np.arange(n) - np.repeat(first, counts)
+        self.count[grow] += counts
+        ids = [self.ids[g] for g in grow.tolist()]
+        self.kv.reserve(ids, self.count[grow].tolist())
+        rows = self.base[seqs] + local
+        slots = np.concatenate([self.kv.slots(s, rows[lo: lo + c]) for s, lo, c in zip(ids, first, counts)])
+        known = parents >= 0
+        depth = np.where(known, self.depth[np.where(known, parents, 0)] + 1, 1)
+        if self.n + n > len(self.depth) or depth.max() > self.path.shape[1]:
+            more = max(self.n + n, 2 * len(self.depth)) - len(self.depth)
+            self.depth = np.pad(self.depth, (0, more))
+            self.path = np.pad(self.path, ((0, more), (0, max(0, int(depth.max()) - self.path.shape[1]))))
+        new = np.arange(self.n, self.n + n)
+        path = self.path[new]
+        path[known] = self.path[parents[known]]
+        path[np.arange(n), depth - 1] = slots
+        self.path[new], self.depth[new], self.n = path, depth, self.n + n
+        named = {"positions": (self.base[seqs] + depth - 1).astype(np.int32), "write_slots": slots.astype(np.int32),
+                 "page_table": self.kv.page_table(ids), "token_seq": np.repeat(np.arange(len(grow), dtype=np.int32), counts),
+                 "token_prefix": self.base[seqs].astype(np.int32),
+                 "extra_slots": np.ascontiguousarray(path[:, : depth.max()]), "extra_len": depth.astype(np.int32)}
+        return ForwardBatch(ids, counts.tolist(), named), new
 
 
 class EagleProposer:
@@ -162,7 +199,7 @@ class EagleProposer:
         return cls(head, target, head_kv_tokens(kv_tokens, max_num_sequence, config.spec_tree_width, depth),
                    config.spec_tree_width, config.spec_tree_nodes)
 
-    def __init__(self, head: EagleHeadModel, target: Model, max_total_tokens: int, tree_width: int = 1,
+    def __init__(self, head: HostDraftCalls, target: Model, max_total_tokens: int, tree_width: int = 1,
                  max_nodes: int = 64):
         if tree_width < 1:
             raise ValueError("--spec-tree-width must be >= 1 (1 = chain)")
@@ -172,6 +209,8 @@ class EagleProposer:
         self.head, self.target = head, target
         self.features = head.features
         self.width, self.max_nodes = tree_width, max_nodes
+        # None: each draft depth is one call on the device; else why it takes separate calls
+        self.separate_calls = head.bind(target, tree_width)
         self.kv = head.create_kv_cache(max_total_tokens)
         self.pending: dict[int, list[np.ndarray]] = {}  # true features not yet in the head's cache
         self.forwards = 0
@@ -202,18 +241,18 @@ class EagleProposer:
         pass  # the head's cache already holds only rows built from true features
 
     def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
-        """A head forward over r scratch rows (one per scratch sequence) plus its draft
-        logits and the top-width search, for each r."""
+        """One draft depth over r scratch rows (one per scratch sequence), as ``_grow`` runs
+        it: the rows' metadata, the head call, the top-width ids and log-probabilities on
+        the host, for each r."""
         scratch = [-1 - i for i in range(max(rows))]
-        feats = np.zeros((max(rows), self.head.hidden_size), np.float32)
+        feats = np.zeros((max(rows), self.head.hidden_size), getattr(self.head, "dtype", "float32"))
+        hidden = to_device(feats, self.head.device) if self.head.on_device else feats
         for s in scratch:
             self.kv.add_sequence(s)
 
         def step(r):
-            batch = self.kv.plan_tree(scratch[:r], [[-1]] * r)
-            out = self.head.forward(self.target, self.kv, batch, np.zeros(r, np.int32), feats[:r]).numpy()
-            for row in self.head.logits(self.target, out):
-                self._top(row)
+            batch, _ = ScratchRows(self.kv, scratch[:r]).plan(np.arange(r), np.full(r, -1))
+            self.head.step(self.target, self.kv, batch, np.zeros(r, np.int64), hidden, np.arange(r), self.width)
             for s in scratch[:r]:
                 self.kv.popn(s, 0)
 
@@ -233,19 +272,22 @@ class EagleProposer:
         ids = [seq_ids[i] for i in active]
         try:
             t0 = time.perf_counter()
-            root_feat, root_logits = self._catch_up(ids, [histories[i] for i in active])
-            trees = self._grow(ids, [ks[i] for i in active], root_feat, root_logits, plan, t0)
+            root = self._catch_up(ids, [histories[i] for i in active])
+            tree = self._grow(ids, [ks[i] for i in active], root, plan, t0)
         finally:
             for s in ids:
                 self.kv.popn(s, 0)  # free the pages the scratch tree rows took
         budget = min(self.max_nodes, node_limit or self.max_nodes)
-        for i, tree in zip(active, trees):
-            drafts[i] = self._select(tree, budget)
+        for r, i in enumerate(active):
+            nodes, parents = tree.select(r, budget)
+            tokens, conf = tree.tok[nodes].tolist(), tree.conf[nodes].tolist()
+            drafts[i] = Draft(tokens, conf=conf) if self.width == 1 else Draft(tokens, parents.tolist(), conf=conf)
         return drafts
 
     def _catch_up(self, ids: list[int], histories: list[list[int]]):
-        """Build the head rows of every pending true feature; returns the predicted feature
-        and the logits at each sequence's last row (the depth-1 candidates)."""
+        """Build the head rows of every pending true feature; returns the head's features at
+        each sequence's last row and the ``width`` best tokens there (the depth-1 candidates)
+        with their log-probabilities."""
         feats = [np.concatenate(self.pending[s]) for s in ids]
         starts = [self.kv.length(s) for s in ids]
         tokens = [h[st + 1: st + 1 + len(f)] for h, st, f in zip(histories, starts, feats)]
@@ -253,110 +295,40 @@ class EagleProposer:
             raise RuntimeError("EAGLE: the target features and the history disagree")
         counts = [len(f) for f in feats]
         batch = self.kv.plan_chain(ids, counts)
-        out = self.head.forward_target(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
-                                       np.concatenate(feats)).numpy()
+        out = self.head.catch_up(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
+                                 np.concatenate(feats), np.cumsum(counts) - 1, self.width)
         self.forwards += 1
         self.last_catch_up = max(counts)
         for s in ids:
             self.pending[s] = []
-        root = out[np.cumsum(counts) - 1]
-        return root, self.head.logits(self.target, root)
+        return out
 
-    def _grow(self, ids: list[int], depths: list[int], root_feat: np.ndarray, root_logits: np.ndarray,
-              plan, t0: float) -> list[dict]:
-        """Candidates (token, parent, depth, P, confidence) per sequence, expanded EAGLE-2
-        style: per depth the ``width`` most probable frontier nodes, while the plan says
-        the next head forward pays."""
-        trees = []
-        for r in range(len(ids)):
-            trees.append({"tok": [], "par": [], "depth": [], "P": [], "conf": [], "row": [], "head_par": [],
-                          "feat": [], "frontier": []})
-            self._add_children(trees[-1], -1, root_logits[r], plan)
+    def _grow(self, ids: list[int], depths: list[int], root, plan, t0: float) -> DraftTree:
+        """Candidates of every sequence, expanded EAGLE-2 style: per depth the ``width``
+        most probable frontier nodes of each sequence still growing, in one head call, while
+        the plan says the next call pays."""
+        feats, top_ids, top_logp = root  # [b, h] (device or host), [b, width], [b, width]
+        tree = DraftTree(plan)
+        frontier = tree.add(np.full(len(ids), -1), np.arange(len(ids)), top_ids, top_logp)
         plan.spent(time.perf_counter() - t0)
-        plan.drafted([p for t in trees for p in t["P"]])
-        for depth in range(1, max(depths)):
-            grow = [r for r in range(len(ids)) if depth < depths[r]]
-            for r in grow:
-                t = trees[r]
-                t["expand"] = sorted(t["frontier"], key=lambda n: (-t["P"][n], n))[: self.width]
-            nodes = [(trees[r]["P"][n], plan.p(trees[r]["conf"][n])) for r in grow for n in trees[r]["expand"]]
+        plan.drafted(tree.P.tolist())
+        rows = ScratchRows(self.kv, ids, max(MAX_DEPTH, max(depths)))
+        depths = np.asarray(depths)
+        for depth in range(1, int(depths.max())):
+            expand = tree.expand(frontier[depths[tree.seq[frontier]] > depth], self.width)
+            nodes = [(P, plan.p(c)) for P, c in zip(tree.P[expand].tolist(), tree.conf[expand].tolist())]
             if not plan.should_draft(len(nodes), nodes):
                 break
             t0 = time.perf_counter()
-            firsts, tokens, feats = [], [], []
-            for r in grow:
-                t = trees[r]
-                firsts.append(len(t["head_par"]))
-                for n in t["expand"]:
-                    p = t["par"][n]
-                    t["row"][n] = len(t["head_par"])
-                    t["head_par"].append(-1 if p < 0 else t["row"][p])
-                    tokens.append(t["tok"][n])
-                    feats.append(root_feat[r] if p < 0 else t["feat"][t["row"][p]])
-            batch = self._plan_new_rows([ids[r] for r in grow], [trees[r]["head_par"] for r in grow], firsts)
-            out = self.head.forward(self.target, self.kv, batch, np.asarray(tokens, np.int32), np.stack(feats)).numpy()
+            par = tree.par[expand]
+            batch, tree.row[expand] = rows.plan(tree.seq[expand], np.where(par >= 0, tree.row[np.maximum(par, 0)], -1))
+            feats, top_ids, top_logp = self.head.step(self.target, self.kv, batch, tree.tok[expand], feats,
+                                                      tree.src[expand], self.width)
             self.forwards += 1
-            logits = self.head.logits(self.target, out)
-            row, new = 0, []
-            for r in grow:
-                t = trees[r]
-                t["frontier"] = []
-                for n in t["expand"]:
-                    t["feat"].append(out[row])
-                    new.extend(self._add_children(t, n, logits[row], plan))
-                    row += 1
+            frontier = tree.add(expand, tree.seq[expand], top_ids, top_logp)
             plan.spent(time.perf_counter() - t0)
-            plan.drafted(new)
-        return trees
-
-    def _add_children(self, t: dict, parent: int, logits: np.ndarray, plan) -> list[float]:
-        """The ``width`` best tokens of a logits row as children of ``parent``; their P."""
-        toks, logp = self._top(logits)
-        out = []
-        for tok, lp in zip(toks.tolist(), logp.tolist()):
-            conf = float(np.exp(lp))
-            prob = plan.p(conf) * (1.0 if parent < 0 else t["P"][parent])
-            t["frontier"].append(len(t["tok"]))
-            t["tok"].append(tok)
-            t["par"].append(parent)
-            t["depth"].append(1 if parent < 0 else t["depth"][parent] + 1)
-            t["P"].append(prob)
-            t["conf"].append(conf)
-            t["row"].append(-1)
-            out.append(prob)
-        return out
-
-    def _top(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The ``width`` best target tokens of one draft logits row, with log-probabilities."""
-        toks, logp = top_tokens(row, self.width)
-        return (toks if self.head.vocab_ids is None else self.head.vocab_ids[toks]), logp
-
-    def _plan_new_rows(self, ids: list[int], head_parents: list[list[int]], firsts: list[int]) -> ForwardBatch:
-        """Tree metadata for the rows added this forward (earlier rows are already written)."""
-        full = self.kv.plan_tree(ids, head_parents)
-        offsets = np.concatenate([[0], np.cumsum([len(p) for p in head_parents])])
-        sel = np.concatenate([np.arange(offsets[b] + f, offsets[b + 1]) for b, f in enumerate(firsts)])
-        # per-token arrays (shape ("n", ...)) keep the new rows; the page table is per sequence
-        named = {k: a[sel] if FORWARD_META[k][0][0] == "n" else a for k, a in full.named.items()}
-        return ForwardBatch(list(ids), [len(p) - f for p, f in zip(head_parents, firsts)], named)
-
-    def _select(self, tree: dict, budget: int) -> Draft:
-        """The ``budget`` most probable candidates, parents first (a child's P never exceeds
-        its parent's, so this is a tree)."""
-        order = sorted(range(len(tree["tok"])), key=lambda n: (-tree["P"][n], tree["depth"][n], n))
-        chosen: set[int] = set()
-        for n in order:
-            if len(chosen) >= budget:
-                break
-            if tree["par"][n] < 0 or tree["par"][n] in chosen:
-                chosen.add(n)
-        nodes = sorted(chosen, key=lambda n: (tree["depth"][n], n))
-        local = {n: j for j, n in enumerate(nodes)}
-        tokens = [tree["tok"][n] for n in nodes]
-        conf = [tree["conf"][n] for n in nodes]
-        if self.width == 1:
-            return Draft(tokens, conf=conf)
-        return Draft(tokens, [local[tree["par"][n]] if tree["par"][n] >= 0 else -1 for n in nodes], conf=conf)
+            plan.drafted(tree.P[frontier].tolist())
+        return tree
 
 
 def head_kv_tokens(max_total_tokens: int, max_num_sequence: int, width: int, max_depth: int) -> int:

@@ -80,9 +80,23 @@ class PagedKV:
             for _ in range(self.pages_needed(s, c)):
                 st.pages.append(self.free.pop())
 
+    def reserve(self, seq_ids: list[int], counts: list[int]) -> None:
+        """Pages for counts[i] rows past each sequence's committed length, e.g. the scratch rows
+        of a token tree planned row by row (runtime/eagle.py); nothing changes if they do not fit."""
+        self._reserve(seq_ids, counts)
+
     def slot(self, seq_id: int, row: int) -> int:
         st = self.seqs[seq_id]
         return st.pages[row // PAGE] * PAGE + row % PAGE
+
+    def slots(self, seq_id: int, rows: np.ndarray) -> np.ndarray:
+        """:meth:`slot` of many rows (reserved ones) at once."""
+        pages = np.asarray(self.seqs[seq_id].pages, np.int64)
+        return pages[rows // PAGE] * PAGE + rows % PAGE
+
+    def page_table(self, seq_ids: list[int]) -> np.ndarray:
+        """The page ids of each sequence, one row per sequence [b, pages] (FORWARD_META's page_table)."""
+        return self._page_table(seq_ids)
 
     def _trim(self, seq_id: int) -> None:
         st = self.seqs[seq_id]

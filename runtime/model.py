@@ -122,6 +122,28 @@ def resolve_device(meta: dict, requested: str, lib_path: Path):
     return dev
 
 
+def stage(arrays: list[np.ndarray], device) -> list:
+    """Host arrays as the device tensors of one call.
+
+    On the CPU they become zero-copy views (DLPack) of one fresh 64-byte aligned buffer:
+    ``tvm.runtime.tensor`` allocates and copies at ~15 us an array, and a draft depth
+    passes ten small ones (its tokens, rows and FORWARD_META), which made the uploads cost
+    more than the proposer's own bookkeeping. The views live as long as the tensors (the
+    buffer is not reused). Other devices get copies."""
+    if device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
+        return [to_device(np.ascontiguousarray(a), device) for a in arrays]
+    sizes = [-(-a.nbytes // 64) * 64 for a in arrays]
+    buf = np.empty(sum(sizes) + 64, np.uint8)
+    at = -buf.ctypes.data % 64
+    out = []
+    for a, size in zip(arrays, sizes):
+        view = buf[at: at + a.nbytes].view(a.dtype).reshape(a.shape)
+        view[...] = a
+        out.append(tvm.runtime.from_dlpack(view))
+        at += size
+    return out
+
+
 def tile_rows(arr: np.ndarray, tile: int) -> np.ndarray:
     """[N, C] -> the same buffer holding [N/tile, C, tile] (see passes/cpu_kernels.py)."""
     n, c = arr.shape

@@ -42,7 +42,8 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
-                   params: list[tuple[str, Any]], entry_points: dict[str, list[str]]) -> dict[str, Any]:
+                   params: list[tuple[str, Any]], entry_points: dict[str, list[str]],
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The compile-time facts the runtime reads back and checks (see module doc; the keys
     the runtimes rely on are runtime/contract.py's METADATA_KEYS). ``speccompile_version``
     stays first: the runtime finds the JSON in a library's bytes by it."""
@@ -87,7 +88,8 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         # (numerics differ ~5e-3 from float activations; both ISAs give identical results)
         "q4_activations": "int8" if isa else "float",
         "q4_int8_isa": isa,
-        **(cfg.extra_metadata() if hasattr(cfg, "extra_metadata") else {}),  # draft heads: their kind and sizes
+        # the model's own keys (draft heads: their kind, sizes, draft steps), else its config's
+        **(extra if extra is not None else cfg.extra_metadata() if hasattr(cfg, "extra_metadata") else {}),
     }
 
 
@@ -115,7 +117,8 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
         spec = model.get_spec()
         exported = signatures(spec)  # before export_tvm, which consumes the specs
         mod, params = model.export_tvm(spec=spec)
-    metadata = build_metadata(cfg, quant.name, plan, params, exported)
+    extra = model.extra_metadata() if hasattr(model, "extra_metadata") else None
+    metadata = build_metadata(cfg, quant.name, plan, params, exported, extra)
     if plan.output_format == "tar":  # statically linked into an app: a system library, found by prefix
         metadata["system_lib_prefix"] = "".join(c if c.isalnum() else "_" for c in output.stem) + "_"
     mod = attach_metadata(mod, metadata)

@@ -58,6 +58,11 @@ def _meta(kind=C.TARGET, **changes) -> dict:
 def test_check_library_names_what_differs():
     C.check_library(_meta(), C.TARGET, "m.so")
     C.check_library(_meta(C.EAGLE, draft_vocab_size=0), C.EAGLE, "h.so")
+    C.check_library(_meta(C.EAGLE3), C.EAGLE3, "h.so")
+    # an EAGLE-1 library built before draft steps on device (no draft_top_k) still loads
+    older = {n: list(C.ENTRY_POINTS[C.EAGLE][n]) for n in ("eagle_forward", "draft_logits")}
+    C.check_library(_meta(C.EAGLE, draft_vocab_size=8, entry_points=older), C.EAGLE, "h.so")
+    assert {"draft_top_k", "target_embed"} <= set(C.required_metadata(C.EAGLE3))
     older = _meta()
     del older["kv_page_size"]
     cases = [
@@ -70,6 +75,13 @@ def test_check_library_names_what_differs():
         (_meta(C.EAGLE, draft_vocab_size=8, entry_points={"eagle_forward": list(C.ENTRY_POINTS[C.EAGLE]["eagle_forward"])}),
          C.EAGLE, "lacks the entry point 'draft_logits'"),  # a reduced vocabulary needs its logits function
         (_meta(C.MEDUSA), C.TARGET, "is a medusa library"),
+        # a head with a draft vocabulary drafts on device: draft_top_k says it has the draft steps
+        (_meta(C.EAGLE, draft_vocab_size=8, draft_top_k=8,
+               entry_points={n: list(a) for n, a in C.ENTRY_POINTS[C.EAGLE].items() if n != "draft_step"}),
+         C.EAGLE, "lacks the entry point 'draft_step'"),
+        (_meta(C.EAGLE3, entry_points={**_meta(C.EAGLE3)["entry_points"], "draft_step": ["input_ids", "hidden"]}),
+         C.EAGLE3, r"entry point draft_step takes \(input_ids, hidden\), this runtime passes \(input_ids, hidden, "
+                   r"hidden_rows, target_embed, kv"),
     ]
     for meta, kind, words in cases:
         with pytest.raises(C.ContractError, match=words):

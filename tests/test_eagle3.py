@@ -249,6 +249,111 @@ def test_head_matches_the_reference_forward(e3):
     np.testing.assert_allclose(head.logits(target, np.concatenate([out, fed])), ref_logits, rtol=1e-4, atol=1e-4)
 
 
+def test_draft_entry_points_match_the_reference(e3):
+    """draft_catch_up (fc, layer, norm, lm_head, top-k at chosen rows) and draft_step (rows fed
+    the head's own outputs, gathered on device by hidden_rows) against the numpy EAGLE-3
+    forward: outputs, and the top-k target ids and log-softmax over the draft vocabulary,
+    ordered as top_tokens orders the head's own logits."""
+    from speccompile.runtime.eagle import Eagle3HeadModel, HostDraftCalls, ScratchRows, top_tokens
+    from speccompile.runtime.model import Model
+
+    built, head_paths, w, ids, *_ = e3
+    target, head = Model(built.model_dir, built.lib), Eagle3HeadModel(*head_paths)
+    assert head.bind(target, 3) is None and head.on_device and head.top_k == head.meta["draft_top_k"] == 8
+    tcfg, hcfg = preset("tiny-qwen2"), head_config()
+    emb, fc = built.weights["model.embed_tokens.weight"], w["fc.weight"]
+    tokens = [5, 17, 200, 33, 9, 101]
+    outs: list = []
+    reference_forward(built.weights, tcfg, tokens, layer_outputs=outs)
+    feats = np.concatenate([outs[i] for i in feature_layers(2)], -1)[:-1]  # rows 0..n-2: (f_i, token i+1)
+    kv = head.create_kv_cache(64)
+    kv.add_sequence(0)
+    n, last = len(feats), np.array([2, len(feats) - 1])
+    out, top, logp = head.catch_up(target, kv, kv.plan_chain([0], [n]), np.asarray(tokens[1:], np.int32), feats,
+                                   last, 8)
+    ref_out, ref_logits = eagle3_reference(w, hcfg, emb[tokens[1:]], feats @ fc.T)
+
+    def check(got_out, got_ids, got_logp, want_out, want_logits):
+        np.testing.assert_allclose(got_out, want_out, rtol=1e-4, atol=1e-4)
+        logits = head.logits(target, got_out)  # the head's own logits: top-k order exactly as top_tokens
+        for row, got_i, got_lp, want in zip(logits, got_ids, got_logp, want_logits):
+            order, lp = top_tokens(row, 8)
+            assert got_i.tolist() == ids[order].tolist()
+            np.testing.assert_allclose(got_lp, lp, rtol=1e-5, atol=1e-5)
+            ref_lp = want - want.max() - np.log(np.exp(want - want.max()).sum())
+            np.testing.assert_allclose(got_lp, ref_lp[order], rtol=1e-4, atol=1e-4)
+
+    check(out.numpy(), top, logp, ref_out[last], ref_logits[last])
+    # depth 1 of a tree: three rows at position n, parents = rows 1, 1, 0 of the catch-up's output
+    rows = ScratchRows(kv, [0])
+    batch, _ = rows.plan(np.zeros(3, np.int64), np.full(3, -1))
+    drafts, parents = np.array([77, 78, 79]), np.array([1, 1, 0])
+    out2, top2, logp2 = head.step(target, kv, batch, drafts, out, parents, 8)
+    fed = [eagle3_reference(w, hcfg, emb[tokens[1:] + [int(t)]], np.concatenate([feats @ fc.T, ref_out[last[p]][None]]))
+           for t, p in zip(drafts, parents)]
+    check(out2.numpy(), top2, logp2, np.stack([o[-1] for o, _ in fed]), np.stack([lg[-1] for _, lg in fed]))
+    # the separate calls (the path of heads without draft_step) draft the very same tokens
+    again, _ = rows.plan(np.zeros(3, np.int64), np.full(3, -1))
+    out3, top3, logp3 = HostDraftCalls.step(head, target, kv, again, drafts, out.numpy(), parents, 8)
+    assert top3.tolist() == top2.tolist()
+    np.testing.assert_allclose(logp3, logp2, rtol=1e-5, atol=1e-5)
+
+
+def test_device_top_k_orders_as_top_tokens():
+    """The draft top-k kernels alone, over several chunks of a row: ids mapped through d2t,
+    ties (inside a chunk, across chunk borders, at the k-th place) to the lower draft id,
+    log-probabilities as top_tokens' float64 log-softmax."""
+    import tvm
+    from tvm.relax.frontend import nn
+    from tvm.runtime.vm import VirtualMachine
+
+    from speccompile.models.draft_kernels import CHUNK, draft_top
+    from speccompile.runtime.eagle import top_tokens
+
+    vocab, k = 2 * CHUNK + 100, 8
+
+    class Top(nn.Module):
+        def top(self, logits, d2t):
+            return draft_top(logits, d2t, k)
+
+    target = tvm.target.Target({"kind": "llvm"})
+    with target:
+        mod, _ = Top().export_tvm({"top": {"logits": nn.spec.Tensor(["n", vocab], "float32"),
+                                           "d2t": nn.spec.Tensor([vocab], "int32"),
+                                           "$": {"param_mode": "none", "effect_mode": "none"}}})
+    vm = VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    rng = np.random.default_rng(0)
+    d2t = (np.sort(rng.choice(3 * vocab, vocab, replace=False)) - np.arange(vocab)).astype(np.int32)
+    logits = np.round(rng.standard_normal((48, vocab)) * 2, 1).astype(np.float32)  # many ties
+    logits[1, [CHUNK - 1, CHUNK, 7, 2 * CHUNK + 50]] = 9.0  # tied maxima across chunks
+    logits[2, :] = 0.0  # a flat row: the k lowest ids
+    logits[3, [3, CHUNK + 3]] = 20.0
+    logits[3, 2 * CHUNK + 99] = -100.0
+    logits[4, ::7] = 5.0  # the k-th place tied many times over
+    for rows in (5, 48):  # few rows run on the calling thread, many in parallel: the same results
+        got_ids, got_logp = (a.numpy() for a in vm["top"](tvm.runtime.tensor(logits[:rows]), tvm.runtime.tensor(d2t)))
+        for row, gi, gl in zip(logits, got_ids, got_logp):
+            order, lp = top_tokens(row, k)
+            assert gi.tolist() == (order + d2t[order]).tolist()
+            np.testing.assert_allclose(gl, lp, rtol=1e-5, atol=1e-5)
+        assert got_ids[2].tolist() == (np.arange(k) + d2t[:k]).tolist()
+
+
+def test_draft_steps_need_the_targets_embedding_storage(e3):
+    """A head drafts on device only with a target storing the embedding it was compiled
+    for and trees within its top-k; otherwise it says why and takes the separate calls."""
+    from speccompile.runtime.eagle import Eagle3HeadModel
+    from speccompile.runtime.model import Model
+
+    built, head_paths, *_ = e3
+    target, head = Model(built.model_dir, built.lib), Eagle3HeadModel(*head_paths)
+    assert "wider than the head's compiled top-8" in head.bind(target, 9) and not head.on_device
+    params = [dict(p, dtype="float16") if p["name"] == "embed_tokens.weight" else p for p in target.meta["params"]]
+    target.meta = {**target.meta, "params": params, "quantization": "q0f16"}
+    assert "embed_tokens.weight [272, 64] float32, which this target (q0f16) does not store" in head.bind(target, 1)
+    assert head.target_embed is None and not head.on_device
+
+
 # ------------------------------------------------------------------ drafting
 def test_lossless_chain_and_tree_at_batch_1_and_4(e3):
     """Greedy output identical to plain decoding with chains (width 1) and EAGLE-2 trees
@@ -260,7 +365,7 @@ def test_lossless_chain_and_tree_at_batch_1_and_4(e3):
     for width in (1, 3):
         eng = Engine(built.model_dir, built.lib, speculative_mode="eagle", additional_models=[head],
                      spec_tree_width=width, spec_tree_nodes=16 if width > 1 else 64)
-        assert eng.proposer.features == "layers"
+        assert eng.proposer.features == "layers" and eng.proposer.separate_calls is None  # drafts on device
         eng.set_draft_length(3)
         for i, p in enumerate(prompts):
             res = eng.generate(p, NEW_TOKENS, ignore_eos=True)

@@ -178,6 +178,11 @@ def tiny(build_tiny, tmp_path_factory):
 @pytest.mark.parametrize("mode", ["eagle", "medusa"])
 def test_tiny_target_lossless_chain_and_tree_with_accepted_drafts(tiny, mode):
     built, eagle, medusa, prompts, expected, _ = tiny
+    if mode == "eagle":  # a full-vocabulary head drafts with the target's lm_head: separate calls
+        from speccompile.runtime.engine import Engine
+
+        eng = Engine(built.model_dir, built.lib, speculative_mode=mode, additional_models=[eagle])
+        assert "no draft_step (a full-vocabulary head" in eng.proposer.separate_calls
     stats = check_lossless(built.model_dir, built.lib, eagle if mode == "eagle" else medusa, mode, prompts,
                            expected, ks=(1, 3))
     for width in (1, 3):
@@ -241,9 +246,46 @@ def test_tiny_eagle_with_reduced_draft_vocabulary(tiny, fmt):
     rows = built.weights["model.embed_tokens.weight"][ids]  # tied: these are the lm_head rows
     make_eagle_checkpoint(root / f"eagle3-{fmt}", t, layers=1, repeat=0.5, draft_vocab=(ids, rows), fmt=fmt)
     head = build_head("eagle", root / f"eagle3-{fmt}", built.hf_dir, "q0f32", root / f"eagle3-{fmt}-out")
-    assert EagleHeadModel(*head).vocab_ids.tolist() == ids.tolist()
+    model = EagleHeadModel(*head)
+    assert model.vocab_ids.tolist() == ids.tolist()
+    if fmt == "safetensors":
+        check_draft_entry_points(built, model, root / f"eagle3-{fmt}", ids)
     stats = check_lossless(built.model_dir, built.lib, head, "eagle", prompts, expected, widths=(1, 3))
     assert sum(s.accepted_tokens for _, s in stats) > 0
+
+
+def check_draft_entry_points(built, head, ckpt: Path, ids: np.ndarray) -> None:
+    """draft_catch_up and draft_step of an EAGLE-1 head against numpy. The "repeat" head's
+    layer adds zero (o_proj and down_proj are zero), so a row's output is fc(concat(target
+    embedding, feature)) and its logits that times the draft rows."""
+    from safetensors.numpy import load_file
+
+    from speccompile.runtime.eagle import ScratchRows, top_tokens
+    from speccompile.runtime.model import Model
+
+    w = load_file(str(ckpt / "model.safetensors"))
+    target = Model(built.model_dir, built.lib)
+    assert head.bind(target, 3) is None and head.top_k == 8
+    emb = built.weights["model.embed_tokens.weight"]
+    rng = np.random.default_rng(3)
+    tokens, feats = np.array([5, 17, 200, 33, 9]), rng.standard_normal((5, emb.shape[1])).astype(np.float32)
+    ref = lambda tok, f: np.concatenate([emb[tok], f], -1) @ w["fc.weight"].T + w["fc.bias"]
+
+    def check(out, top, logp, want):
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+        for row, got_i, got_lp in zip(want @ w["lm_head.weight"].T, top, logp):
+            order, lp = top_tokens(row, 8)
+            assert got_i.tolist() == ids[order].tolist()
+            np.testing.assert_allclose(got_lp, lp, rtol=1e-4, atol=1e-4)
+
+    kv = head.create_kv_cache(64)
+    kv.add_sequence(0)
+    last = np.array([1, 4])
+    out, top, logp = head.catch_up(target, kv, kv.plan_chain([0], [5]), tokens, feats, last, 8)
+    check(out.numpy(), top, logp, ref(tokens, feats)[last])
+    batch, _ = ScratchRows(kv, [0]).plan(np.zeros(3, np.int64), np.full(3, -1))
+    out2, top2, logp2 = head.step(target, kv, batch, np.array([7, 8, 9]), out, np.array([1, 0, 1]), 8)
+    check(out2.numpy(), top2, logp2, ref(np.array([7, 8, 9]), out.numpy()[[1, 0, 1]]))
 
 
 @pytest.mark.parametrize("rows", ["in_checkpoint", "from_target"])

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from speccompile.runtime.eagle import EagleProposer, top_tokens
+from speccompile.runtime.eagle import EagleProposer, HostDraftCalls, top_tokens
 from speccompile.runtime.kv_cache import PAGE, PagedKV
 from speccompile.runtime.medusa import MedusaProposer
 from speccompile.runtime.proposers import NGramProposer, SmallDraftProposer
@@ -217,9 +217,10 @@ class Out:
         return self.a
 
 
-class FakeEagleHead:
+class FakeEagleHead(HostDraftCalls):
     """Feature f, token t -> predicted feature [(3 f[0] + t) mod V, 0...]; its logits rank
-    tokens from that state on. Every forward's tokens, features and rows are recorded."""
+    tokens from that state on. Every forward's tokens, features and rows are recorded. It
+    drafts through the host path (HostDraftCalls), as a head without draft_step does."""
 
     vocab_ids = None
     hidden_size = H
@@ -289,6 +290,52 @@ def test_eagle_tree_keeps_the_most_probable_nodes_parents_first():
     [top1] = chain.propose([0], [history], [3], [GREEDY], [None], Plan())
     # P(top-1 child of top-1) = 0.63^2 beats the second root token's 0.23: three deep
     assert small.parents == [-1, 0, 1] and small.tokens == top1.tokens
+
+
+def test_scratch_rows_plan_what_plan_tree_plans():
+    """The head's scratch rows planned depth by depth (ScratchRows, from per-row arrays) get
+    the metadata plan_tree gives the whole tree at once, row for row, across pages and for
+    several sequences of different lengths."""
+    from speccompile.runtime.eagle import ScratchRows
+
+    rng = np.random.default_rng(0)
+    kv = PagedKV(None, 64)
+    lengths = {7: 5, 8: PAGE - 2, 9: 0}
+    for s, n in lengths.items():
+        kv.add_sequence(s)
+        kv.plan_chain([s], [n])
+    rows = ScratchRows(kv, list(lengths))
+    parents = {s: [] for s in lengths}  # local parent row of each scratch row, per sequence
+    index: list[tuple[int, int]] = []  # (sequence, local row) of each planned row
+    planned = []
+    frontier = {s: [-1] for s in lengths}
+    for depth in range(4):
+        seqs, par = [], []
+        for b, s in enumerate(lengths):
+            for p in frontier[s]:
+                for _ in range(int(rng.integers(1, 4))):
+                    seqs.append(b)
+                    par.append(-1 if p < 0 else index.index((s, p)))
+        batch, new = rows.plan(np.asarray(seqs), np.asarray(par))
+        frontier = {s: [] for s in lengths}
+        for b_row, (b, p) in enumerate(zip(seqs, par)):
+            s = list(lengths)[b]
+            frontier[s].append(len(parents[s]))
+            index.append((s, len(parents[s])))
+            parents[s].append(-1 if p < 0 else index[p][1])
+        planned.append(batch)
+    full = kv.plan_tree(list(lengths), [parents[s] for s in lengths])
+    offset = np.concatenate([[0], np.cumsum([len(parents[s]) for s in lengths])])
+    order = [offset[list(lengths).index(s)] + j for s, j in index]  # plan_tree's row of each planned row
+    got = {k: np.concatenate([b.named[k] for b in planned]) for k in ("positions", "write_slots", "token_prefix",
+                                                                      "extra_len")}
+    for k, a in got.items():
+        assert a.tolist() == full.named[k][order].tolist(), k
+    extra = [row[:n].tolist() for b in planned for row, n in zip(b.named["extra_slots"], b.named["extra_len"])]
+    assert extra == [full.named["extra_slots"][i, : full.named["extra_len"][i]].tolist() for i in order]
+    last = planned[-1]
+    assert last.named["page_table"].tolist() == full.named["page_table"].tolist()
+    assert [list(lengths)[i] for i in last.named["token_seq"]] == [s for s, _ in index[-len(last.named["positions"]):]]
 
 
 class FakeMedusaHeads:

@@ -88,7 +88,8 @@ def test_archives(tiny, tmp_path, device, host):
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 @pytest.mark.parametrize("device, suffix", [("cuda", ".so"), ("opencl", ".so"), ("metal", ".tar")])
 def test_draft_heads(build_tiny, tmp_path, kind, device, suffix):
-    """EAGLE and Medusa heads (official layouts, converted against their target) build for GPUs too."""
+    """EAGLE and Medusa heads (official layouts, converted against their target) build for GPUs too;
+    the EAGLE head with a reduced draft vocabulary, so its draft steps (top-k kernels included) do."""
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
     from speccompile.models.config import PRESETS
@@ -98,7 +99,10 @@ def test_draft_heads(build_tiny, tmp_path, kind, device, suffix):
     t = PRESETS["tiny-llama"]
     ckpt, out = tmp_path / f"{kind}-hf", tmp_path / kind
     if kind == "eagle":
-        make_eagle_checkpoint(ckpt, t, layers=1)
+        import numpy as np
+
+        ids = np.arange(0, t["vocab_size"], 2)
+        make_eagle_checkpoint(ckpt, t, layers=1, draft_vocab=(ids, np.ones((len(ids), t["hidden_size"]), np.float32)))
     else:
         import numpy as np  # heads sharing a reduced vocabulary: one [K * b, h] projection
 
@@ -110,6 +114,7 @@ def test_draft_heads(build_tiny, tmp_path, kind, device, suffix):
     meta = compile_model(out / "speccompile-config.json", device, lib, verbose=False)
     assert meta["model_type"] == kind and meta["device"] == device
     assert list(meta["entry_points"]) == entry_point_names(kind, meta)
+    assert kind != "eagle" or {"draft_step", "draft_catch_up"} <= set(meta["entry_points"])
     assert all(entry.encode() in _payload(lib) for entry in meta["entry_points"])
 
 
