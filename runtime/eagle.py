@@ -38,7 +38,7 @@ import numpy as np
 from tvm.runtime import tensor as to_device
 
 from .contract import EAGLE, EAGLE3, FORWARD_META, KV_PAGE_SIZE
-from .kv_cache import ForwardBatch
+from .kv_cache import ForwardBatch, split_forwards
 from .model import Model
 from .costs import time_min
 from .acceptance import Draft
@@ -70,11 +70,13 @@ class EagleHeadModel(Model):
             return target.get_logits(feats).numpy()
         if isinstance(feats, np.ndarray):
             feats = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+        self.check_rows(int(feats.shape[0]), "rows")
         return self._fn["draft_logits"](feats, self.params).numpy()
 
     def forward(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats):
         """Predicted features [n, hidden] (device) of the pairs (feats[j], tokens[j]); feats
         on the host or the device."""
+        self.check_rows(len(tokens))
         emb = target.embed(tokens)  # the target's embedding: the head owns none
         hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device) if isinstance(feats, np.ndarray) else feats
         meta = [to_device(a, self.device) for a in batch.arrays]
@@ -107,6 +109,7 @@ class Eagle3HeadModel(EagleHeadModel):
 
     def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
         """Rows built from the target's layer features feats [n, 3 * hidden]: fc fuses them first."""
+        self.check_rows(len(feats))
         fused = self._fn["fuse_features"](to_device(np.ascontiguousarray(feats, self.dtype), self.device), self.params)
         return self.forward(target, kv, batch, tokens, fused)
 
@@ -245,21 +248,33 @@ class EagleProposer:
 
     def _catch_up(self, ids: list[int], histories: list[list[int]]):
         """Build the head rows of every pending true feature; returns the predicted feature
-        and the logits at each sequence's last row (the depth-1 candidates)."""
+        and the logits at each sequence's last row (the depth-1 candidates).
+
+        One chain forward, or consecutive ones when the pending rows exceed what one call of
+        the head (or the target's embedding) takes -- a whole long prompt's features arrive
+        before the first propose -- with the same rows, so the same result."""
         feats = [np.concatenate(self.pending[s]) for s in ids]
         starts = [self.kv.length(s) for s in ids]
         tokens = [h[st + 1: st + 1 + len(f)] for h, st, f in zip(histories, starts, feats)]
         if any(len(t) != len(f) or not len(f) for t, f in zip(tokens, feats)):
             raise RuntimeError("EAGLE: the target features and the history disagree")
         counts = [len(f) for f in feats]
-        batch = self.kv.plan_chain(ids, counts)
-        out = self.head.forward_target(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
-                                       np.concatenate(feats)).numpy()
-        self.forwards += 1
+        self.kv.check_room(ids, counts)  # all or nothing: a full cache leaves the pending rows pending
+        root = [None] * len(ids)
+        for pieces in split_forwards(counts, min(self.head.max_forward_tokens, self.target.max_forward_tokens)):
+            batch = self.kv.plan_chain([ids[i] for i, _, _ in pieces], [e - a for _, a, e in pieces])
+            out = self.head.forward_target(
+                self.target, self.kv, batch, np.concatenate([tokens[i][a:e] for i, a, e in pieces]).astype(np.int32),
+                np.concatenate([feats[i][a:e] for i, a, e in pieces])).numpy()
+            self.forwards += 1
+            ends = np.cumsum([e - a for _, a, e in pieces])
+            for (i, _, e), end in zip(pieces, ends):
+                if e == counts[i]:
+                    root[i] = out[end - 1]
         self.last_catch_up = max(counts)
         for s in ids:
             self.pending[s] = []
-        root = out[np.cumsum(counts) - 1]
+        root = np.stack(root)
         return root, self.head.logits(self.target, root)
 
     def _grow(self, ids: list[int], depths: list[int], root_feat: np.ndarray, root_logits: np.ndarray,
