@@ -136,6 +136,10 @@ def _project(module: nn.Module, x: nn.Tensor, cols: int, rows: int) -> nn.Tensor
                               attrs={KERNEL_ATTR: "q4_matmul"})
     else:
         y = op.tensor_expr_op(matmul_te, "matmul", [x2, module.weight], attrs={KERNEL_ATTR: "matmul"})
+    if len(lead) == 1:
+        # y is [n, rows] already; an identity reshape would be a view, except at a function's
+        # output (the logits), where it is a copy of [n, rows] and a second such buffer
+        return y
     return op.reshape(y, [*lead, rows])
 
 

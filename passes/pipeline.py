@@ -13,6 +13,10 @@ GPU (cuda, opencl, metal):
      rule on metal, where it crashes inside tensorization;
   5. TVM's generic GPU lowering to the VM.
 
+Both end in TVM's StaticPlanBlockMemory, which plans every buffer of an entry point at the
+upper bounds speccompile/compile.py attaches to its symbolic sizes (passes/memory_plan.py:
+buffers sized per token count would make a process grow with every new shape).
+
 (The models use their own paged attention -- models/attention.py -- so the wheel's CPU
 tree-attention argument-order bug in nn.llm.PagedKVCache does not reach us.)
 """

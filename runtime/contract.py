@@ -49,6 +49,54 @@ FORWARD_META: dict[str, tuple[tuple[str, ...], str]] = {
     "extra_len": (("n",), "int32"),  # how many of extra_slots' columns each token uses
 }
 
+# ------------------------------------------------------- bounds of symbolic dimensions
+# Every symbolic dimension of the entry points' arguments, with its upper bound as a multiple
+# of the library's prefill_chunk_size T (the most tokens one forward may take): name ->
+# (factor, offset), bound = factor * T + offset; None where no compile-time bound exists.
+#
+# Why: the compiler hands these bounds to TVM's memory planning (StaticPlanBlockMemory, via
+# each function's ``tir_var_upper_bound``), which then gives every buffer an entry point
+# allocates -- intermediates and outputs -- one size fixed at compile time, enough for the
+# bound. Without them every buffer's size is a function of the token count, and the relax
+# VM's pooled allocator, which keeps each freed buffer for reuse by its exact size, kept a
+# new set of buffers for every new token count and never gave them back: a process's memory
+# grew with every new prompt length or batch shape (SmolLM2 q0f32: +350 MB over 55 prompt
+# lengths; a Qwen2.5-1.5B data-generation job: 2.8 -> 8 GB). The runtimes keep the bounds:
+# no forward takes more than T tokens (runtime/model.py refuses, and splits long prefills),
+# and a batch has at most T sequences (each brings at least one token).
+# Dimensions without a bound must shape no buffer an entry point allocates: the compiler
+# fails if one does (speccompile/compile.py).
+SYMBOLIC_DIM_BOUNDS: dict[str, tuple[int, int] | None] = {
+    "n": (1, 0),  # tokens of one forward (rows of embed, get_logits, sampling, acceptance)
+    "nl": (1, 0),  # prefill logit rows: one per sequence of the forward
+    "b": (1, 0),  # sequences of one forward (page-table rows; Medusa's feature rows)
+    "b1": (1, 1),  # b + 1 (seq_indptr of the acceptance kernels)
+    "nq": (1, 0),  # draft distribution rows: n, or 1 when every draft is one-hot
+    "nu": (2, 0),  # uniforms of rejection sampling: n + b
+    "c": (1, 0),  # slot moves of a tree commit: at most the verified tree's rows
+    "s": (1, 0),  # scored rows of draft_catch_up: one per sequence of the forward
+    # rows of the features draft_step's parents are taken from (the last draft call's output): an
+    # input, gathered into [n, hidden], shapes no allocation
+    "m": None,
+    # the page-table width grows with a sequence (and with a tree's scratch rows past the
+    # context window); the page table is an input and shapes no allocation
+    "pages": None,
+    # extra slots per token: an EAGLE head's new rows attend ancestors written by earlier
+    # forwards, so not bounded by this forward's tokens; an input, shapes no allocation
+    "e": None,
+    # KV capacity in slots, chosen at run time (max_total_seq_len); the KV tensor is
+    # written in place, never allocated by an entry point
+    "slots": None,
+}
+
+
+def symbolic_dim_bounds(prefill_chunk_size: int) -> dict[str, int]:
+    """The upper bound of each bounded symbolic dimension for a library whose forwards take
+    at most ``prefill_chunk_size`` tokens (see SYMBOLIC_DIM_BOUNDS)."""
+    return {name: factor * prefill_chunk_size + offset
+            for name, rule in SYMBOLIC_DIM_BOUNDS.items() if rule is not None for factor, offset in [rule]}
+
+
 # ------------------------------------------------------------------- entry points
 # Argument names of the compiled functions, in calling order. PARAMS is the packed tuple
 # of the library's parameters (in the order of ``_metadata["params"]``), always last; KV
@@ -162,7 +210,8 @@ METADATA_KEYS: dict[str, str] = {
     "num_key_value_heads": "KV cache shape",
     "head_dim": "KV cache shape",
     "context_window_size": "longest sequence the library was compiled for",
-    "prefill_chunk_size": "most tokens one forward may take",
+    "prefill_chunk_size": "most tokens (and sequences) one forward may take: the buffers are planned for that "
+                          "many (SYMBOLIC_DIM_BOUNDS)",
     "params": "name, shape, dtype of each parameter in the order the packed tuple is passed",
     "layout_fingerprint": "checked against tensor-cache.json before any weight is read",
     "tiled_params": "stored tensors the runtime permutes into tile-row blocks at load",

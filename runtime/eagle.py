@@ -51,7 +51,7 @@ from .contract import EAGLE, EAGLE3, KV_PAGE_SIZE
 from .costs import time_min
 from .eagle_heads import (Eagle3HeadModel, EagleHeadModel, HostDraftCalls, check_draft_vocab,  # noqa: F401
                           draft_vocab_ids, top_tokens)
-from .kv_cache import ForwardBatch, PagedKV
+from .kv_cache import ForwardBatch, PagedKV, split_forwards
 from .model import Model
 from .proposers import load_head
 
@@ -294,10 +294,27 @@ class EagleProposer:
         if any(len(t) != len(f) or not len(f) for t, f in zip(tokens, feats)):
             raise RuntimeError("EAGLE: the target features and the history disagree")
         counts = [len(f) for f in feats]
-        batch = self.kv.plan_chain(ids, counts)
-        out = self.head.catch_up(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
-                                 np.concatenate(feats), np.cumsum(counts) - 1, self.width)
-        self.forwards += 1
+        self.kv.check_room(ids, counts)  # all or nothing: a full cache leaves the pending rows pending
+        forwards = split_forwards(counts, min(self.head.max_forward_tokens, self.target.max_forward_tokens))
+        if len(forwards) == 1:  # the usual case: one call, its features stay on the device
+            batch = self.kv.plan_chain(ids, counts)
+            out = self.head.catch_up(self.target, self.kv, batch, np.concatenate(tokens).astype(np.int32),
+                                     np.concatenate(feats), np.cumsum(counts) - 1, self.width)
+            self.forwards += 1
+        else:  # a long prompt's rows over consecutive calls (the same rows, so the same result)
+            roots = [None] * len(ids)
+            for pieces in forwards:
+                sizes = [e - a for _, a, e in pieces]
+                batch = self.kv.plan_chain([ids[i] for i, _, _ in pieces], sizes)
+                f, top, logp = self.head.catch_up(
+                    self.target, self.kv, batch, np.concatenate([tokens[i][a:e] for i, a, e in pieces]).astype(np.int32),
+                    np.concatenate([feats[i][a:e] for i, a, e in pieces]), np.cumsum(sizes) - 1, self.width)
+                f = f if isinstance(f, np.ndarray) else f.numpy()
+                self.forwards += 1
+                for j, (i, _, e) in enumerate(pieces):
+                    if e == counts[i]:
+                        roots[i] = (f[j], top[j], logp[j])
+            out = tuple(np.stack(col) for col in zip(*roots))
         self.last_catch_up = max(counts)
         for s in ids:
             self.pending[s] = []

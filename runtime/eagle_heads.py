@@ -105,6 +105,7 @@ class EagleHeadModel(HostDraftCalls, Model):
         return None
 
     def catch_up(self, target, kv, batch, tokens, feats, last, width):
+        self.check_rows(len(tokens))  # the buffers are planned for at most prefill_chunk_size rows
         if not self.on_device:
             return super().catch_up(target, kv, batch, tokens, feats, last, width)
         target.check_token_ids(tokens)  # committed tokens; the embedding gather does not bounds-check
@@ -114,6 +115,7 @@ class EagleHeadModel(HostDraftCalls, Model):
         return self._result(out, width)
 
     def step(self, target, kv, batch, tokens, hidden, rows, width):
+        self.check_rows(len(tokens))
         if not self.on_device:
             return super().step(target, kv, batch, tokens, hidden, rows, width)
         # tokens: drafts of this head, mapped to target ids through d2t (checked at load); hidden: the
@@ -138,11 +140,13 @@ class EagleHeadModel(HostDraftCalls, Model):
             return target.get_logits(feats).numpy()
         if isinstance(feats, np.ndarray):
             feats = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+        self.check_rows(int(feats.shape[0]), "rows")
         return self._fn["draft_logits"](feats, self.params).numpy()
 
     def forward(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats):
         """Predicted features [n, hidden] (device) of the pairs (feats[j], tokens[j]); feats
         on the host or the device."""
+        self.check_rows(len(tokens))
         emb = target.embed(tokens)  # the target's embedding: the head owns none
         hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device) if isinstance(feats, np.ndarray) else feats
         meta = [to_device(a, self.device) for a in batch.arrays]
@@ -176,6 +180,7 @@ class Eagle3HeadModel(EagleHeadModel):
 
     def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
         """Rows built from the target's layer features feats [n, 3 * hidden]: fc fuses them first."""
+        self.check_rows(len(feats))
         fused = self._fn["fuse_features"](to_device(np.ascontiguousarray(feats, self.dtype), self.device), self.params)
         return self.forward(target, kv, batch, tokens, fused)
 

@@ -78,6 +78,13 @@ class Engine:
         self.context_window = context_window_size or configured
         self.max_num_sequence = max_num_sequence
         self.max_batch_tokens = max_batch_tokens or prefill_chunk_size or chunk
+        # one forward takes at most the compiled chunk of tokens, and of sequences: the library's
+        # buffers are planned for that many (runtime/contract.py SYMBOLIC_DIM_BOUNDS)
+        for name, value in (("max_batch_tokens", self.max_batch_tokens), ("max_num_sequence", max_num_sequence)):
+            if value > chunk:
+                raise GenerationError(f"{name}={value}: one forward of the library takes at most prefill_chunk_size="
+                                      f"{chunk} tokens (its buffers are planned for that many); for more rerun "
+                                      "gen_config --prefill-chunk-size and compile")
         spec.check(self.model_dir, self.max_batch_tokens)
         self.spec = spec
         self.tokenizer = load_tokenizer(self.model_dir)

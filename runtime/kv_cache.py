@@ -43,6 +43,24 @@ class ForwardBatch:
         return [self.named[name] for name in FORWARD_META]
 
 
+def split_forwards(counts: list[int], limit: int) -> list[list[tuple[int, int, int]]]:
+    """Cut a chain of ``counts[i]`` tokens per sequence into consecutive forwards of at most
+    ``limit`` tokens in all: per forward, (sequence index, start, end) of each piece, the
+    sequences in order and each sequence's pieces in order."""
+    pos = [0] * len(counts)
+    forwards = []
+    while any(p < c for p, c in zip(pos, counts)):
+        budget, pieces = limit, []
+        for i, c in enumerate(counts):
+            take = min(c - pos[i], budget)
+            if take > 0:
+                pieces.append((i, pos[i], pos[i] + take))
+                pos[i] += take
+                budget -= take
+        forwards.append(pieces)
+    return forwards
+
+
 class PagedKV:
     def __init__(self, tensor, num_pages: int):
         self.tensor = tensor  # device tensor [layers, 2, num_pages * PAGE, kv_heads, head_dim]
@@ -71,10 +89,16 @@ class PagedKV:
         st = self.seqs[seq_id]
         return max(0, -(-(st.length + extra_tokens) // PAGE) - len(st.pages))
 
-    def _reserve(self, seq_ids: list[int], counts: list[int]) -> None:
+    def check_room(self, seq_ids: list[int], counts: list[int]) -> None:
+        """Raise KVCacheFull unless these sequences can grow by these many tokens (done
+        before a long chain is appended over several forwards, so a full cache still
+        changes nothing)."""
         need = sum(self.pages_needed(s, c) for s, c in zip(seq_ids, counts))
         if need > len(self.free):
             raise KVCacheFull(f"KV cache needs {need} more pages, {len(self.free)} free")
+
+    def _reserve(self, seq_ids: list[int], counts: list[int]) -> None:
+        self.check_room(seq_ids, counts)
         for s, c in zip(seq_ids, counts):
             st = self.seqs[s]
             for _ in range(self.pages_needed(s, c)):

@@ -44,6 +44,7 @@ class MedusaHeadsModel(Model):
 
     def forward(self, feats: np.ndarray) -> np.ndarray:
         """feats [b, hidden] -> logits [K, b, vocab] (or [K, b, draft_vocab], see ``vocab_ids``)."""
+        self.check_rows(len(feats), "rows")
         hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
         return self._fn["medusa_heads"](hid, self.params).numpy()
 

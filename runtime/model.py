@@ -21,7 +21,7 @@ from tvm.runtime.vm import VirtualMachine
 from .contract import KV_PAGE_SIZE, TARGET, ContractError, check_library, entry_point_names
 from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
-from .kv_cache import ForwardBatch, PagedKV
+from .kv_cache import ForwardBatch, PagedKV, split_forwards
 from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
 
@@ -203,7 +203,10 @@ class Model:
         self.hidden_size = int(self.meta["hidden_size"])
         self.dtype = self.meta["model_dtype"]
         self.context_window_size = int(self.meta["context_window_size"])
-        self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])
+        self.prefill_chunk_size = int(self.meta["prefill_chunk_size"])  # an engine may lower it (its chunks)
+        # The most tokens (and sequences) one call may take: the library's buffers were planned
+        # for this many (runtime/contract.py SYMBOLIC_DIM_BOUNDS); more would not fit them.
+        self.max_forward_tokens = self.prefill_chunk_size
         self._fn = {}
         for name in entry_point_names(self.kind, self.meta):  # _metadata lists them all (check_library)
             try:
@@ -231,13 +234,21 @@ class Model:
             bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
             raise ValueError(f"token id {int(bad)} is out of range for vocab size {self.vocab_size}")
 
+    def check_rows(self, n: int, what: str = "tokens") -> None:
+        """Refuse a call over more rows than the library's buffers were planned for."""
+        if n > self.max_forward_tokens:
+            raise ValueError(f"one call of {self.lib_path.name} takes at most {self.max_forward_tokens} {what} "
+                             f"(its prefill_chunk_size, which its buffers are planned for), got {n}: split the "
+                             "forward, or rerun gen_config --prefill-chunk-size and compile")
+
     def embed(self, ids) -> Any:
         ids = np.asarray(ids, dtype=np.int32)
+        self.check_rows(ids.size)
         self.check_token_ids(ids)
         return self._fn["embed"](to_device(ids, self.device), self.params)
 
     def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra, on_device: bool = False):
-        # ids were range-checked by the caller before the KV cache was touched
+        # ids were range-checked (and counted: check_rows) by the caller before the KV cache was touched
         emb = self._fn["embed"](to_device(ids, self.device), self.params)
         meta = [to_device(a, self.device) for a in batch.arrays]
         # contract.ENTRY_POINTS' order: input_embeds, [logit_positions], kv, FORWARD_META..., params
@@ -246,16 +257,36 @@ class Model:
 
     # ------------------------------------------------------------ forwards
     def prefill(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]]) -> np.ndarray:
-        """Append each sequence's tokens; logits at each sequence's last token [b, vocab]."""
+        """Append each sequence's tokens; logits at each sequence's last token [b, vocab].
+
+        More than ``max_forward_tokens`` tokens in all are appended over consecutive
+        forwards (the same kernels per token, so the same logits); a KV cache that cannot
+        hold them all raises KVCacheFull before anything is written."""
         flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
         self.check_token_ids(flat)
-        batch = kv.plan_chain(seq_ids, [len(t) for t in token_lists])
+        counts = [len(t) for t in token_lists]
+        if flat.size <= self.max_forward_tokens:
+            return self._prefill(kv, seq_ids, counts, flat)
+        kv.check_room(seq_ids, counts)
+        logits = np.empty((len(seq_ids), self.vocab_size), np.float32)
+        for pieces in split_forwards(counts, self.max_forward_tokens):
+            ids = np.concatenate([np.asarray(token_lists[i][a:e], np.int32) for i, a, e in pieces])
+            out = self._prefill(kv, [seq_ids[i] for i, _, _ in pieces], [e - a for _, a, e in pieces], ids)
+            for row, (i, _, e) in enumerate(pieces):
+                if e == counts[i]:
+                    logits[i] = out[row]
+        return logits
+
+    def _prefill(self, kv: PagedKV, seq_ids: list[int], counts: list[int], flat: np.ndarray) -> np.ndarray:
+        self.check_rows(flat.size)
+        batch = kv.plan_chain(seq_ids, counts)
         last = to_device((np.cumsum(batch.counts) - 1).astype(np.int32), self.device)
         return self._run("prefill", flat, kv, batch, last)
 
     def decode(self, kv: PagedKV, seq_ids: list[int], tokens: list[int], on_device: bool = False):
         """One token per sequence; logits [b, vocab]."""
         ids = np.asarray(tokens, np.int32)
+        self.check_rows(ids.size, "sequences")
         self.check_token_ids(ids)
         return self._run("decode", ids, kv, kv.plan_chain(seq_ids, [1] * len(tokens)), on_device=on_device)
 
@@ -297,6 +328,7 @@ class Model:
               tree_parents: list[list[int]] | None) -> tuple[np.ndarray, PagedKV, ForwardBatch]:
         """(checked flat token ids, kv, the chain or tree plan) of a multi-token forward."""
         flat = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
+        self.check_rows(flat.size)
         self.check_token_ids(flat)
         if tree_parents is None:
             return flat, kv, kv.plan_chain(seq_ids, [len(t) for t in token_lists])
@@ -306,6 +338,7 @@ class Model:
         """Device hidden states [n, hidden] (device tensor or numpy) -> device logits [n, vocab]."""
         if isinstance(hidden, np.ndarray):
             hidden = to_device(np.ascontiguousarray(hidden, self.dtype), self.device)
+        self.check_rows(int(hidden.shape[0]), "rows")
         return self._fn["get_logits"](hidden, self.params)
 
     def accept_greedy(self, logits, token_lists: list[list[int]],
@@ -315,6 +348,7 @@ class Model:
         token_lists[i] = [last] + drafts of sequence i; parents[i] = local parent row of each
         (-1 for row 0). Returns (accepted draft nodes, bonus token) per sequence."""
         tokens = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
+        self.check_rows(tokens.size, "rows")
         par = np.concatenate([np.asarray(p, np.int32) for p in parents])
         indptr = np.concatenate([[0], np.cumsum([len(t) for t in token_lists])]).astype(np.int32)
         out = self._fn["accept_greedy"](logits, to_device(tokens, self.device), to_device(par, self.device),
@@ -328,6 +362,7 @@ class Model:
         rows). Temperature/top-k/top-p as ``probs_from_logits``; temperature 0 gives the
         one-hot of the argmax. Apply it to target and draft logits alike."""
         n = len(temps)
+        self.check_rows(n, "rows")
         return self._fn["sampling_probs"](logits, to_device(np.asarray(temps, np.float32).reshape(n), self.device),
                                           to_device(np.asarray(top_ks, np.int32).reshape(n), self.device),
                                           to_device(np.asarray(top_ps, np.float32).reshape(n), self.device))
@@ -344,6 +379,7 @@ class Model:
         Returns (accepted draft nodes, final sampled token) per sequence."""
         sizes = [len(t) for t in token_lists]
         n, b = sum(sizes), len(token_lists)
+        self.check_rows(n, "rows")
         tokens = np.concatenate([np.asarray(t, np.int32) for t in token_lists])
         par = np.concatenate([np.asarray(x, np.int32) for x in parents])
         indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)

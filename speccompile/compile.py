@@ -3,6 +3,11 @@
 Compile-time facts (model type, quantization, parameter layout and its fingerprint,
 target, TVM version, which q4 tensors the CPU kernels expect tiled) are baked into the
 library; the runtime reads them back and refuses weights that do not match.
+
+Memory: every buffer an entry point allocates is planned at compile time for the most
+tokens one forward may take (``prefill_chunk_size``; passes/memory_plan.py says why), so a
+process's memory does not grow with the shapes it runs. ``compile`` refuses a library in
+which some allocation would still be sized at run time, and reports the planned bytes.
 """
 from __future__ import annotations
 
@@ -19,8 +24,10 @@ from speccompile import __version__
 from speccompile.models import LlamaConfig, build_model, config_from_dict, get_quantization
 from speccompile.models.exports import signatures
 from speccompile.passes.cpu_kernels import TILE, int8_dot_isa, is_tiled_param
+from speccompile.passes.memory_plan import MemoryPlanRecorder, attach_upper_bounds
 from speccompile.passes.pipeline import build_pipeline
-from speccompile.runtime.contract import KV_PAGE_SIZE, ContractError, model_config_path, read_model_config
+from speccompile.runtime.contract import (KV_PAGE_SIZE, ContractError, model_config_path, read_model_config,
+                                          symbolic_dim_bounds)
 from speccompile.runtime.tensor_cache import layout_fingerprint
 from speccompile.targets import (CompileError, TargetPlan, fatbin_packer, find_device_module, plan_target,
                                  required_cpu_features)
@@ -77,6 +84,8 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         "head_dim": cfg.head_dim,
         "context_window_size": cfg.context_window_size,
         "prefill_chunk_size": cfg.prefill_chunk_size,
+        # the bounds the entry points' buffers were planned for (runtime/contract.py SYMBOLIC_DIM_BOUNDS)
+        "symbolic_dim_bounds": symbolic_dim_bounds(cfg.prefill_chunk_size),
         "kv_page_size": KV_PAGE_SIZE,  # compiled into the attention kernel; the runtimes check it
         "entry_points": entry_points,  # name -> argument names in calling order (contract.ENTRY_POINTS)
         "model_dtype": get_quantization(quant_name).model_dtype,
@@ -98,6 +107,20 @@ def attach_metadata(mod: tvm.IRModule, metadata: dict) -> tvm.IRModule:
     with bb.function("_metadata", params=[]):
         bb.emit_func_output(relax.expr.String(json.dumps(metadata)))
     return bb.get()
+
+
+def check_memory_plan(plan: dict[str, dict] | None) -> dict[str, int]:
+    """Entry point -> bytes of buffers it allocates per call, all sized at compile time;
+    raises CompileError naming any allocation whose size would depend on a run-time shape
+    (the pooled allocator would keep one per shape: passes/memory_plan.py)."""
+    if plan is None:
+        raise CompileError("the compile pipeline ran no StaticPlanBlockMemory: the library's memory would not be planned")
+    dynamic = {name: rec["dynamic"] for name, rec in plan.items() if rec["dynamic"]}
+    if dynamic:
+        detail = "; ".join(f"{name}: {', '.join(d)}" for name, d in sorted(dynamic.items()))
+        raise CompileError(f"buffers whose size depends on a symbolic dimension with no upper bound ({detail}); "
+                           "bound it in runtime/contract.py's SYMBOLIC_DIM_BOUNDS")
+    return {name: rec["bytes"] for name, rec in plan.items() if name != "_metadata"}
 
 
 def compile_model(config_path: Path, device: str, output: Path, verbose: bool = True,
@@ -124,8 +147,14 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
     mod = attach_metadata(mod, metadata)
     if plan.output_format == "tar":
         mod = mod.with_attr("system_lib_prefix", metadata["system_lib_prefix"])
-    ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target))
-    report: dict[str, Any] = {}
+    mod = attach_upper_bounds(mod, cfg.prefill_chunk_size)
+    recorder = MemoryPlanRecorder()
+    ctx = tvm.transform.PassContext.current()
+    with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=ctx.required_pass,
+                                   disabled_pass=ctx.disabled_pass, instruments=[*ctx.instruments, recorder],
+                                   config=ctx.config):
+        ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target))
+    report: dict[str, Any] = {"memory_plan": check_memory_plan(recorder.plan)}
     tmp = output.with_name(output.stem + ".tmp" + output.suffix)
     if plan.nvcc:
         ex.export_library(str(tmp), fpack_imports=fatbin_packer(plan.nvcc, plan.cuda_archs, report))
@@ -146,6 +175,9 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
                 where += f", q4 kernels: {'int8 activations on ' + isa if isa else 'float activations'}"
         print(f"compiled {cfg.model_type} {quant.name} for {plan.device} ({target.kind.name} {where}) "
               f"in {report['seconds']}s -> {output} ({report['bytes'] / 1e6:.1f} MB)")
+        mem = report["memory_plan"]
+        print(f"  buffers planned for {cfg.prefill_chunk_size}-token forwards: at most "
+              f"{max(mem.values()) / 1e6:.1f} MB per call ({max(mem, key=mem.get)})")
         if plan.cuda_binary == "fatbin":
             print(f"  CUDA kernels compiled ahead of time by {plan.nvcc}: fatbin for {', '.join(plan.cuda_archs)} "
                   f"+ PTX ({report['fatbin_bytes'] / 1e3:.0f} kB); the device needs no compiler")

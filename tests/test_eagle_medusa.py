@@ -217,6 +217,29 @@ def test_tiny_target_sampling_and_adaptive_run(tiny):
         assert a.token_ids == b.token_ids and len(a.token_ids) == 16 and max(a.token_ids) < 272
 
 
+def test_eagle_catch_up_longer_than_one_head_call(tiny):
+    """The head catches up on every prompt token's features at the first propose; when they
+    exceed what one call of the head takes (its buffers are planned for prefill_chunk_size
+    rows), the catch-up runs as consecutive forwards over the same rows: the same drafts."""
+    from speccompile.runtime.engine import Engine
+
+    built, eagle, _, prompts, expected, _ = tiny
+    runs = []
+    for limit in (None, 5):  # 5: every prompt's catch-up takes several head forwards
+        eng = Engine(built.model_dir, built.lib, speculative_mode="eagle", additional_models=[eagle],
+                     spec_tree_width=1)
+        if limit:
+            eng.proposer.head.max_forward_tokens = limit
+        eng.set_draft_length(3)
+        results = eng.generate_batch(prompts[:2], NEW_TOKENS, ignore_eos=True)
+        spec = [r.stats.spec for r in results]
+        runs.append(([r.token_ids for r in results], eng.proposer.forwards,
+                     [(s.draft_tokens, s.accepted_tokens, s.position_proposed, s.position_accepted) for s in spec]))
+    assert runs[0][0] == runs[1][0] == expected[:2]
+    assert runs[0][2] == runs[1][2] and runs[0][2][0][0] > 0  # the same drafts, accepted alike
+    assert runs[1][1] > runs[0][1]  # in more head forwards
+
+
 def test_cli_generate_with_eagle(tiny):
     from click.testing import CliRunner
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speccompile.runtime.kv_cache import PAGE, KVCacheFull, PagedKV
+from speccompile.runtime.kv_cache import PAGE, KVCacheFull, PagedKV, split_forwards
 
 POS, SLOTS, PAGE_TABLE, SEQ_ROW, PREFIX, EXTRA, EXTRA_LEN = range(7)  # META_SPEC order
 
@@ -147,3 +147,20 @@ def test_tree_commit_moves_put_the_accepted_path_in_place(path):
     assert [tensor[kv.slot(0, L + d)] for d in range(len(path))] == [100 + n for n in path]
     assert [tensor[kv.slot(0, r)] for r in range(L)] == committed
     assert len(kv.seqs[0].pages) == -(-(L + len(path)) // PAGE)  # scratch pages past the path freed
+
+
+def test_split_forwards_cuts_a_chain_into_bounded_forwards():
+    # sequences in order, each one's pieces in order, every forward full but the last
+    assert split_forwards([5, 2, 6], 4) == [[(0, 0, 4)], [(0, 4, 5), (1, 0, 2), (2, 0, 1)], [(2, 1, 5)],
+                                            [(2, 5, 6)]]
+    assert split_forwards([3, 1], 4) == [[(0, 0, 3), (1, 0, 1)]]
+    assert split_forwards([0, 2], 4) == [[(1, 0, 2)]] and split_forwards([], 4) == []
+
+
+def test_check_room_is_all_or_nothing():
+    kv = PagedKV(None, 2)
+    kv.add_sequence(0)
+    kv.check_room([0], [2 * PAGE])
+    with pytest.raises(KVCacheFull):
+        kv.check_room([0], [2 * PAGE + 1])
+    assert kv.num_free_pages() == 2 and kv.length(0) == 0

@@ -225,6 +225,7 @@ class FakeEagleHead(HostDraftCalls):
     vocab_ids = None
     hidden_size = H
     features = "hidden"  # an EAGLE-1 head: rows built from the target's final hidden states
+    max_forward_tokens = 2048  # rows one call takes (a library's prefill_chunk_size)
 
     def __init__(self):
         self.calls = []
@@ -245,9 +246,10 @@ class FakeEagleHead(HostDraftCalls):
         return ramp(np.asarray(feats)[:, 0])
 
 
-def _eagle(width: int, max_nodes: int = 64):
+def _eagle(width: int, max_nodes: int = 64, limit: int = 2048):
     head = FakeEagleHead()
-    prop = EagleProposer(head, SimpleNamespace(vocab_size=V), 512, width, max_nodes)
+    head.max_forward_tokens = limit
+    prop = EagleProposer(head, SimpleNamespace(vocab_size=V, max_forward_tokens=2048), 512, width, max_nodes)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]  # drafts' scratch rows cross a page
     prop.add_sequence(0, prompt)
     feats = np.zeros((len(prompt), H))
@@ -275,6 +277,19 @@ def test_eagle_catches_up_on_true_features_then_drafts_on_scratch_rows():
     prop.propose([0], [history2], [1], [GREEDY], [None], Plan())
     assert head.calls[3][:2] == [history2[P + 1:], [5.0, 5.0]] and prop.kv.length(0) == P + 2
     prop.observe_hidden(99, 0, np.zeros((1, H)))  # a sequence attached with drafting off: ignored
+
+
+def test_eagle_catch_up_over_more_rows_than_one_head_call_is_split():
+    """15 pending rows and a head that takes 4 per call: the catch-up runs as chain forwards
+    of 4, 4, 4 and 3 rows over the same pairs, and drafts the same."""
+    whole, _, history = _eagle(width=1)
+    split, head, _ = _eagle(width=1, limit=4)
+    [a] = whole.propose([0], [history], [3], [GREEDY], [None], Plan())
+    [b] = split.propose([0], [history], [3], [GREEDY], [None], Plan())
+    assert (a.tokens, a.conf) == (b.tokens, b.conf)
+    assert [c[:2] for c in head.calls[:4]] == [[history[1 + i: 5 + i], list(range(i, min(i + 4, 15)))]
+                                              for i in range(0, 15, 4)]
+    assert split.kv.length(0) == whole.kv.length(0) == len(history) - 1 and split.forwards == whole.forwards + 3
 
 
 def test_eagle_tree_keeps_the_most_probable_nodes_parents_first():

@@ -120,8 +120,9 @@ def _first_tokens(model, p_row, q_row, n, rng, one_hot):
     (one_hot) the two fixed n-gram-style proposals where q_row is largest."""
     vocab = p_row.shape[0]
     counts = np.zeros(vocab)
-    for start in range(0, n, 4000):
-        b = min(4000, n - start)
+    step = model.max_forward_tokens // 3  # sequences per call: 3 rows each, within the planned bound
+    for start in range(0, n, step):
+        b = min(step, n - start)
         if one_hot:
             toks = np.broadcast_to(np.argsort(-q_row)[:2], (b, 2))
         else:
