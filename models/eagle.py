@@ -59,15 +59,12 @@ DRAFT_TOP_K = 8  # columns of draft_step's top-k: the widest tree (--spec-tree-w
 TARGET_EMBED = "embed_tokens"  # the target's embedding module (models/llama.py): its tensors' prefix
 
 
-@dataclass
-class EagleConfig:
-    """The head's decoder hyper-parameters (EAGLE's config.json is a Llama config)."""
+class HeadLayerConfig:
+    """What an EAGLE head's config (EAGLE-1 and EAGLE-3) shares: its decoder layer(s) as a
+    Llama config ``layer``, and the names build_metadata and the runtime read, delegated to it;
+    plus the check of an embedding a checkpoint may carry."""
 
     layer: LlamaConfig
-    draft_vocab_size: int = 0  # 0: draft with the target's lm_head; else own lm_head + d2t
-    model_type = "eagle"
-
-    # the names build_metadata and the runtime read, delegated to the decoder config
     hidden_size = property(lambda self: self.layer.hidden_size)
     vocab_size = property(lambda self: self.layer.vocab_size)
     num_hidden_layers = property(lambda self: self.layer.num_hidden_layers)
@@ -75,6 +72,23 @@ class EagleConfig:
     head_dim = property(lambda self: self.layer.head_dim)
     context_window_size = property(lambda self: self.layer.context_window_size)
     prefill_chunk_size = property(lambda self: self.layer.prefill_chunk_size)
+
+    @staticmethod
+    def check_embedding(who: str, target: LlamaConfig, names: list[str], shape: Callable[[str], tuple[int, ...]]):
+        """A head carrying its own embed_tokens (ours use the target's) must match the target's."""
+        h = target.hidden_size
+        if "embed_tokens.weight" in names and tuple(shape("embed_tokens.weight")) != (target.vocab_size, h):
+            raise ConfigError(f"the {who} head's embed_tokens.weight is {list(shape('embed_tokens.weight'))}, the "
+                              f"target's vocabulary is [{target.vocab_size}, {h}]: this head belongs to another model")
+
+
+@dataclass
+class EagleConfig(HeadLayerConfig):
+    """The head's decoder hyper-parameters (EAGLE's config.json is a Llama config)."""
+
+    layer: LlamaConfig
+    draft_vocab_size: int = 0  # 0: draft with the target's lm_head; else own lm_head + d2t
+    model_type = "eagle"
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer.to_dict(), "draft_vocab_size": self.draft_vocab_size}
@@ -100,9 +114,7 @@ class EagleConfig:
         if tuple(shape("fc.weight")) != (h, 2 * h):
             raise ConfigError(f"the EAGLE head's fc.weight is {list(shape('fc.weight'))}, a target with hidden size "
                               f"{h} needs [{h}, {2 * h}]: this head was trained for another model")
-        if "embed_tokens.weight" in names and tuple(shape("embed_tokens.weight")) != (target.vocab_size, h):
-            raise ConfigError(f"the EAGLE head's embed_tokens.weight is {list(shape('embed_tokens.weight'))}, the "
-                              f"target's vocabulary is [{target.vocab_size}, {h}]: this head belongs to another model")
+        cls.check_embedding("EAGLE", target, names, shape)
         draft_vocab = _draft_vocabulary(raw, target, names, shape)
         layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.split(".")[1].isdigit()}
         if layers and layers != set(range(layer.num_hidden_layers)):

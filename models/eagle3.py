@@ -38,14 +38,14 @@ from speccompile.runtime.contract import EAGLE3, FORWARD_META
 
 from .config import ConfigError, LlamaConfig, feature_layers
 from .draft_kernels import draft_top
-from .eagle import draft_step_metadata, head_decoder_config, target_embed_specs
+from .eagle import HeadLayerConfig, draft_step_metadata, head_decoder_config, target_embed_specs
 from .exports import contract_spec, forward_meta_specs
 from .llama import MLP, Attention
 from .quantization import QLinear, Quantization, embedding_rows
 
 
 @dataclass
-class Eagle3Config:
+class Eagle3Config(HeadLayerConfig):
     """The midlayer's hyper-parameters (a Llama config with one layer), the draft
     vocabulary, and the target layers the head was trained on."""
 
@@ -54,14 +54,6 @@ class Eagle3Config:
     feature_layers: list[int] = field(default_factory=list)  # outputs of these target layers feed fc
     fc_bias: bool = False  # SafeAILab's and SpecForge's fc have none; accepted if a checkpoint has one
     model_type = "eagle3"
-
-    hidden_size = property(lambda self: self.layer.hidden_size)
-    vocab_size = property(lambda self: self.layer.vocab_size)
-    num_hidden_layers = property(lambda self: self.layer.num_hidden_layers)
-    num_key_value_heads = property(lambda self: self.layer.num_key_value_heads)
-    head_dim = property(lambda self: self.layer.head_dim)
-    context_window_size = property(lambda self: self.layer.context_window_size)
-    prefill_chunk_size = property(lambda self: self.layer.prefill_chunk_size)
 
     KEYS = ("layer", "draft_vocab_size", "feature_layers", "fc_bias")
 
@@ -108,9 +100,7 @@ class Eagle3Config:
         if tuple(shape("fc.weight")) != (h, 3 * h):
             raise ConfigError(f"the EAGLE-3 head's fc.weight is {list(shape('fc.weight'))}, a target with hidden "
                               f"size {h} needs [{h}, {3 * h}]: this head was trained for another model")
-        if "embed_tokens.weight" in names and tuple(shape("embed_tokens.weight")) != (target.vocab_size, h):
-            raise ConfigError(f"the EAGLE-3 head's embed_tokens.weight is {list(shape('embed_tokens.weight'))}, the "
-                              f"target's vocabulary is [{target.vocab_size}, {h}]: this head belongs to another model")
+        cls.check_embedding("EAGLE-3", target, names, shape)
         layers = _trained_layers(raw, target)
         return cls(layer, _draft_vocabulary(raw, target, names, shape), layers, "fc.bias" in names)
 

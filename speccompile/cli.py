@@ -142,6 +142,31 @@ def compile_cmd(config: Path, device: str, mcpu: str | None, host: str | None, c
         _fail(err)
 
 
+def _target_options(command):
+    """MODEL_DIR --model-lib, or --model NAME [--quantization]: the target of a data command
+    (resolved by ``_target``)."""
+    for option in reversed([
+            click.argument("model_dir", type=click.Path(path_type=Path), required=False),
+            click.option("--model-lib", type=click.Path(path_type=Path), default=None,
+                         help="the target's compiled library"),
+            click.option("--model", "model_name", default=None,
+                         help="instead of MODEL_DIR --model-lib: a model of speccompile/fetch.py, prepared once and cached"),
+            click.option("--quantization", default="q4f32_1", show_default=True, help="with --model")]):
+        command = option(command)
+    return command
+
+
+def _target(model_dir, model_lib, model_name: str | None, quantization: str) -> tuple[Path, Path]:
+    """MODEL_DIR and --model-lib as given, or those of --model NAME (prepared once and cached)."""
+    if model_name:
+        from speccompile.fetch import prepare
+
+        model_dir, model_lib = prepare(model_name, quantization)
+    if model_dir is None or model_lib is None:
+        raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+    return model_dir, model_lib
+
+
 def _sampling(temperature, top_p, top_k, seed):
     from speccompile.runtime.sampling import SamplingParams
 
@@ -395,14 +420,11 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
     try:
         cli_spec = dict(spec)  # as typed: --one-shot hands it to each generate process
         spec, _, _ = _runtime_settings("bench", overrides, None, model_dir, model_lib, spec)
-        if model_name:
-            from speccompile.fetch import fetch, prepare
+        model_dir, model_lib = _target(model_dir, model_lib, model_name, quantization)
+        if model_name and (llama_bench or llama_spec) and gguf is None:
+            from speccompile.fetch import fetch
 
-            model_dir, model_lib = prepare(model_name, quantization)
-            if (llama_bench or llama_spec) and gguf is None:
-                gguf = fetch(model_name, quiet=True)
-        if model_dir is None or model_lib is None:
-            raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+            gguf = fetch(model_name, quiet=True)
         if one_shot:
             from speccompile.bench_oneshot import run_one_shot
 
@@ -502,11 +524,7 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
 
 
 @main.command("train-prompts")
-@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--model-lib", type=click.Path(path_type=Path), default=None, help="the target's compiled library")
-@click.option("--model", "model_name", default=None,
-              help="instead of MODEL_DIR --model-lib: a model of speccompile/fetch.py, prepared once and cached")
-@click.option("--quantization", default="q4f32_1", show_default=True, help="with --model")
+@_target_options
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="prompts go to WORK_DIR/prompts (default $SPECCOMPILE_CACHE/train/<model dir name>-eagle3)")
 @click.option("--num-prompts", type=int, default=20000, show_default=True, help="training prompts to reach")
@@ -533,12 +551,7 @@ def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
         settings = Settings(seed=seed, magpie_share=magpie_share, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens)
         settings.check()
-        if model_name:
-            from speccompile.fetch import prepare
-
-            model_dir, model_lib = prepare(model_name, quantization)
-        if model_dir is None or model_lib is None:
-            raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+        model_dir, model_lib = _target(model_dir, model_lib, model_name, quantization)
         report = run_train_prompts(model_dir, model_lib, work_dir, num_prompts, held_out, settings, batch,
                                    list(exclude) or None)
     except USER_ERRORS as err:
@@ -547,11 +560,7 @@ def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
 
 
 @main.command("train-answers")
-@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--model-lib", type=click.Path(path_type=Path), default=None, help="the target's compiled library")
-@click.option("--model", "model_name", default=None,
-              help="instead of MODEL_DIR --model-lib: a model of speccompile/fetch.py, prepared once and cached")
-@click.option("--quantization", default="q4f32_1", show_default=True, help="with --model")
+@_target_options
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="reads WORK_DIR/prompts, writes WORK_DIR/answers (default as train-prompts)")
 @click.option("--num-prompts", type=int, default=None, help="training prompts to answer (default: all there are)")
@@ -568,12 +577,7 @@ def train_answers_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
     from speccompile.train_answers import run_train_answers
 
     try:
-        if model_name:
-            from speccompile.fetch import prepare
-
-            model_dir, model_lib = prepare(model_name, quantization)
-        if model_dir is None or model_lib is None:
-            raise ValueError("give MODEL_DIR --model-lib LIB, or --model NAME")
+        model_dir, model_lib = _target(model_dir, model_lib, model_name, quantization)
         report = run_train_answers(model_dir, model_lib, work_dir, num_prompts, held_out, mt_bench, max_tokens, batch)
     except USER_ERRORS as err:
         _fail(err)

@@ -22,55 +22,23 @@ from pathlib import Path
 
 import numpy as np
 
+from .train_common import llama_blocks
+
 
 def build_eagle3_head(layer_cfg, draft_vocab_size: int, torch):
     """The EAGLE-3 head in torch; ``layer_cfg`` gives the decoder layer's sizes (a Llama
     config: hidden_size, intermediate_size, heads, head_dim, rms_norm_eps)."""
-    nn, F = torch.nn, torch.nn.functional
+    nn = torch.nn
     c = layer_cfg
-    h, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-
-    class RMSNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(h))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * self.weight
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
-            self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-            self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-            self.o_proj = nn.Linear(nh * hd, h, bias=False)
-
-        def forward(self, x, cos, sin):
-            # x: [b, n, 2h]; cos, sin: [1, 1, n, hd] -> [b, n, h], causal
-            b, n, _ = x.shape
-            q = rope(self.q_proj(x).view(b, n, nh, hd).transpose(1, 2), cos, sin)
-            k = rope(self.k_proj(x).view(b, n, nkv, hd).transpose(1, 2), cos, sin)
-            v = self.v_proj(x).view(b, n, nkv, hd).transpose(1, 2)
-            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate_proj = nn.Linear(h, c.intermediate_size, bias=False)
-            self.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
-            self.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    h = c.hidden_size
+    RMSNorm, Attention, MLP = llama_blocks(torch)
 
     class MidLayer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.self_attn, self.mlp = Attention(), MLP()
-            self.input_layernorm, self.hidden_norm, self.post_attention_layernorm = RMSNorm(), RMSNorm(), RMSNorm()
+            self.self_attn, self.mlp = Attention(c, 2 * h), MLP(h, c.intermediate_size)
+            self.input_layernorm, self.hidden_norm, self.post_attention_layernorm = (
+                RMSNorm(h, c.rms_norm_eps) for _ in range(3))
 
         def forward(self, emb, hidden, cos, sin):
             x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
@@ -82,7 +50,7 @@ def build_eagle3_head(layer_cfg, draft_vocab_size: int, torch):
             super().__init__()
             self.fc = nn.Linear(3 * h, h, bias=False)
             self.midlayer = MidLayer()
-            self.norm = RMSNorm()
+            self.norm = RMSNorm(h, c.rms_norm_eps)
             self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
 
         def fuse(self, features):
@@ -99,23 +67,6 @@ def build_eagle3_head(layer_cfg, draft_vocab_size: int, torch):
             return self.lm_head(self.norm(out))
 
     return Eagle3()
-
-
-def rope(x, cos, sin):
-    """Rotate-half RoPE (HF Llama), x: [b, heads, n, hd]."""
-    half = x.shape[-1] // 2
-    import torch
-
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
-
-
-def rope_tables(n: int, head_dim: int, theta: float, torch):
-    """cos, sin [1, 1, n, head_dim] for positions 0..n-1."""
-    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None]
-    cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
-    sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
-    return torch.from_numpy(cos)[None, None], torch.from_numpy(sin)[None, None]
 
 
 def export_eagle3(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray, feature_layers: list[int],

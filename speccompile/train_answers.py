@@ -41,18 +41,25 @@ SPLITS = ("held_out", "mt_bench", "train")  # the order a run fills them: the sm
 FEATURE_DTYPE = np.float16  # 9 KB a token for a 1536-wide target (fp32 would double the disk, not the accuracy)
 
 
+def read_index(split_dir: Path) -> list[dict]:
+    """The index entries of a split's complete shards ({shard, ids, tokens, answer_tokens}), in
+    the order they were written; a torn last line (an interrupted append) ends it."""
+    index = Path(split_dir) / "index.jsonl"
+    out = []
+    for line in index.read_text().splitlines() if index.exists() else []:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(entry, dict) or not {"shard", "ids"} <= entry.keys():
+            break
+        out.append(entry)
+    return out
+
+
 def read_shards(split_dir: Path) -> list[Path]:
     """The complete shards of a split, in the order they were written."""
-    index = Path(split_dir) / "index.jsonl"
-    if not index.exists():
-        return []
-    out = []
-    for line in index.read_text().splitlines():
-        try:
-            out.append(Path(split_dir) / json.loads(line)["shard"])
-        except (json.JSONDecodeError, KeyError):
-            break  # a torn last line: the shard it names is redone
-    return out
+    return [Path(split_dir) / e["shard"] for e in read_index(split_dir)]
 
 
 def conversations(shard: Path, hidden: bool = False):
@@ -83,28 +90,18 @@ class ShardWriter:
     def __init__(self, split_dir: Path, shard_tokens: int):
         self.dir, self.shard_tokens = Path(split_dir), shard_tokens
         self.dir.mkdir(parents=True, exist_ok=True)
-        index = self.dir / "index.jsonl"
-        lines = index.read_text().splitlines() if index.exists() else []
-        good = []
-        for line in lines:
-            try:
-                json.loads(line)["ids"]
-            except (json.JSONDecodeError, KeyError):
-                break  # a torn last line: its shard is redone
-            good.append(line)
-        index.write_text("".join(x + "\n" for x in good))  # what an interrupted run left, made whole
-        named = {json.loads(x)["shard"] for x in good}
+        self.entries = read_index(self.dir)
+        # what an interrupted run left, made whole: the torn line dropped, unnamed shards deleted
+        (self.dir / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.entries))
+        named = {e["shard"] for e in self.entries}
         for p in self.dir.glob("shard_*.npz*"):
             if p.name not in named:
                 p.unlink()
-        self.next = len(good)
+        self.next = len(self.entries)
         self.rows: list[tuple[str, list[int], int, np.ndarray, np.ndarray]] = []
 
     def done_ids(self) -> set[str]:
-        done = set()
-        for line in (self.dir / "index.jsonl").read_text().splitlines():
-            done.update(json.loads(line)["ids"])
-        return done
+        return {i for e in self.entries for i in e["ids"]}
 
     def add(self, pid: str, tokens: list[int], prompt_len: int, feats: np.ndarray, hidden: np.ndarray) -> None:
         self.rows.append((pid, tokens, prompt_len, feats, hidden))
@@ -127,9 +124,11 @@ class ShardWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.dir / name)
+        entry = {"shard": name, "ids": [r[0] for r in self.rows], "tokens": int(sum(lens)),
+                 "answer_tokens": int(sum(n - r[2] for n, r in zip(lens, self.rows)))}
         with open(self.dir / "index.jsonl", "a") as f:
-            f.write(json.dumps({"shard": name, "ids": [r[0] for r in self.rows], "tokens": int(sum(lens)),
-                                "answer_tokens": int(sum(n - r[2] for n, r in zip(lens, self.rows)))}) + "\n")
+            f.write(json.dumps(entry) + "\n")
+        self.entries.append(entry)
         self.next += 1
         self.rows = []
 
@@ -214,9 +213,8 @@ def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_t
 def summarize(answers_dir: Path) -> dict:
     out = {}
     for split in SPLITS:
-        index = answers_dir / split / "index.jsonl"
-        if index.exists():
-            rows = [json.loads(x) for x in index.read_text().splitlines()]
+        rows = read_index(answers_dir / split)
+        if rows:
             out[split] = {"conversations": sum(len(r["ids"]) for r in rows), "shards": len(rows),
                           "tokens": sum(r["tokens"] for r in rows),
                           "answer_tokens": sum(r["answer_tokens"] for r in rows)}

@@ -90,3 +90,71 @@ def split_held_out(items: list, every: int = 25) -> tuple[list, list]:
     if len(items) < 2 * every:
         return items, []
     return [x for i, x in enumerate(items) if i % every], items[::every]
+
+
+# ------------------------------------------------------------------ torch layers
+def llama_blocks(torch):
+    """(RMSNorm, Attention, MLP): the Llama pieces both torch heads are built of (EAGLE-1 in
+    train_draft.py, EAGLE-3 in eagle3_torch.py), with HF's parameter names, so a head's
+    state dict is already in the published layout. Built per call: torch is imported late."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, width: int, eps: float):
+            super().__init__()
+            self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    class Attention(nn.Module):
+        """Causal GQA self-attention of a ``cfg``-sized layer reading rows ``in_width`` wide
+        (EAGLE-3's reads [embedding, feature]: 2h)."""
+
+        def __init__(self, cfg, in_width: int, bias: bool = False):
+            super().__init__()
+            self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            self.q_proj = nn.Linear(in_width, self.nh * self.hd, bias=bias)
+            self.k_proj = nn.Linear(in_width, self.nkv * self.hd, bias=bias)
+            self.v_proj = nn.Linear(in_width, self.nkv * self.hd, bias=bias)
+            self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+
+        def forward(self, x, cos, sin):
+            # x: [b, n, in_width]; cos, sin: [1, 1, n, hd] -> [b, n, hidden]
+            b, n, _ = x.shape
+            nh, nkv, hd = self.nh, self.nkv, self.hd
+            q = rope(self.q_proj(x).view(b, n, nh, hd).transpose(1, 2), cos, sin)
+            k = rope(self.k_proj(x).view(b, n, nkv, hd).transpose(1, 2), cos, sin)
+            v = self.v_proj(x).view(b, n, nkv, hd).transpose(1, 2)
+            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
+
+    class MLP(nn.Module):
+        def __init__(self, width: int, inter: int):
+            super().__init__()
+            self.gate_proj = nn.Linear(width, inter, bias=False)
+            self.up_proj = nn.Linear(width, inter, bias=False)
+            self.down_proj = nn.Linear(inter, width, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    return RMSNorm, Attention, MLP
+
+
+def rope(x, cos, sin):
+    """Rotate-half RoPE (HF Llama), x: [b, heads, n, hd]."""
+    import torch
+
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def rope_tables(n: int, head_dim: int, theta: float, torch):
+    """cos, sin [1, 1, n, head_dim] for positions 0..n-1."""
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None]
+    cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
+    sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
+    return torch.from_numpy(cos)[None, None], torch.from_numpy(sin)[None, None]

@@ -36,61 +36,25 @@ import numpy as np
 
 from speccompile.runtime.contract import MODEL_CONFIG_FILE
 
-from .train_common import (Features, draft_vocabulary, require_torch, split_held_out, target_config,
-                           target_embedding_and_head)
+from .train_common import (Features, draft_vocabulary, llama_blocks, require_torch, rope_tables, split_held_out,
+                           target_config, target_embedding_and_head)
 
 
 # ------------------------------------------------------------------ the head
 def build_head(layer_cfg, torch):
     """The EAGLE-1 head in torch, named as SafeAILab names it."""
-    nn, F = torch.nn, torch.nn.functional
-    h, nh, nkv, hd = layer_cfg.hidden_size, layer_cfg.num_attention_heads, layer_cfg.num_key_value_heads, layer_cfg.head_dim
-
-    class RMSNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(h))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer_cfg.rms_norm_eps) * self.weight
-
-    class Attn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            bias = layer_cfg.attention_bias
-            self.q_proj = nn.Linear(h, nh * hd, bias=bias)
-            self.k_proj = nn.Linear(h, nkv * hd, bias=bias)
-            self.v_proj = nn.Linear(h, nkv * hd, bias=bias)
-            self.o_proj = nn.Linear(nh * hd, h, bias=False)
-
-        def forward(self, x, cos, sin):
-            b, n, _ = x.shape
-            q = self.q_proj(x).view(b, n, nh, hd).transpose(1, 2)
-            k = self.k_proj(x).view(b, n, nkv, hd).transpose(1, 2)
-            v = self.v_proj(x).view(b, n, nkv, hd).transpose(1, 2)
-            q, k = _rope(q, cos, sin, torch), _rope(k, cos, sin, torch)
-            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            inter = layer_cfg.intermediate_size
-            self.gate_proj = nn.Linear(h, inter, bias=False)
-            self.up_proj = nn.Linear(h, inter, bias=False)
-            self.down_proj = nn.Linear(inter, h, bias=False)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    nn = torch.nn
+    c = layer_cfg
+    h = c.hidden_size
+    RMSNorm, Attention, MLP = llama_blocks(torch)
 
     class Layer(nn.Module):
         def __init__(self, first: bool):
             super().__init__()
-            self.self_attn, self.mlp = Attn(), MLP()
-            if not first:
-                self.input_layernorm = RMSNorm()
-            self.post_attention_layernorm = RMSNorm()
+            self.self_attn, self.mlp = Attention(c, h, bias=c.attention_bias), MLP(h, c.intermediate_size)
+            if not first:  # the first layer reads fc's output unnormalized, as SafeAILab's
+                self.input_layernorm = RMSNorm(h, c.rms_norm_eps)
+            self.post_attention_layernorm = RMSNorm(h, c.rms_norm_eps)
 
         def forward(self, x, cos, sin):
             a = x if not hasattr(self, "input_layernorm") else self.input_layernorm(x)
@@ -101,7 +65,7 @@ def build_head(layer_cfg, torch):
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(2 * h, h, bias=True)
-            self.layers = nn.ModuleList([Layer(i == 0) for i in range(layer_cfg.num_hidden_layers)])
+            self.layers = nn.ModuleList([Layer(i == 0) for i in range(c.num_hidden_layers)])
 
         def forward(self, emb, feat, cos, sin):
             # emb, feat: [b, n, h] (embedding of token i+1, feature f_i) -> predicted f_{i+1}
@@ -111,20 +75,6 @@ def build_head(layer_cfg, torch):
             return x
 
     return Eagle()
-
-
-def _rope(x, cos, sin, torch):
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rot * sin
-
-
-def _rope_tables(n: int, head_dim: int, theta: float, torch):
-    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None]
-    cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
-    sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
-    return torch.from_numpy(cos)[None, None], torch.from_numpy(sin)[None, None]
 
 
 # ------------------------------------------------------------------ data
@@ -180,7 +130,7 @@ def train_eagle(feature_paths: list[Path], target_dir: Path, out_dir: Path, step
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, log, best = state["step"], state["log"], state.get("best")
-    cos, sin = _rope_tables(max_len, layer_cfg.head_dim, layer_cfg.rope_theta, torch)
+    cos, sin = rope_tables(max_len, layer_cfg.head_dim, layer_cfg.rope_theta, torch)
     rng = np.random.default_rng(seed + step)
     fstd = float(np.std(train_items[0][1].astype(np.float32)))
     bar = tqdm(total=steps, initial=step, desc="train eagle", unit="step", disable=not progress)

@@ -125,14 +125,14 @@ class Trainer:
         return torch.from_numpy(feats), torch.from_numpy(nxt), torch.from_numpy(labels)
 
     def rope(self, n: int):
-        from .eagle3_torch import rope_tables
+        from .train_common import rope_tables
 
         return rope_tables(n, self.hd, self.rope_theta, self.torch)
 
     def attend(self, layer, x, cos, sin, cache: list, k: int):
         """The midlayer's attention at TTT step k: x [b, n, 2h] -> [b, n, h]; appends this
         step's keys and values to ``cache`` (step 0's are the true-feature rows)."""
-        from .eagle3_torch import rope
+        from .train_common import rope
 
         torch, F = self.torch, self.torch.nn.functional
         a = layer.self_attn
@@ -181,15 +181,14 @@ class Trainer:
             emb = self.emb[nxt].to(self.dtype)  # [b, n, h]
             hid = m.fuse(feats.to(self.dtype))  # [b, n, h]
             cache, total, out = [], None, []
+            labelled, pos = labels != IGNORE, torch.arange(n)
             for k in range(steps):
                 x = torch.cat([L.input_layernorm(emb), L.hidden_norm(hid)], -1)
                 h1 = hid + self.attend(L, x, cos, sin, cache, k)
                 o = h1 + L.mlp(L.post_attention_layernorm(h1))  # [b, n, h]
-                lab = labels.clone()
-                lab[:, :k] = IGNORE  # row r at step k needs a true row at r - k
-                scored = lab != IGNORE
+                scored = labelled & (pos >= k)[None, :]  # row r at step k needs a true row at r - k
                 logits = F.linear(m.norm(o)[scored], self.lm)  # [rows, Vd]
-                target = lab[scored]
+                target = labels[scored]
                 if keep is not None:
                     keep.append(logits.detach())
                 if weights is not None and scored.any():

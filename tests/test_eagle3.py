@@ -457,7 +457,8 @@ def test_torch_head_written_in_the_published_layout_round_trips(e3, tmp_path):
     compiled head matches, test_head_matches_the_reference_forward)."""
     torch = pytest.importorskip("torch")
     from speccompile.convert_weight import open_any
-    from speccompile.eagle3_torch import build_eagle3_head, export_eagle3, rope_tables
+    from speccompile.eagle3_torch import build_eagle3_head, export_eagle3
+    from speccompile.train_common import rope_tables
 
     built, _, _, ids, *_ = e3
     hcfg = head_config()

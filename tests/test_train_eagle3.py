@@ -14,7 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from speccompile.eagle3_torch import build_eagle3_head, rope, rope_tables  # noqa: E402
+from speccompile.eagle3_torch import build_eagle3_head  # noqa: E402
+from speccompile.train_common import rope, rope_tables  # noqa: E402
 from speccompile.train_eagle3 import IGNORE, Conv, Trainer, finish, score  # noqa: E402
 
 H, NH, NKV, HD, V = 32, 4, 2, 8, 50
