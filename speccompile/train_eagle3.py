@@ -29,6 +29,7 @@ chain length, which is what gets exported.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -364,9 +365,11 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
         _atomic_save(torch, {"model": model.state_dict(), "optimizer": opt.state_dict(), "progress": done,
                              "settings": settings.__dict__, "vocab": vocab}, state_path)
 
+    held_key = hashlib.sha1(" ".join(sorted(c.id for c in held)).encode()).hexdigest()[:12]
+
     def held_out_point():
         res = evaluate(trainer, held, settings.batch_rows)["all"]
-        point = {"step": done["step"], "epoch": done["epoch"], "tokens": done["tokens"], **res}
+        point = {"step": done["step"], "epoch": done["epoch"], "tokens": done["tokens"], "held_out": held_key, **res}
         with open(curve_path, "a") as f:
             f.write(json.dumps(point) + "\n")
         if done["best"] is None or res["accept_len"] > done["best"]["accept_len"]:
@@ -383,6 +386,18 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
                disable=not progress, file=sys.stderr, mininterval=10)
     last_save, loss_ema, t_start = time.perf_counter(), None, time.perf_counter() - done["seconds"]
     if done["step"] == 0 and not curve_path.exists():
+        held_out_point()
+    elif done["best"] is not None and done["best"].get("held_out") != held_key:
+        # the held-out set grew since the best point was scored (train-answers ran again): scores on
+        # different sets do not compare, so score the best checkpoint again on this one first
+        current = copy.deepcopy(model.state_dict())
+        model.load_state_dict(torch.load(run_dir / "best.pt", weights_only=False)["model"])
+        res = evaluate(trainer, held, settings.batch_rows)["all"]
+        done["best"] = {**done["best"], "held_out": held_key, **res}
+        _atomic_save(torch, {"model": model.state_dict(), "vocab": vocab, "point": done["best"]}, run_dir / "best.pt")
+        model.load_state_dict(current)
+        bar.write(f"held-out set changed ({len(held)} conversations): best checkpoint (step {done['best']['step']}) "
+                  f"rescored: top1 {res['top1']} accept_len {res['accept_len']}")
         held_out_point()
     while done["epoch"] < settings.epochs:
         if done["plan"] is None:  # this epoch's batches, by id: stable across resumes

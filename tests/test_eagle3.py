@@ -545,6 +545,17 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     assert second["steps"] == 2 * first["steps"] and second["epochs"] == 2  # continued, not restarted
     curve = [json.loads(x) for x in (tmp_path / "eagle3" / "curve.jsonl").read_text().splitlines()]
     assert curve[0]["step"] == 0 and curve[-1]["step"] == second["steps"]
+    # more held-out answers arrive between runs: the best checkpoint is scored again on the new set
+    # before any comparison (scores on different sets do not compare)
+    with open(tmp_path / "prompts" / "held_out.jsonl", "a") as f:
+        f.write(json.dumps({"id": "h2", "prompt": "Spell the word cat."}) + "\n")
+    run_train_answers(built.model_dir, built.lib, tmp_path, None, held_out=3, mt_bench=False, max_tokens=12, batch=3,
+                      shard_tokens=40, progress=False)
+    third = train_eagle3(built.model_dir, tmp_path, tmp_path / "head", Settings(**{**settings.__dict__, "epochs": 3}),
+                         progress=False)
+    curve = [json.loads(x) for x in (tmp_path / "eagle3" / "curve.jsonl").read_text().splitlines()]
+    assert third["held_out_conversations"] == 3 and curve[-1]["held_out"] != curve[0]["held_out"]
+    assert third["best"]["held_out"] == curve[-1]["held_out"]  # every later comparison on the new set
     src = open_any(tmp_path / "head", "eagle", built.hf_dir)
     assert src.config.model_type == "eagle3" and src.config.draft_vocab_size <= 64
     # Medusa trains on the same answers (their final hidden states), with a reduced vocabulary
