@@ -27,7 +27,8 @@ bench:
 
 # Train our draft heads by self-distillation (speccompile/heads.py), resumable: rerun to continue.
 # MODEL=Qwen2.5-Coder-1.5B-Instruct (default): the EAGLE-3 pipeline (prompts, answers with features,
-# training-time test), days of CPU in all; MODEL=SmolLM2-135M-Instruct: its EAGLE-1 and Medusa heads.
+# training-time test, then Medusa on the same answers), days of CPU in all; MODEL=SmolLM2-135M-Instruct:
+# its EAGLE-1 and Medusa heads.
 # Data and checkpoints in ~/.cache/speccompile/train; heads land in heads/.
 heads:
 	MODEL=$(MODEL) QUANT=$(QUANT) TRAIN_PROMPTS=$(TRAIN_PROMPTS) HELD_OUT_PROMPTS=$(HELD_OUT_PROMPTS) \

@@ -6,7 +6,9 @@ resumable, into ``$SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/``:
 2. train-answers: the target's greedy answers with its layer features captured while it
    generates (ANSWER_PROMPTS caps how many training prompts are answered);
 3. train-draft --method eagle3: the training-time test, best held-out checkpoint exported to
-   ``heads/<model>-eagle3`` (HEAD_EPOCHS).
+   ``heads/<model>-eagle3`` (HEAD_EPOCHS);
+4. train-draft --method medusa on the same answers: 3 heads over a 16k draft vocabulary, to
+   ``heads/<model>-medusa`` (MEDUSA_STEPS). ``HEADS=eagle3`` or ``HEADS=medusa`` trains one.
 Rerun the same command to continue after any interruption.
 
 ``MODEL=SmolLM2-135M-Instruct`` trains the EAGLE-1 and Medusa heads described below.
@@ -39,7 +41,7 @@ MEDUSA_DIR = REPO / "heads" / f"{TARGET}-medusa"
 
 
 def eagle3_pipeline(model: str, quant: str) -> dict:
-    """The three stages for one target; returns the training report."""
+    """The stages for one target; returns the training reports."""
     from .train_answers import run_train_answers
     from .train_eagle3 import Settings, train_eagle3
     from .train_prompts import Settings as PromptSettings
@@ -53,8 +55,16 @@ def eagle3_pipeline(model: str, quant: str) -> dict:
     limit = env("ANSWER_PROMPTS")
     run_train_answers(target_dir, lib, work, int(limit) if limit else None, held_out=200, mt_bench=True,
                       max_tokens=768, batch=16)
-    return train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3",
-                        Settings(epochs=int(env("HEAD_EPOCHS", "8"))))
+    which = env("HEADS", "eagle3,medusa").split(",")
+    reports = {}
+    if "eagle3" in which:
+        reports["eagle3"] = train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3",
+                                         Settings(epochs=int(env("HEAD_EPOCHS", "8"))))
+    if "medusa" in which:  # on the same answers (their final hidden states), 3 heads over a 16k vocabulary
+        reports["medusa"] = run_train_draft("medusa", target_dir, None, REPO / "heads" / f"{model}-medusa",
+                                            steps=int(env("MEDUSA_STEPS", "3000")), train_batch=4,
+                                            draft_vocab=16384, work_dir=work, medusa_num_heads=3)
+    return reports
 
 
 def main() -> None:
