@@ -185,8 +185,11 @@ def test_a_fresh_engine_drafts_from_its_first_step_when_the_costs_say_so(target,
         eng = _adaptive(_engine(target, "self"), _costs(CHEAP, draft_ms))
         seq = _prefilled(eng, prompts[1], 64)
         eng.step([seq])
-        assert (seq.result.stats.spec.draft_tokens > 0) == drafts
-        assert (seq.result.stats.spec.mean_accepted_length > 2) == drafts
+        spec = seq.result.stats.spec
+        assert (spec.draft_tokens > 0) == drafts
+        # the target drafting for itself: all accepted (how many it drafts follows the measured
+        # pace, which a loaded machine slows: not asserted)
+        assert spec.accepted_tokens == spec.draft_tokens
         _finish(eng, seq)
         assert seq.result.token_ids == expected[1]
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts
