@@ -306,7 +306,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     to ``out_dir`` in the published EAGLE-3 layout; returns the report."""
     from .eagle3_torch import build_eagle3_head, export_eagle3
     from .models.config import feature_layers
-    from .train_common import draft_vocabulary, require_torch, target_config, target_embedding_and_head
+    from .train_common import bf16_pays, draft_vocabulary, require_torch, target_config, target_embedding_and_head
 
     torch = require_torch()
     from tqdm import tqdm
@@ -344,7 +344,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
 
         norm = load_params(Path(target_dir), ["norm.weight"], verify_md5=False)["norm.weight"]
         model.norm.weight.data[:] = torch.from_numpy(np.array(norm, np.float32))
-    dtype = torch.bfloat16 if _bf16_pays(torch) else torch.float32
+    dtype = torch.bfloat16 if bf16_pays(torch) else torch.float32
     trainer = Trainer(torch, model, emb, head_rows, vocab, layer_cfg, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     done = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "plan": None, "best": None, "seconds": 0.0}
@@ -450,22 +450,3 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
               "seconds": round(done["seconds"], 1), "offline": offline}
     (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
     return report
-
-
-def _bf16_pays(torch) -> bool:
-    """bf16 autocast where this CPU multiplies bf16 faster than fp32 (AVX-512 BF16 or AMX:
-    2-5x here), measured rather than assumed from the host's name."""
-    a = torch.randn(1024, 1536)
-    b = torch.randn(1536, 1536)
-
-    def rate(dt):
-        x, y = a.to(dt), b.to(dt)
-        x @ y
-        times = []
-        for _ in range(4):
-            t = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - t)
-        return min(times)
-
-    return rate(torch.bfloat16) < 0.8 * rate(torch.float32)
