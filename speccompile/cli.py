@@ -527,6 +527,9 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
 @_target_options
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="prompts go to WORK_DIR/prompts (default $SPECCOMPILE_CACHE/train/<model dir name>-eagle3)")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="also keep the prompts and the answers' token ids here (a folder to commit; features are rebuilt "
+                   "from them by prefill on a machine whose work dir is empty); make heads uses heads/data/<model>")
 @click.option("--num-prompts", type=int, default=20000, show_default=True, help="training prompts to reach")
 @click.option("--held-out", type=int, default=500, show_default=True, help="held-out prompts (other styles) to reach")
 @click.option("--magpie-share", type=float, default=0.5, show_default=True,
@@ -540,8 +543,8 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
 @click.option("--exclude", "exclude", multiple=True, type=click.Path(path_type=Path),
               help="benchmark JSONL files (MT-bench format) never to overlap; default bench/mt_bench.jsonl and "
                    "bench/prompts.jsonl")
-def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, num_prompts, held_out, magpie_share,
-                      batch, max_new_tokens, temperature, top_p, seed, exclude):
+def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, data_dir, num_prompts, held_out,
+                      magpie_share, batch, max_new_tokens, temperature, top_p, seed, exclude):
     """Build the prompt set a draft head trains on: written families plus Magpie user turns
     sampled from the target, filtered (duplicates, degenerate samples, benchmark overlap),
     with a held-out set of other styles. Resumable: rerun the same command to continue."""
@@ -553,7 +556,7 @@ def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
         settings.check()
         model_dir, model_lib = _target(model_dir, model_lib, model_name, quantization)
         report = run_train_prompts(model_dir, model_lib, work_dir, num_prompts, held_out, settings, batch,
-                                   list(exclude) or None)
+                                   list(exclude) or None, data_dir=data_dir)
     except USER_ERRORS as err:
         _fail(err)
     click.echo(json.dumps(report, indent=1))
@@ -563,14 +566,17 @@ def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
 @_target_options
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="reads WORK_DIR/prompts, writes WORK_DIR/answers (default as train-prompts)")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="also keep the prompts and the answers' token ids here (a folder to commit; features are rebuilt "
+                   "from them by prefill on a machine whose work dir is empty); make heads uses heads/data/<model>")
 @click.option("--num-prompts", type=int, default=None, help="training prompts to answer (default: all there are)")
 @click.option("--held-out", type=int, default=200, show_default=True, help="held-out prompts to answer")
 @click.option("--mt-bench/--no-mt-bench", default=True, show_default=True,
               help="also answer MT-bench first turns (offline evaluation only, never trained on)")
 @click.option("--max-tokens", type=int, default=768, show_default=True, help="longest answer")
 @click.option("--batch", type=int, default=8, show_default=True, help="sequences decoded together")
-def train_answers_cmd(model_dir, model_lib, model_name, quantization, work_dir, num_prompts, held_out, mt_bench,
-                      max_tokens, batch):
+def train_answers_cmd(model_dir, model_lib, model_name, quantization, work_dir, data_dir, num_prompts, held_out,
+                      mt_bench, max_tokens, batch):
     """The target's greedy answers to the prompt set, with its low/mid/high layer features
     captured while it generates (an EAGLE-3 head's training data). Resumable: rerun the
     same command to continue; raise --num-prompts as train-prompts makes more."""
@@ -578,7 +584,8 @@ def train_answers_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
 
     try:
         model_dir, model_lib = _target(model_dir, model_lib, model_name, quantization)
-        report = run_train_answers(model_dir, model_lib, work_dir, num_prompts, held_out, mt_bench, max_tokens, batch)
+        report = run_train_answers(model_dir, model_lib, work_dir, num_prompts, held_out, mt_bench, max_tokens, batch,
+                                   data_dir=data_dir)
     except USER_ERRORS as err:
         _fail(err)
     click.echo(json.dumps(report, indent=1))

@@ -9,7 +9,9 @@ resumable, into ``$SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/``:
    ``heads/<model>-eagle3`` (HEAD_EPOCHS);
 4. train-draft --method medusa on the same answers: 3 heads over a 16k draft vocabulary, to
    ``heads/<model>-medusa`` (MEDUSA_STEPS). ``HEADS=eagle3`` or ``HEADS=medusa`` trains one.
-Rerun the same command to continue after any interruption.
+Rerun the same command to continue after any interruption. The prompts and the answers' token
+ids are also kept in ``heads/data/<model>-<quant>/`` (commit it): on a machine whose cache is
+empty, the features are rebuilt from them by prefill instead of generating the answers again.
 
 ``MODEL=SmolLM2-135M-Instruct`` trains the EAGLE-1 and Medusa heads described below.
 
@@ -49,12 +51,13 @@ def eagle3_pipeline(model: str, quant: str) -> dict:
 
     target_dir, lib = prepare(model, quant)
     work = default_work_dir(target_dir)
+    data = REPO / "heads" / "data" / target_dir.name  # prompts and answer ids, committed (train_store.py)
     env = os.environ.get
     run_train_prompts(target_dir, lib, work, int(env("TRAIN_PROMPTS", "20000")), int(env("HELD_OUT_PROMPTS", "500")),
-                      PromptSettings())
+                      PromptSettings(), data_dir=data)
     limit = env("ANSWER_PROMPTS")
     run_train_answers(target_dir, lib, work, int(limit) if limit else None, held_out=200, mt_bench=True,
-                      max_tokens=768, batch=16)
+                      max_tokens=768, batch=int(env("ANSWER_BATCH", "16")), data_dir=data)
     which = env("HEADS", "eagle3,medusa").split(",")
     reports = {}
     if "eagle3" in which:

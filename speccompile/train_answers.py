@@ -87,8 +87,8 @@ def split_prompts(work_dir: Path, split: str, mt_bench: Path) -> list[dict]:
 class ShardWriter:
     """Collects finished conversations and writes them as shards of about ``shard_tokens``."""
 
-    def __init__(self, split_dir: Path, shard_tokens: int):
-        self.dir, self.shard_tokens = Path(split_dir), shard_tokens
+    def __init__(self, split_dir: Path, shard_tokens: int, on_flush=None):
+        self.dir, self.shard_tokens, self.on_flush = Path(split_dir), shard_tokens, on_flush
         self.dir.mkdir(parents=True, exist_ok=True)
         self.entries = read_index(self.dir)
         # what an interrupted run left, made whole: the torn line dropped, unnamed shards deleted
@@ -131,6 +131,8 @@ class ShardWriter:
         self.entries.append(entry)
         self.next += 1
         self.rows = []
+        if self.on_flush is not None:
+            self.on_flush()
 
 
 class FeatureBuffers:
@@ -165,12 +167,13 @@ class FeatureBuffers:
 
 
 def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_tokens: int, batch: int,
-                 shard_tokens: int, progress: bool = True) -> dict:
+                 shard_tokens: int, progress: bool = True, on_flush=None) -> dict:
     """Answer (greedily) the first ``limit`` prompts not yet answered, ``batch`` sequences
-    decoding together; returns this run's counts and throughput."""
+    decoding together; returns this run's counts and throughput. ``on_flush`` is called after
+    each shard is written (the data dir's copy)."""
     from tqdm import tqdm
 
-    writer = ShardWriter(split_dir, shard_tokens)
+    writer = ShardWriter(split_dir, shard_tokens, on_flush)
     done = writer.done_ids()
     wanted = prompts[:limit]
     todo = [p for p in wanted if p["id"] not in done]
@@ -223,15 +226,22 @@ def summarize(answers_dir: Path) -> dict:
 
 def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, num_prompts: int | None,
                       held_out: int, mt_bench: bool, max_tokens: int, batch: int, shard_tokens: int = 16384,
-                      bench_file: Path | None = None, progress: bool = True) -> dict:
+                      bench_file: Path | None = None, progress: bool = True, data_dir: Path | None = None) -> dict:
     """The stage: held-out answers first (checkpoint selection needs them), MT-bench first turns
-    (offline evaluation), then the training answers."""
+    (offline evaluation), then the training answers. With ``data_dir`` (speccompile/train_store.py)
+    the prompts and the answers' tokens are kept there too, and shards the work dir lacks are
+    rebuilt from it by prefill before anything new is answered."""
     from speccompile.runtime.engine import Engine
 
+    from . import train_store
     from .train_prompts import REPO, default_work_dir
 
     work_dir = Path(work_dir or default_work_dir(model_dir))
     bench_file = Path(bench_file or REPO / "bench" / "mt_bench.jsonl")
+    if data_dir is not None:
+        train_store.sync_prompts(work_dir / "prompts", Path(data_dir) / "prompts")
+        for split in SPLITS:  # check both sides agree before any long work
+            train_store.missing_answers(work_dir / "answers" / split, Path(data_dir) / "answers" / split)
     if not (work_dir / "prompts" / "train.jsonl").exists():
         raise FileNotFoundError(f"{work_dir / 'prompts'} holds no prompt set: run `speccompile train-prompts` first")
     if max_tokens < 1 or batch < 1:
@@ -243,9 +253,19 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
                     max_total_seq_len=batch * (min(longest, 4096) + max_tokens + 64))
     report = {"runs": {}}
     for split, n in plan:
-        if n:
-            report["runs"][split] = answer_split(engine, work_dir / "answers" / split, prompts[split], n, max_tokens,
-                                                 batch, shard_tokens, progress)
+        if not n:
+            continue
+        split_dir, mirror = work_dir / "answers" / split, None
+        if data_dir is not None:
+            data_split = Path(data_dir) / "answers" / split
+            sink = FeatureBuffers(engine.model.hidden_size)
+            with engine.capture_features(sink):
+                report.setdefault("restored", {})[split] = train_store.restore_split(engine, split_dir, data_split,
+                                                                                    sink, progress)
+            train_store.save_answers(split_dir, data_split)
+            mirror = lambda s=split_dir, d=data_split: train_store.save_answers(s, d)  # noqa: E731
+        report["runs"][split] = answer_split(engine, split_dir, prompts[split], n, max_tokens, batch, shard_tokens,
+                                             progress, mirror)
     report["totals"] = summarize(work_dir / "answers")
     (work_dir / "answers" / "summary.json").write_text(json.dumps(report, indent=1))
     return report

@@ -226,6 +226,10 @@ class PromptSet:
         for f in self.files.values():
             f.close()
 
+    def flush(self) -> None:
+        for f in self.files.values():
+            f.flush()
+
     def accepted(self, split: str) -> int:
         return len(self.rows[SPLITS[split]])
 
@@ -335,14 +339,16 @@ class PromptSet:
 def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, settings: Settings, sampler=None,
                      chat: dict | None = None, count_tokens: Callable[[str], int] | None = None,
                      benchmarks: list[Path] | None = None, progress: bool = True, max_idle_slots: int = 2000,
-                     summary_every: float = 60.0) -> dict:
+                     summary_every: float = 60.0, on_summary: Callable[[], object] | None = None) -> dict:
     """Fill ``out_dir`` until it holds ``num_prompts`` training and ``num_held_out`` held-out prompts.
 
     ``sampler`` (a speccompile.magpie.MagpieSampler, or anything with its ``encode``, ``run``
     and ``generated_tokens``) samples the Magpie slots; ``chat`` is the model config that
     holds ``chat_template``, ``bos_token`` and ``eos_token``. Both may be None only when
     ``settings.magpie_share`` is 0. Stops with an error when ``max_idle_slots`` slots in a
-    row are rejected: the filters or the model are not producing usable prompts."""
+    row are rejected: the filters or the model are not producing usable prompts. ``on_summary``
+    is called after each summary (every ``summary_every`` seconds and at the end), with the
+    files flushed: the data dir's copy (speccompile/train_store.py)."""
     from tqdm import tqdm
 
     if num_prompts < 1 or num_held_out < 0:
@@ -383,6 +389,9 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
         if now - last_summary[0] >= summary_every:
             last_summary[0] = now
             s = ps.write_summary(tokens())["this_run"]
+            if on_summary is not None:
+                ps.flush()
+                on_summary()
             bar.set_postfix(per_min=s["accepted_per_min"], tok_s=s["generated_tokens_per_s"], rejected=len(ps.rejected))
 
     def jobs():
@@ -417,13 +426,17 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
         bar.close()
         report = ps.write_summary(tokens())
         ps.close()
+        if on_summary is not None:
+            on_summary()
     return report
 
 
 def run_train_prompts(model_dir: Path, model_lib: Path, work_dir: Path | None, num_prompts: int, num_held_out: int,
                       settings: Settings, batch: int = 8, benchmarks: list[Path] | None = None,
-                      progress: bool = True) -> dict:
-    """The CLI's stage: checks everything cheap, loads the engine, fills ``<work_dir>/prompts``."""
+                      progress: bool = True, data_dir: Path | None = None) -> dict:
+    """The CLI's stage: checks everything cheap, loads the engine, fills ``<work_dir>/prompts``;
+    with ``data_dir``, starts from the prompts kept there and keeps them there as they grow
+    (speccompile/train_store.py)."""
     from .magpie import MagpieSampler
     from .runtime.contract import MODEL_CONFIG_FILE, read_model_config
     from .runtime.engine import Engine
@@ -440,10 +453,17 @@ def run_train_prompts(model_dir: Path, model_lib: Path, work_dir: Path | None, n
     if settings.magpie_share:
         magpie_prefix(config.get("chat_template") or "", CODER_SYSTEM)  # the template, before loading anything
     out = (Path(work_dir) if work_dir else default_work_dir(model_dir)) / "prompts"
+    mirror = None
+    if data_dir is not None:
+        from .train_store import sync_prompts
+
+        sync_prompts(out, Path(data_dir) / "prompts")
+        mirror = lambda: sync_prompts(out, Path(data_dir) / "prompts")  # noqa: E731
     per_seq = 256 + settings.max_new_tokens  # prefix + opener + the sampled turn, with room to spare
     engine = Engine(model_dir, model_lib, max_num_sequence=batch, max_total_seq_len=batch * per_seq)
     sampler = MagpieSampler(engine, batch, settings.max_new_tokens, settings.temperature, settings.top_p)
     count = lambda t: len(engine.tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
-    report = build_prompt_set(out, num_prompts, num_held_out, settings, sampler, config, count, benchmarks, progress)
+    report = build_prompt_set(out, num_prompts, num_held_out, settings, sampler, config, count, benchmarks, progress,
+                              on_summary=mirror)
     report["prompts_dir"] = str(out)
     return report

@@ -1,0 +1,190 @@
+"""What must outlast the machine: the light half of a draft head's training data, kept in a
+folder that can be committed (``--data-dir``; ``make heads`` uses heads/data/<model dir name>/).
+
+Why. The data costs hours of CPU (the target's greedy answers come at ~70-250 tok/s on two
+cores), and the machine that made it can be handed to the next session with an empty cache:
+that happened once and took the prompt set, 917 answered conversations and the first head
+with it. The heavy half, the target's layer features (9 KB a token for a 1536-wide target),
+is a pure function of the token ids -- our kernels are batch-invariant, so one prefill over a
+finished conversation gives, bit for bit, the features its generation captured (tested) -- and
+prefill runs several times faster than decoding. So only the ids need to last: ~2 bytes a token
+compressed.
+
+Layout of a data dir:
+- ``prompts/``: train-prompts' files (settings.json and the three append-only JSONL files);
+- ``answers/<split>/index.jsonl`` + ``tokens_NNNNN.npz``: one file per answer shard of the work
+  dir (same number, same index entry), holding its ``tokens``, ``offsets``, ``prompt_lens`` and
+  ``ids`` (train_answers' names) without the features.
+
+The rule both ways: a file (or an index) whose content is a prefix of the other's is behind and
+is brought up to it; two that differ otherwise are refused by name, since one of them was made
+with other settings and mixing them would silently train on two data sets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+PROMPT_FILES = ("settings.json", "train.jsonl", "held_out.jsonl", "rejected.jsonl")
+TOKEN_KEYS = ("tokens", "offsets", "prompt_lens", "ids")
+
+
+class DataConflict(ValueError):
+    """The work dir and the data dir hold different data sets."""
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def sync_prompts(work_prompts: Path, data_prompts: Path) -> dict[str, str]:
+    """Bring each prompt file of either folder up to the other's; returns {file: what was done}."""
+    done = {}
+    for name in PROMPT_FILES:
+        a, b = Path(work_prompts) / name, Path(data_prompts) / name
+        if not a.exists() and not b.exists():
+            continue
+        if not b.exists():
+            _copy(a, b)
+            done[name] = "saved"
+            continue
+        if not a.exists():
+            _copy(b, a)
+            done[name] = "restored"
+            continue
+        x, y = a.read_bytes(), b.read_bytes()
+        # an interrupted append leaves a torn last line: compare the complete lines only
+        xc, yc = x[: x.rfind(b"\n") + 1], y[: y.rfind(b"\n") + 1]
+        if name == "settings.json":
+            if json.loads(x) != json.loads(y):
+                raise DataConflict(f"{a} and {b} hold other train-prompts settings: choose another --work-dir or "
+                                   "--data-dir")
+        elif len(xc) > len(yc) and xc.startswith(yc):
+            _copy(a, b)
+            done[name] = "saved"
+        elif len(yc) > len(xc) and yc.startswith(xc):
+            _copy(b, a)
+            done[name] = "restored"
+        elif xc != yc:
+            raise DataConflict(f"{a} and {b} differ beyond a common beginning (two different prompt sets): "
+                               "choose another --work-dir or --data-dir")
+    return done
+
+
+def _index(split_dir: Path) -> list[dict]:
+    from .train_answers import read_index
+
+    return read_index(split_dir)
+
+
+def _check_prefix(work: list[dict], data: list[dict], where: str) -> None:
+    for w, d in zip(work, data):
+        if w["shard"] != d["shard"] or w["ids"] != d["ids"]:
+            raise DataConflict(f"{where}: the work dir's {w['shard']} and the data dir's {d['shard']} hold other "
+                               "conversations (two different answer sets): choose another --work-dir or --data-dir")
+
+
+def token_file(shard: str) -> str:
+    return shard.replace("shard_", "tokens_")
+
+
+def save_answers(work_split: Path, data_split: Path) -> int:
+    """Write the token half of every work-dir shard the data dir lacks; returns how many."""
+    work, data = _index(work_split), _index(data_split)
+    _check_prefix(work, data, str(data_split))
+    new = work[len(data):]
+    if not new:
+        return 0
+    Path(data_split).mkdir(parents=True, exist_ok=True)
+    for entry in new:
+        with np.load(Path(work_split) / entry["shard"]) as z:
+            arrays = {k: z[k] for k in TOKEN_KEYS}
+        dst = Path(data_split) / token_file(entry["shard"])
+        with open(dst.with_name(dst.name + ".tmp"), "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.replace(dst.with_name(dst.name + ".tmp"), dst)
+        with open(Path(data_split) / "index.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+    return len(new)
+
+
+def missing_answers(work_split: Path, data_split: Path) -> list[dict]:
+    """The data dir's index entries the work dir lacks, in order (to rebuild)."""
+    work, data = _index(work_split), _index(data_split)
+    _check_prefix(work, data, str(work_split))
+    return data[len(work):]
+
+
+def load_tokens(data_split: Path, entry: dict) -> dict[str, np.ndarray]:
+    with np.load(Path(data_split) / token_file(entry["shard"])) as z:
+        out = {k: z[k] for k in TOKEN_KEYS}
+    if list(map(str, out["ids"])) != list(entry["ids"]):
+        raise DataConflict(f"{data_split}/{token_file(entry['shard'])} does not hold the conversations its index "
+                           "line names (a partial copy?): delete the line and the file to regenerate them")
+    return out
+
+
+def rebuild_features(engine, conversations: list[list[int]], sink) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (layer features [L-1, 3h], hidden [L-1, h]) of each finished conversation, from
+    prefills of whole conversations packed into the library's chunk (the engine's feature sink
+    must be ``sink``, a train_answers.FeatureBuffers)."""
+    pending = list(enumerate(conversations))
+    out: list = [None] * len(conversations)
+    chunk = engine.model.prefill_chunk_size
+    while pending:
+        batch, used = [], 0
+        while pending and len(batch) < engine.max_num_sequence and (not batch or used + len(pending[0][1]) <= chunk):
+            i, toks = pending.pop(0)
+            seq = engine.new_sequence(list(toks), 1)
+            sink.open(seq.seq_id, len(toks) + 2)
+            engine.attach(seq)
+            batch.append((i, seq, len(toks)))
+            used += len(toks)
+        try:
+            while any(s.prefilling for _, s, _ in batch):
+                engine.prefill([s for _, s, _ in batch if s.prefilling], chunk)
+        finally:
+            for _, s, _ in batch:
+                engine.detach(s)
+        for i, s, n in batch:
+            out[i] = sink.close(s.seq_id, n)
+    return out
+
+
+def restore_split(engine, work_split: Path, data_split: Path, sink, progress: bool = True) -> dict:
+    """Rebuild the work dir's missing shards of one split from the data dir's token files (the
+    engine must be capturing features into ``sink``); each shard gets its old name and index line."""
+    import sys
+    import time
+
+    from tqdm import tqdm
+
+    from .train_answers import ShardWriter
+
+    todo = missing_answers(work_split, data_split)
+    if not todo:
+        return {"rebuilt_shards": 0}
+    writer, t0, tokens = ShardWriter(work_split, 1 << 62), time.perf_counter(), 0
+    bar = tqdm(total=sum(e["tokens"] for e in todo), desc=f"features {Path(work_split).name} (from {data_split})",
+               unit="tok", disable=not progress, file=sys.stderr, mininterval=20)
+    for entry in todo:
+        if writer.next != int(entry["shard"][6:11]):
+            raise DataConflict(f"{work_split}: shard {entry['shard']} would be written as shard_{writer.next:05d}")
+        z = load_tokens(data_split, entry)
+        offs = z["offsets"]
+        convs = [z["tokens"][offs[c]: offs[c + 1]].tolist() for c in range(len(z["prompt_lens"]))]
+        feats = rebuild_features(engine, convs, sink)
+        writer.rows = [(str(i), t, int(p), f, h) for i, t, p, (f, h) in zip(z["ids"], convs, z["prompt_lens"], feats)]
+        writer.flush()
+        tokens += entry["tokens"]
+        bar.update(entry["tokens"])
+    bar.close()
+    dt = time.perf_counter() - t0
+    return {"rebuilt_shards": len(todo), "tokens": tokens, "seconds": round(dt, 1), "tok_s": round(tokens / dt, 1)}
