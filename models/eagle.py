@@ -177,7 +177,20 @@ def _draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, names: list[str]
     return reduced_vocabulary_size(raw, target, shape, "the EAGLE head's")
 
 
-class EagleHead(nn.Module):
+class DraftHead(nn.Module):
+    """What every EAGLE head module shares: its KV cache's shape and the draft-step facts
+    baked into ``_metadata`` (both read from ``self.cfg`` / ``self.quant``)."""
+
+    def kv_cache_shape(self, num_slots) -> list:
+        c = self.cfg
+        return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
+
+    def extra_metadata(self) -> dict[str, Any]:
+        c = self.cfg
+        return {**c.extra_metadata(), **draft_step_metadata(c.vocab_size, c.hidden_size, c.draft_vocab_size, self.quant)}
+
+
+class EagleHead(DraftHead):
     """fc over concat(token embedding, target feature) then N decoder layers."""
 
     def __init__(self, cfg: EagleConfig, quant: Quantization, target=None):
@@ -190,14 +203,6 @@ class EagleHead(nn.Module):
         if cfg.draft_vocab_size:
             self.lm_head = QLinear(h, cfg.draft_vocab_size, quant)
             self.d2t = nn.Parameter((cfg.draft_vocab_size,), "int32")  # read by the runtime at load
-
-    def kv_cache_shape(self, num_slots) -> list:
-        c = self.cfg
-        return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
-
-    def extra_metadata(self) -> dict[str, Any]:
-        c = self.cfg
-        return {**c.extra_metadata(), **draft_step_metadata(c.vocab_size, c.hidden_size, c.draft_vocab_size, self.quant)}
 
     def _forward(self, emb: Tensor, hidden: Tensor, kv: Tensor, meta: dict[str, Tensor]) -> Tensor:
         # emb, hidden: [n, h] -> predicted features [n, h]

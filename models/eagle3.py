@@ -38,7 +38,7 @@ from speccompile.runtime.contract import EAGLE3, FORWARD_META
 
 from .config import ConfigError, LlamaConfig, feature_layers
 from .draft_kernels import draft_top
-from .eagle import HeadLayerConfig, draft_step_metadata, head_decoder_config, target_embed_specs
+from .eagle import DraftHead, HeadLayerConfig, head_decoder_config, target_embed_specs
 from .exports import contract_spec, forward_meta_specs
 from .llama import MLP, Attention
 from .quantization import QLinear, Quantization, embedding_rows
@@ -159,7 +159,7 @@ class Eagle3Layer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden)), kv
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftHead):
     """fc over the target's three layer features, one midlayer, its own norm and lm_head."""
 
     def __init__(self, cfg: Eagle3Config, quant: Quantization, target=None):
@@ -171,14 +171,6 @@ class Eagle3Head(nn.Module):
         self.norm = nn.RMSNorm(h, -1, cfg.layer.rms_norm_eps, bias=False, dtype=self.dtype)
         self.lm_head = QLinear(h, cfg.draft_vocab_size, quant)
         self.d2t = nn.Parameter((cfg.draft_vocab_size,), "int32")  # read by the runtime at load
-
-    def kv_cache_shape(self, num_slots) -> list:
-        c = self.cfg
-        return [c.num_hidden_layers, 2, num_slots, c.num_key_value_heads, c.head_dim]
-
-    def extra_metadata(self) -> dict[str, Any]:
-        c = self.cfg
-        return {**c.extra_metadata(), **draft_step_metadata(c.vocab_size, c.hidden_size, c.draft_vocab_size, self.quant)}
 
     def fuse_features(self, features: Tensor) -> Tensor:
         # features: [n, 3h] target layer outputs, low/mid/high -> [n, h]
