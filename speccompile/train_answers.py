@@ -62,12 +62,43 @@ def read_shards(split_dir: Path) -> list[Path]:
     return [Path(split_dir) / e["shard"] for e in read_index(split_dir)]
 
 
+def npz_memmap(path: Path, key: str) -> np.ndarray:
+    """A read-only memory map of one array of an uncompressed ``.npz`` (what ``np.savez``
+    writes: each member a stored ``.npy``), so that training reads the features it batches
+    from the page cache instead of holding every shard in memory (12 KB a token: a million
+    answer tokens would fill this machine's RAM)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(key + ".npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{path}:{key} is compressed; only np.savez shards can be mapped")
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)  # the member's local header: its name and extra field lengths at bytes 26..29
+        if local[:4] != b"PK\x03\x04":
+            raise ValueError(f"{path}: no local zip header for {key}")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        version = np.lib.format.read_magic(f)
+        shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                 else np.lib.format.read_array_header_2_0(f))
+        offset = f.tell()
+    if dtype.hasobject:
+        raise ValueError(f"{path}:{key} holds Python objects")
+    if not int(np.prod(shape)):
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
 def conversations(shard: Path, hidden: bool = False):
     """Yield (id, tokens [L], prompt_len, layer features [L-1, 3h] fp16) of one shard, or with
-    ``hidden`` (id, tokens, prompt_len, final hidden states [L-1, h] fp16)."""
+    ``hidden`` (id, tokens, prompt_len, final hidden states [L-1, h] fp16). The features are
+    views of a memory map of the shard (read when used)."""
     with np.load(shard) as z:
         tokens, offsets, plens, ids = z["tokens"], z["offsets"], z["prompt_lens"], z["ids"]
-        feats = z["hidden" if hidden else "features"]
+    feats = npz_memmap(shard, "hidden" if hidden else "features")
     for c in range(len(plens)):
         a, b = int(offsets[c]), int(offsets[c + 1])
         yield str(ids[c]), tokens[a:b], int(plens[c]), feats[a - c: b - c - 1]

@@ -110,3 +110,23 @@ def test_answers_rebuilt_from_token_ids_equal_the_generated_shards(build_tiny, t
     (data / "answers" / "train" / "index.jsonl").write_text(other)
     with pytest.raises(DataConflict, match="other conversations"):
         run(work)
+
+
+def test_shard_arrays_are_memory_mapped_as_saved(tmp_path):
+    """Training maps the features of every shard instead of loading them (RAM would not hold a
+    few million answer tokens): the map equals what np.load reads, for each array kind."""
+    from speccompile.train_answers import npz_memmap
+
+    rng = np.random.default_rng(0)
+    arrays = {"features": rng.standard_normal((37, 12)).astype(np.float16), "tokens": np.arange(9, dtype=np.int32),
+              "offsets": np.array([0, 4, 9], np.int64), "ids": np.array(["t1", "t22"]),
+              "empty": np.zeros((0, 12), np.float16), "fortran": np.asfortranarray(rng.standard_normal((5, 3)))}
+    with open(tmp_path / "s.npz", "wb") as f:
+        np.savez(f, **arrays)
+    for key, want in arrays.items():
+        got = npz_memmap(tmp_path / "s.npz", key)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), key
+    with open(tmp_path / "c.npz", "wb") as f:
+        np.savez_compressed(f, **arrays)
+    with pytest.raises(ValueError, match="compressed"):
+        npz_memmap(tmp_path / "c.npz", "features")
