@@ -29,7 +29,9 @@ bench:
 # MODEL=Qwen2.5-Coder-1.5B-Instruct (default): the EAGLE-3 pipeline (prompts, answers with features,
 # training-time test, then Medusa on the same answers), days of CPU in all; MODEL=SmolLM2-135M-Instruct:
 # its EAGLE-1 and Medusa heads.
-# Data and checkpoints in ~/.cache/speccompile/train; heads land in heads/.
+# Data and checkpoints in ~/.cache/speccompile/train; the prompts and the answers' token ids also in
+# heads/data/<model>-<quant>/ (commit it: a machine with an empty cache rebuilds the features from it);
+# heads land in heads/. Prompts and answers alternate in rounds of PROMPT_BLOCK prompts.
 heads:
 	MODEL=$(MODEL) QUANT=$(QUANT) TRAIN_PROMPTS=$(TRAIN_PROMPTS) HELD_OUT_PROMPTS=$(HELD_OUT_PROMPTS) \
 		nice -n 10 $(BIN)/python -m speccompile.heads
@@ -45,7 +47,7 @@ HELD_OUT_PROMPTS ?= 500
 .PHONY: head-prompts
 head-prompts:
 	nice -n 19 $(BIN)/python -m speccompile.cli train-prompts --model $(MODEL) --quantization $(QUANT) \
-		--num-prompts $(TRAIN_PROMPTS) --held-out $(HELD_OUT_PROMPTS)
+		--num-prompts $(TRAIN_PROMPTS) --held-out $(HELD_OUT_PROMPTS) --data-dir heads/data/$(MODEL)-$(QUANT)
 
 # The C API for embedding (runtime/capi): libspeccompile_capi.so + build/capi/spc_generate,
 # built with CMake against the TVM runtime in the venv's wheel.

@@ -4,7 +4,11 @@
 resumable, into ``$SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/``:
 1. train-prompts: written prompt families plus Magpie user turns (TRAIN_PROMPTS, HELD_OUT_PROMPTS);
 2. train-answers: the target's greedy answers with its layer features captured while it
-   generates (ANSWER_PROMPTS caps how many training prompts are answered);
+   generates (ANSWER_PROMPTS caps how many training prompts are answered; ANSWER_BATCH
+   sequences decode together, 32 by default: 316 tok/s against 294 at 16 on a 2-core Zen 5).
+   Stages 1 and 2 alternate in rounds of PROMPT_BLOCK (2,000) prompts, so that whatever a
+   session stops at is answered data a head can train on, not prompts alone (at ~120 prompts
+   a minute and ~150 answer tokens a second, 20,000 prompts are hours of the first stage);
 3. train-draft --method eagle3: the training-time test, best held-out checkpoint exported to
    ``heads/<model>-eagle3`` (HEAD_EPOCHS);
 4. train-draft --method medusa on the same answers: 3 heads over a 16k draft vocabulary, to
@@ -53,11 +57,17 @@ def eagle3_pipeline(model: str, quant: str) -> dict:
     work = default_work_dir(target_dir)
     data = REPO / "heads" / "data" / target_dir.name  # prompts and answer ids, committed (train_store.py)
     env = os.environ.get
-    run_train_prompts(target_dir, lib, work, int(env("TRAIN_PROMPTS", "20000")), int(env("HELD_OUT_PROMPTS", "500")),
-                      PromptSettings(), data_dir=data)
-    limit = env("ANSWER_PROMPTS")
-    run_train_answers(target_dir, lib, work, int(limit) if limit else None, held_out=200, mt_bench=True,
-                      max_tokens=768, batch=int(env("ANSWER_BATCH", "16")), data_dir=data)
+    final, block = int(env("TRAIN_PROMPTS", "20000")), int(env("PROMPT_BLOCK", "2000"))
+    limit = int(env("ANSWER_PROMPTS") or final)
+    if final < 1 or block < 1:
+        raise ValueError("TRAIN_PROMPTS and PROMPT_BLOCK must be positive")
+    target = 0
+    while target < final:  # rounds: prompts up to the next block, then their answers (each returns at once if done)
+        target = min(final, target + block)
+        run_train_prompts(target_dir, lib, work, target, int(env("HELD_OUT_PROMPTS", "500")), PromptSettings(),
+                          data_dir=data)
+        run_train_answers(target_dir, lib, work, min(target, limit), held_out=200, mt_bench=True, max_tokens=768,
+                          batch=int(env("ANSWER_BATCH", "32")), data_dir=data)
     which = env("HEADS", "eagle3,medusa").split(",")
     reports = {}
     if "eagle3" in which:
