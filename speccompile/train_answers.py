@@ -37,24 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from . import train_store
+from .train_store import DataConflict, load_tokens, missing_answers, read_index, rebuild_features
+
 SPLITS = ("held_out", "mt_bench", "train")  # the order a run fills them: the small evaluation sets first
 FEATURE_DTYPE = np.float16  # 9 KB a token for a 1536-wide target (fp32 would double the disk, not the accuracy)
-
-
-def read_index(split_dir: Path) -> list[dict]:
-    """The index entries of a split's complete shards ({shard, ids, tokens, answer_tokens}), in
-    the order they were written; a torn last line (an interrupted append) ends it."""
-    index = Path(split_dir) / "index.jsonl"
-    out = []
-    for line in index.read_text().splitlines() if index.exists() else []:
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if not isinstance(entry, dict) or not {"shard", "ids"} <= entry.keys():
-            break
-        out.append(entry)
-    return out
 
 
 def read_shards(split_dir: Path) -> list[Path]:
@@ -244,6 +231,33 @@ def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_t
             "tok_s": round(made / dt, 1) if dt > 0 else 0.0}
 
 
+def restore_split(engine, work_split: Path, data_split: Path, sink, progress: bool = True) -> dict:
+    """Rebuild the work dir's missing shards of one split from the data dir's token files (the
+    engine must be capturing features into ``sink``); each shard gets its old name and index line."""
+    from tqdm import tqdm
+
+    todo = missing_answers(work_split, data_split)
+    if not todo:
+        return {"rebuilt_shards": 0}
+    writer, t0, tokens = ShardWriter(work_split, 1 << 62), time.perf_counter(), 0
+    bar = tqdm(total=sum(e["tokens"] for e in todo), desc=f"features {Path(work_split).name} (from {data_split})",
+               unit="tok", disable=not progress, file=sys.stderr, mininterval=20)
+    for entry in todo:
+        if writer.next != int(entry["shard"][6:11]):
+            raise DataConflict(f"{work_split}: shard {entry['shard']} would be written as shard_{writer.next:05d}")
+        z = load_tokens(data_split, entry)
+        offs = z["offsets"]
+        convs = [z["tokens"][offs[c]: offs[c + 1]].tolist() for c in range(len(z["prompt_lens"]))]
+        feats = rebuild_features(engine, convs, sink)
+        writer.rows = [(str(i), t, int(p), f, h) for i, t, p, (f, h) in zip(z["ids"], convs, z["prompt_lens"], feats)]
+        writer.flush()
+        tokens += entry["tokens"]
+        bar.update(entry["tokens"])
+    bar.close()
+    dt = time.perf_counter() - t0
+    return {"rebuilt_shards": len(todo), "tokens": tokens, "seconds": round(dt, 1), "tok_s": round(tokens / dt, 1)}
+
+
 def summarize(answers_dir: Path) -> dict:
     out = {}
     for split in SPLITS:
@@ -264,7 +278,6 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
     rebuilt from it by prefill before anything new is answered."""
     from speccompile.runtime.engine import Engine
 
-    from . import train_store
     from .train_prompts import REPO, default_work_dir
 
     work_dir = Path(work_dir or default_work_dir(model_dir))
@@ -291,7 +304,7 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
             data_split = Path(data_dir) / "answers" / split
             sink = FeatureBuffers(engine.model.hidden_size)
             with engine.capture_features(sink):
-                report.setdefault("restored", {})[split] = train_store.restore_split(engine, split_dir, data_split,
+                report.setdefault("restored", {})[split] = restore_split(engine, split_dir, data_split,
                                                                                     sink, progress)
             train_store.save_answers(split_dir, data_split)
             mirror = lambda s=split_dir, d=data_split: train_store.save_answers(s, d)  # noqa: E731

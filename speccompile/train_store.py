@@ -16,6 +16,8 @@ Layout of a data dir:
   dir (same number, same index entry), holding its ``tokens``, ``offsets``, ``prompt_lens`` and
   ``ids`` (train_answers' names) without the features.
 
+This module imports nothing of the stages that use it (train_prompts, train_answers).
+
 The rule both ways: a file (or an index) whose content is a prefix of the other's is behind and
 is brought up to it; two that differ otherwise are refused by name, since one of them was made
 with other settings and mixing them would silently train on two data sets.
@@ -78,10 +80,20 @@ def sync_prompts(work_prompts: Path, data_prompts: Path) -> dict[str, str]:
     return done
 
 
-def _index(split_dir: Path) -> list[dict]:
-    from .train_answers import read_index
-
-    return read_index(split_dir)
+def read_index(split_dir: Path) -> list[dict]:
+    """The index entries of a split's complete shards ({shard, ids, tokens, answer_tokens}), in
+    the order they were written; a torn last line (an interrupted append) ends it."""
+    index = Path(split_dir) / "index.jsonl"
+    out = []
+    for line in index.read_text().splitlines() if index.exists() else []:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(entry, dict) or not {"shard", "ids"} <= entry.keys():
+            break
+        out.append(entry)
+    return out
 
 
 def _check_prefix(work: list[dict], data: list[dict], where: str) -> None:
@@ -97,7 +109,7 @@ def token_file(shard: str) -> str:
 
 def save_answers(work_split: Path, data_split: Path) -> int:
     """Write the token half of every work-dir shard the data dir lacks; returns how many."""
-    work, data = _index(work_split), _index(data_split)
+    work, data = read_index(work_split), read_index(data_split)
     _check_prefix(work, data, str(data_split))
     new = work[len(data):]
     if not new:
@@ -117,7 +129,7 @@ def save_answers(work_split: Path, data_split: Path) -> int:
 
 def missing_answers(work_split: Path, data_split: Path) -> list[dict]:
     """The data dir's index entries the work dir lacks, in order (to rebuild)."""
-    work, data = _index(work_split), _index(data_split)
+    work, data = read_index(work_split), read_index(data_split)
     _check_prefix(work, data, str(work_split))
     return data[len(work):]
 
@@ -157,34 +169,3 @@ def rebuild_features(engine, conversations: list[list[int]], sink) -> list[tuple
             out[i] = sink.close(s.seq_id, n)
     return out
 
-
-def restore_split(engine, work_split: Path, data_split: Path, sink, progress: bool = True) -> dict:
-    """Rebuild the work dir's missing shards of one split from the data dir's token files (the
-    engine must be capturing features into ``sink``); each shard gets its old name and index line."""
-    import sys
-    import time
-
-    from tqdm import tqdm
-
-    from .train_answers import ShardWriter
-
-    todo = missing_answers(work_split, data_split)
-    if not todo:
-        return {"rebuilt_shards": 0}
-    writer, t0, tokens = ShardWriter(work_split, 1 << 62), time.perf_counter(), 0
-    bar = tqdm(total=sum(e["tokens"] for e in todo), desc=f"features {Path(work_split).name} (from {data_split})",
-               unit="tok", disable=not progress, file=sys.stderr, mininterval=20)
-    for entry in todo:
-        if writer.next != int(entry["shard"][6:11]):
-            raise DataConflict(f"{work_split}: shard {entry['shard']} would be written as shard_{writer.next:05d}")
-        z = load_tokens(data_split, entry)
-        offs = z["offsets"]
-        convs = [z["tokens"][offs[c]: offs[c + 1]].tolist() for c in range(len(z["prompt_lens"]))]
-        feats = rebuild_features(engine, convs, sink)
-        writer.rows = [(str(i), t, int(p), f, h) for i, t, p, (f, h) in zip(z["ids"], convs, z["prompt_lens"], feats)]
-        writer.flush()
-        tokens += entry["tokens"]
-        bar.update(entry["tokens"])
-    bar.close()
-    dt = time.perf_counter() - t0
-    return {"rebuilt_shards": len(todo), "tokens": tokens, "seconds": round(dt, 1), "tok_s": round(tokens / dt, 1)}
