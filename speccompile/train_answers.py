@@ -37,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import train_store
-from .train_store import DataConflict, load_tokens, missing_answers, read_index, rebuild_features
+from .train_store import DataConflict, load_tokens, missing_answers, read_index, save_answers, sync_prompts
 
 SPLITS = ("held_out", "mt_bench", "train")  # the order a run fills them: the small evaluation sets first
 FEATURE_DTYPE = np.float16  # 9 KB a token for a 1536-wide target (fp32 would double the disk, not the accuracy)
@@ -231,6 +230,33 @@ def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_t
             "tok_s": round(made / dt, 1) if dt > 0 else 0.0}
 
 
+def rebuild_features(engine, convs: list[list[int]], sink) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (layer features [L-1, 3h], hidden [L-1, h]) of each finished conversation, from
+    prefills of whole conversations packed into the library's chunk (the engine's feature sink
+    must be ``sink``, a FeatureBuffers)."""
+    pending = list(enumerate(convs))
+    out: list = [None] * len(convs)
+    chunk = engine.model.prefill_chunk_size
+    while pending:
+        batch, used = [], 0
+        while pending and len(batch) < engine.max_num_sequence and (not batch or used + len(pending[0][1]) <= chunk):
+            i, toks = pending.pop(0)
+            seq = engine.new_sequence(list(toks), 1)
+            sink.open(seq.seq_id, len(toks) + 2)
+            engine.attach(seq)
+            batch.append((i, seq, len(toks)))
+            used += len(toks)
+        try:
+            while any(s.prefilling for _, s, _ in batch):
+                engine.prefill([s for _, s, _ in batch if s.prefilling], chunk)
+        finally:
+            for _, s, _ in batch:
+                engine.detach(s)
+        for i, s, n in batch:
+            out[i] = sink.close(s.seq_id, n)
+    return out
+
+
 def restore_split(engine, work_split: Path, data_split: Path, sink, progress: bool = True) -> dict:
     """Rebuild the work dir's missing shards of one split from the data dir's token files (the
     engine must be capturing features into ``sink``); each shard gets its old name and index line."""
@@ -283,9 +309,9 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
     work_dir = Path(work_dir or default_work_dir(model_dir))
     bench_file = Path(bench_file or REPO / "bench" / "mt_bench.jsonl")
     if data_dir is not None:
-        train_store.sync_prompts(work_dir / "prompts", Path(data_dir) / "prompts")
+        sync_prompts(work_dir / "prompts", Path(data_dir) / "prompts")
         for split in SPLITS:  # check both sides agree before any long work
-            train_store.missing_answers(work_dir / "answers" / split, Path(data_dir) / "answers" / split)
+            missing_answers(work_dir / "answers" / split, Path(data_dir) / "answers" / split)
     if not (work_dir / "prompts" / "train.jsonl").exists():
         raise FileNotFoundError(f"{work_dir / 'prompts'} holds no prompt set: run `speccompile train-prompts` first")
     if max_tokens < 1 or batch < 1:
@@ -306,8 +332,8 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
             with engine.capture_features(sink):
                 report.setdefault("restored", {})[split] = restore_split(engine, split_dir, data_split,
                                                                                     sink, progress)
-            train_store.save_answers(split_dir, data_split)
-            mirror = lambda s=split_dir, d=data_split: train_store.save_answers(s, d)  # noqa: E731
+            save_answers(split_dir, data_split)
+            mirror = lambda s=split_dir, d=data_split: save_answers(s, d)  # noqa: E731
         report["runs"][split] = answer_split(engine, split_dir, prompts[split], n, max_tokens, batch, shard_tokens,
                                              progress, mirror)
     report["totals"] = summarize(work_dir / "answers")

@@ -18,7 +18,8 @@ Layout of a data dir:
   dir (same number, same index entry), holding its ``tokens``, ``offsets``, ``prompt_lens`` and
   ``ids`` (train_answers' names) without the features.
 
-This module imports nothing of the stages that use it (train_prompts, train_answers).
+This module is files only: it imports nothing of the stages that use it (train_prompts,
+train_answers), and the rebuild by prefill lives in train_answers beside the shard writer.
 
 The rule both ways: a file (or an index) whose content is a prefix of the other's is behind and
 is brought up to it; two that differ otherwise are refused by name, since one of them was made
@@ -143,31 +144,3 @@ def load_tokens(data_split: Path, entry: dict) -> dict[str, np.ndarray]:
         raise DataConflict(f"{data_split}/{token_file(entry['shard'])} does not hold the conversations its index "
                            "line names (a partial copy?): delete the line and the file to regenerate them")
     return out
-
-
-def rebuild_features(engine, conversations: list[list[int]], sink) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The (layer features [L-1, 3h], hidden [L-1, h]) of each finished conversation, from
-    prefills of whole conversations packed into the library's chunk (the engine's feature sink
-    must be ``sink``, a train_answers.FeatureBuffers)."""
-    pending = list(enumerate(conversations))
-    out: list = [None] * len(conversations)
-    chunk = engine.model.prefill_chunk_size
-    while pending:
-        batch, used = [], 0
-        while pending and len(batch) < engine.max_num_sequence and (not batch or used + len(pending[0][1]) <= chunk):
-            i, toks = pending.pop(0)
-            seq = engine.new_sequence(list(toks), 1)
-            sink.open(seq.seq_id, len(toks) + 2)
-            engine.attach(seq)
-            batch.append((i, seq, len(toks)))
-            used += len(toks)
-        try:
-            while any(s.prefilling for _, s, _ in batch):
-                engine.prefill([s for _, s, _ in batch if s.prefilling], chunk)
-        finally:
-            for _, s, _ in batch:
-                engine.detach(s)
-        for i, s, n in batch:
-            out[i] = sink.close(s.seq_id, n)
-    return out
-
