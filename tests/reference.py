@@ -3,6 +3,18 @@ from __future__ import annotations
 
 import numpy as np
 
+# prompts the head tests decode (EAGLE-1, EAGLE-3, Medusa): short, varied, one repetitive
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "List the days of the week.",
+    "Summarize: The cat sat on the mat. The mat was red.",
+    "Translate 'good morning' into French and Spanish.",
+    "Explain what a hash table is in one paragraph.",
+    "Count from one to twenty in words.",
+]
+
 
 def rms_norm(x, w, eps):
     return x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps).astype(np.float32) * w

@@ -16,19 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from reference import PROMPTS
 from speccompile.models.config import PRESETS
 from speccompile.runtime.contract import ENTRY_POINTS, entry_point_names
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
-    "List the days of the week.",
-    "Summarize: The cat sat on the mat. The mat was red.",
-    "Translate 'good morning' into French and Spanish.",
-    "Explain what a hash table is in one paragraph.",
-    "Count from one to twenty in words.",
-]
 NEW_TOKENS = 24
 
 

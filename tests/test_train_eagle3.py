@@ -143,3 +143,45 @@ def test_training_lowers_the_loss():
             first = first if first is not None else loss.item()
             last = loss.item()
     assert last < 0.5 * first
+
+
+def test_soft_labels_are_the_targets_next_distribution():
+    """With soft labels, row r's loss is the cross-entropy against softmax(lm(hidden[r + 1]))
+    over the draft vocabulary (the target's distribution of token r + 2), at every TTT step,
+    and a target distribution that is one-hot on the label gives back the hard loss."""
+    vocab = np.arange(0, V, 2)
+    tr, _ = tiny_trainer(vocab=vocab)
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, V, 14)
+    tokens[tokens % 2 == 1] -= 1  # every token in the draft vocabulary: every answer row labelled
+    feats = rng.standard_normal((13, 3 * H)).astype(np.float32)
+    hidden = rng.standard_normal((13, H)).astype(np.float32)
+    conv = Conv("c", tokens, 3, feats, hidden)
+    f, nxt, lab = tr.batch([conv])
+    lm = tr.lm.numpy().astype(np.float64)
+    for steps, weights in ((1, [1.0]), (3, [1.0, 0.8, 0.64])):
+        kept = []
+        with torch.no_grad():
+            loss, _ = tr.run(f, nxt, lab, steps=steps, weights=weights, keep=kept,
+                             soft_from=tr.next_hidden([conv]))
+        want = 0.0
+        for k in range(steps):
+            rows = [r for r in range(conv.rows) if lab[0, r] != IGNORE and r >= k]
+            logits = kept[k].numpy().astype(np.float64)  # [rows, Vd], the scored rows in order
+            logp = logits - logits.max(-1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+            t = hidden[[r + 1 for r in rows]].astype(np.float64) @ lm.T
+            p = np.exp(t - t.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            want += weights[k] * float(-(p * logp).sum(-1).mean())
+        assert loss.item() == pytest.approx(want, rel=1e-4)
+    # one-hot targets: hidden[r + 1] far along the label's lm row (orthogonalised against the others)
+    q, _ = np.linalg.qr(rng.standard_normal((H, H)))  # 25 draft rows, orthonormal in 32 dimensions
+    tr.lm = torch.from_numpy(np.ascontiguousarray(q[: len(vocab)], np.float32))
+    sharp = np.zeros_like(hidden)
+    sharp[1:] = 200.0 * tr.lm.numpy()[tokens[2:] // 2]
+    conv = Conv("c", tokens, 3, feats, sharp)
+    with torch.no_grad():
+        soft, _ = tr.run(f, nxt, lab, steps=2, weights=[1.0, 0.8], soft_from=tr.next_hidden([conv]))
+        hard, _ = tr.run(f, nxt, lab, steps=2, weights=[1.0, 0.8])
+    assert soft.item() == pytest.approx(hard.item(), rel=1e-3)
