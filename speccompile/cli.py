@@ -492,9 +492,11 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 @click.option("--soft-labels/--hard-labels", default=False, show_default=True,
               help="eagle3: train on the target's next-token distributions (from the answers' final hidden "
                    "states) or on its greedy tokens alone (learned faster here: train_eagle3.py)")
+@click.option("--export-only", is_flag=True, default=False,
+              help="eagle3: export the best checkpoint so far and stop (safe beside a running training)")
 def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_tokens, gen_batch, steps, train_batch,
                     draft_vocab, work_dir, medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head, epochs,
-                    ttt_steps, eval_every, intermediate_size, soft_labels):
+                    ttt_steps, eval_every, intermediate_size, soft_labels, export_only):
     """Train a draft head for TARGET_DIR by self-distillation (resumable; needs torch)."""
     from speccompile.train_draft import run_train_draft
 
@@ -508,7 +510,7 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
             report = train_eagle3(target_dir, work_dir, output,
                                   Settings(intermediate_size=intermediate_size, draft_vocab=draft_vocab or 32768,
                                            steps=ttt_steps, epochs=epochs, eval_every=eval_every,
-                                           soft_labels=soft_labels))
+                                           soft_labels=soft_labels), export_only=export_only)
             click.echo(json.dumps(report, indent=1))
             click.echo(f"wrote {output}/config.json and model.safetensors; next: speccompile convert_weight {output} "
                        "--model-type eagle --target <the target's HF folder or GGUF> ...")

@@ -333,9 +333,12 @@ def _atomic_save(torch, obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Settings, progress: bool = True) -> dict:
+def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Settings, progress: bool = True,
+                 export_only: bool = False) -> dict:
     """Train (or resume) the head on WORK_DIR/answers, export the best held-out checkpoint
-    to ``out_dir`` in the published EAGLE-3 layout; returns the report."""
+    to ``out_dir`` in the published EAGLE-3 layout; returns the report. ``export_only``
+    exports the best checkpoint so far and writes nothing in the run's folder, so it can run
+    beside a training process (to measure a head while the curve still rises)."""
     from .eagle3_torch import build_eagle3_head, export_eagle3
     from .models.config import feature_layers
     from .train_common import bf16_pays, draft_vocabulary, require_torch, target_config, target_embedding_and_head
@@ -410,6 +413,26 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
         save()
         return point
 
+    def export_best() -> dict:
+        best = torch.load(run_dir / "best.pt", weights_only=False)
+        model.load_state_dict(best["model"])
+        offline = offline_scores(trainer, ans, settings)
+        final = build_eagle3_head(layer_cfg, int(vocab.size), torch)
+        final.load_state_dict({**best["model"], "lm_head.weight": trainer.lm.float()})
+        export_eagle3(final, layer_cfg, out_dir, torch, vocab, feature_layers(tcfg.num_hidden_layers))
+        report = {"best": best["point"], "steps": done["step"], "epochs": done["epoch"], "tokens": done["tokens"],
+                  "train_conversations": len(train), "held_out_conversations": len(held),
+                  "train_answer_tokens": int(sum(c.rows + 1 - c.prompt_len for c in train)),
+                  "dtype": str(dtype).replace("torch.", ""), "settings": settings.__dict__,
+                  "seconds": round(done["seconds"], 1), "offline": offline}
+        (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
+        return report
+
+    if export_only:
+        if not (run_dir / "best.pt").exists():
+            raise FileNotFoundError(f"{run_dir / 'best.pt'} does not exist yet: train first (the first held-out "
+                                    "point writes it)")
+        return export_best()
     by_id = {c.id: i for i, c in enumerate(train)}
     per_epoch = len(plan_batches(train, settings.batch_rows, 0))
     total_steps = per_epoch * settings.epochs
@@ -470,16 +493,4 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     bar.close()
     if done["best"] is None or done["best"]["step"] != done["step"]:
         held_out_point()
-    best = torch.load(run_dir / "best.pt", weights_only=False)
-    model.load_state_dict(best["model"])
-    offline = offline_scores(trainer, ans, settings)
-    final = build_eagle3_head(layer_cfg, int(vocab.size), torch)
-    final.load_state_dict({**best["model"], "lm_head.weight": trainer.lm.float()})
-    export_eagle3(final, layer_cfg, out_dir, torch, vocab, feature_layers(tcfg.num_hidden_layers))
-    report = {"best": done["best"], "steps": done["step"], "epochs": done["epoch"], "tokens": done["tokens"],
-              "train_conversations": len(train), "held_out_conversations": len(held),
-              "train_answer_tokens": int(sum(c.rows + 1 - c.prompt_len for c in train)),
-              "dtype": str(dtype).replace("torch.", ""), "settings": settings.__dict__,
-              "seconds": round(done["seconds"], 1), "offline": offline}
-    (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
-    return report
+    return export_best()

@@ -548,6 +548,16 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     assert third["best"]["held_out"] == curve[-1]["held_out"]  # every later comparison on the new set
     src = open_any(tmp_path / "head", "eagle", built.hf_dir)
     assert src.config.model_type == "eagle3" and src.config.draft_vocab_size <= 64
+    # soft labels read the shards' final hidden states (another epoch on the same run)
+    fourth = train_eagle3(built.model_dir, tmp_path, tmp_path / "head",
+                          Settings(**{**settings.__dict__, "epochs": 4, "soft_labels": True}), progress=False)
+    assert fourth["steps"] > third["steps"] and fourth["settings"]["soft_labels"]
+    # --export-only: the best checkpoint so far, the run's folder untouched (safe beside a running training)
+    before = {f.name: f.read_bytes() for f in (tmp_path / "eagle3").iterdir()}
+    exported = train_eagle3(built.model_dir, tmp_path, tmp_path / "head2", settings, progress=False, export_only=True)
+    assert {f.name: f.read_bytes() for f in (tmp_path / "eagle3").iterdir()} == before
+    assert exported["best"] == fourth["best"]
+    assert (tmp_path / "head2" / "model.safetensors").read_bytes() == (tmp_path / "head" / "model.safetensors").read_bytes()
     # Medusa trains on the same answers (their final hidden states), with a reduced vocabulary
     from speccompile.train_draft import run_train_draft
 
