@@ -111,6 +111,7 @@ class CostModel:
         self.pace = 1.0
         self.seen: dict[int, tuple[float, int]] = {}  # rows -> (EMA of seconds / table / pace, count)
         self.acceptance: dict | None = None  # what the acceptance model learned (runtime/adaptive.py)
+        self.acceptance_of: str | None = None  # ...with which weights (weights_key): another head's is not ours
 
     def target(self, rows: int) -> float:
         return self.pace * self.target_table(rows)
@@ -161,7 +162,8 @@ class CostModel:
 
     def to_json(self) -> dict:
         return {"target": self.refreshed().to_json(), "draft": self.draft_table.to_json(),
-                "catch_up_per_token": self.catch_up_per_token, "acceptance": self.acceptance}
+                "catch_up_per_token": self.catch_up_per_token, "acceptance": self.acceptance,
+                "acceptance_of": self.acceptance_of}
 
     def save(self) -> None:
         """Write the refreshed profile (best effort: a read-only cache only loses the refresh)."""
@@ -182,7 +184,7 @@ class CostModel:
             cost = cls(CostTable({int(r): s for r, s in data["target"].items()}),
                        CostTable({int(r): s for r, s in data["draft"].items()}),
                        float(data.get("catch_up_per_token", 0.0)), Path(path))
-            cost.acceptance = data.get("acceptance")
+            cost.acceptance, cost.acceptance_of = data.get("acceptance"), data.get("acceptance_of")
             return cost
         except (OSError, ValueError, KeyError, TypeError):
             return None  # absent or unreadable: measure again
@@ -245,6 +247,20 @@ def load_or_measure(libraries: list[Path], mode: str, model, kv, proposer, max_r
         cost = CostModel(target, CostTable(draft), per_token, path)
         cost.save()
     return cost
+
+
+def weights_key(model_dirs: list[Path]) -> str:
+    """Which weights the models hold, by their ``tensor-cache.json`` (it lists every tensor's
+    md5). A profile is keyed by the libraries, which say what a forward costs; what a draft
+    is accepted at depends on the weights too: two heads of one shape share a library, and a
+    random head's learned "nothing is accepted" once kept a trained head from drafting."""
+    from .contract import TENSOR_CACHE_FILE
+
+    h = hashlib.sha256()
+    for d in model_dirs:
+        index = Path(d) / TENSOR_CACHE_FILE
+        h.update(index.read_bytes() if index.exists() else str(Path(d).resolve()).encode())
+    return h.hexdigest()[:20]
 
 
 def cache_dir() -> Path:

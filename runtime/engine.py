@@ -31,7 +31,7 @@ import numpy as np
 from .acceptance import Draft, Verdict
 from .adaptive import MAX_DEPTH, AcceptanceModel, Policy
 from .contract import read_model_config
-from .costs import load_or_measure
+from .costs import load_or_measure, weights_key
 from .device import DeviceError, parse_device
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics, StepRecord, record_step
@@ -105,6 +105,9 @@ class Engine:
             libs = [Path(model_lib)] + [Path(lib) for _, lib in spec.additional_models]
             self.cost = load_or_measure(libs, f"{spec.speculative_mode}|w{spec.spec_tree_width}", self.model,
                                         self.kv, self.proposer, self.max_batch_tokens)
+            key = weights_key([self.model_dir] + [Path(d) for d, _ in spec.additional_models])
+            if self.cost.acceptance_of != key:  # learned with other weights: start from the prior
+                self.cost.acceptance, self.cost.acceptance_of = None, key
         self.set_draft_length(spec.spec_draft_length)
         self._next_seq = 0
         self.totals = Stats(spec=SpecMetrics())  # every step this engine ran (a server exports them)

@@ -245,3 +245,34 @@ def test_a_draft_model_catch_up_is_priced(target, reference):
         assert (seq.result.stats.spec.draft_tokens > 0) == drafts_after
         _finish(eng, seq)
         assert seq.result.token_ids == expected[4]
+
+
+def test_learned_acceptance_belongs_to_the_weights_it_was_learned_with(target, tmp_path, monkeypatch):
+    """The cost profile is keyed by the libraries, and two drafts of one shape share a library:
+    what one draft's acceptance was learned to be must not steer another's (a random head's
+    "nothing is accepted" once kept a trained head of the same shape from ever drafting)."""
+    import shutil
+
+    monkeypatch.setenv("SPECCOMPILE_CACHE", str(tmp_path / "cache"))
+    model_dir, lib = target
+    other = tmp_path / "other"  # the same library, other weights (by its tensor-cache.json)
+    shutil.copytree(model_dir, other)
+    with open(other / "tensor-cache.json", "a") as f:
+        f.write("\n")
+
+    def engine(draft_dir):
+        return Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[(str(draft_dir), str(lib))])
+
+    first = engine(model_dir)
+    for _ in range(40):  # what a process learned: confidence 0.95 is never accepted
+        first.policy.acceptance.observe([0.95], [-1], [])
+    first.policy.save()
+    learned = first.policy.acceptance.predict(0.95)
+    assert learned < 0.5
+    again = engine(model_dir)
+    assert again.cost.path == first.cost.path and again.policy.acceptance.predict(0.95) < 0.9
+    assert again.policy.acceptance.predict(0.95) == pytest.approx(
+        type(first.policy.acceptance)().restore(first.cost.acceptance).predict(0.95))
+    fresh = engine(other)
+    assert fresh.cost.path == first.cost.path  # same costs...
+    assert fresh.cost.acceptance is None and fresh.policy.acceptance.predict(0.95) == pytest.approx(0.95)  # ...prior
