@@ -46,7 +46,7 @@ import numpy as np
 from tvm.runtime import tensor as to_device
 
 from .acceptance import Draft
-from .adaptive import MAX_DEPTH
+from .adaptive import CATCH_UP_AMORTIZED, MAX_DEPTH
 from .contract import EAGLE, EAGLE3, KV_PAGE_SIZE
 from .costs import time_min
 from .eagle_heads import (Eagle3HeadModel, EagleHeadModel, HostDraftCalls, check_draft_vocab,  # noqa: F401
@@ -243,10 +243,13 @@ class EagleProposer:
     def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
         """One draft depth over r scratch rows (one per scratch sequence), as ``_grow`` runs
         it: the rows' metadata, the head call, the top-width ids and log-probabilities on
-        the host, for each r."""
+        the host, for each r; and what one more true-feature row costs in a catch-up (32 rows
+        of one sequence, as after a prompt or a plain stretch, against one row)."""
         scratch = [-1 - i for i in range(max(rows))]
         feats = np.zeros((max(rows), self.head.hidden_size), getattr(self.head, "dtype", "float32"))
         hidden = to_device(feats, self.head.device) if self.head.on_device else feats
+        width = self.head.hidden_size * (len(self.target.feature_layers) if self.features == "layers" else 1)
+        true = np.zeros((32, width), np.float32)
         for s in scratch:
             self.kv.add_sequence(s)
 
@@ -256,8 +259,15 @@ class EagleProposer:
             for s in scratch[:r]:
                 self.kv.popn(s, 0)
 
+        def catch_up(n):
+            self.head.catch_up(self.target, self.kv, self.kv.plan_chain(scratch[:1], [n]), np.zeros(n, np.int32),
+                               true[:n], np.array([n - 1]), self.width)
+            self.kv.popn(scratch[0], n)
+
         try:
-            return {r: time_min(lambda: step(r)) for r in rows}, 0.0
+            table = {r: time_min(lambda: step(r)) for r in rows}
+            per_row = max(time_min(lambda: catch_up(32)) - time_min(lambda: catch_up(1)), 0.0) / 31
+            return table, per_row
         finally:
             for s in scratch:
                 self.kv.remove_sequence(s)
@@ -267,7 +277,12 @@ class EagleProposer:
         drafts = [Draft() for _ in seq_ids]
         active = [i for i, k in enumerate(ks) if k > 0]
         fed = sum(sum(len(f) for f in self.pending[seq_ids[i]]) for i in active)
-        if not active or not plan.should_draft(fed, [(1.0, None)] * len(active)):
+        # the catch-up builds every true row the head lacks (a prompt, a plain stretch): priced
+        # per row and charged in part to this step, since it buys drafting for the steps after
+        # it too; charged whole as a draft forward of that many rows, a 73-token prompt looked
+        # like a target step, never paid, and grew by a row with every plain step after it
+        if not active or not plan.should_draft(len(active), [(1.0, None)] * len(active),
+                                               CATCH_UP_AMORTIZED * plan.cost.catch_up(fed - len(active))):
             return drafts
         ids = [seq_ids[i] for i in active]
         try:
