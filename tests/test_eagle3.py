@@ -565,3 +565,25 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
                           progress=False, work_dir=tmp_path, medusa_num_heads=2)
     assert rep["steps"] == 3 and rep["draft_vocab"] <= 64 and rep["held_out"] is not None
     assert (tmp_path / "medusa" / "model.safetensors").exists()
+
+
+def test_adaptive_head_drafts_after_a_long_prompt(e3):
+    """The head's catch-up over a prompt's rows is priced per row and amortized, not as a
+    draft forward of that many rows: with Qwen-like costs (a draft row 5% of a step, extra
+    verified rows nearly free), a fresh adaptive engine drafts from the first decode steps
+    after a 200-token prompt (priced whole, such a catch-up looked like a target step and
+    grew by a row with every plain step: the head never drafted), and stays lossless."""
+    from speccompile.runtime.costs import CostModel, CostTable
+    from speccompile.runtime.engine import Engine
+
+    built, head, _, _, _, _, _ = e3
+    eng = Engine(built.model_dir, built.lib, speculative_mode="eagle", additional_models=[head])
+    plain = Engine(built.model_dir, built.lib)
+    prompt = eng.encode_prompt(" ".join(PROMPTS[:4]))
+    assert len(prompt) > 150
+    ms = {1: 10, 2: 10.3, 4: 10.6, 8: 11.5, 16: 13, 32: 16}
+    eng.cost = CostModel(CostTable({r: v * 1e-3 for r, v in ms.items()}), CostTable({1: 5e-4, 8: 1e-3}), 2e-5)
+    eng.set_draft_length(0)
+    res = eng.generate(prompt, 8, ignore_eos=True)
+    assert res.stats.spec.draft_steps > 0 and res.stats.spec.verify_steps > 0
+    assert res.token_ids == plain.generate(prompt, 8, ignore_eos=True).token_ids
