@@ -24,9 +24,10 @@ does, instead of its argmax alone: the distribution carries more per token than 
 what limits us here. It is not the default because, measured (Zen 5, same data, same seed),
 it learned slower where we can afford to train: held-out top-1 0.125 / 0.217 at steps 50 /
 100 against 0.159 / 0.260 with hard labels, at 1.5x the time a step (the extra projection
-and a float32 softmax over the draft vocabulary). Accuracy is scored against the greedy token. The projection is the target's own
-embedding/lm_head rows for that vocabulary, frozen: the head ships without it (conversion
-reads it from the target), which keeps the committed head small.
+and a float32 softmax over the draft vocabulary). Accuracy is scored against the greedy
+token. The projection is the target's own embedding/lm_head rows for that vocabulary,
+frozen: the head ships without it (conversion reads it from the target), which keeps the
+committed head small.
 
 Resumable: ``state.pt`` (model, optimizer, epoch, the epoch's batch plan, progress) is
 rewritten atomically every few minutes and after each evaluation; a rerun continues where
