@@ -10,6 +10,7 @@ from click.core import ParameterSource
 
 from speccompile.runtime.contract import KV_PAGE_SIZE
 from speccompile.runtime.speculative import MODES, SpeculativeConfig
+from speccompile.runtime.tvm_import import import_runtime_only
 
 USER_ERRORS = (ValueError, FileNotFoundError)
 OVERRIDES_SYNTAX = 'key=value pairs separated by ";" or spaces (keys: README, speccompile/overrides.py)'
@@ -232,6 +233,7 @@ def with_sampling(f):
 def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, spec, raw, as_json, stop,
                  overrides, device):
     """Generate a completion for one prompt (optionally with speculative decoding)."""
+    import_runtime_only()  # a one-off process: TVM without its compiler (runtime/tvm_import.py)
     try:
         sampling = _sampling(temperature, top_p, top_k, seed)
         kwargs, _, _ = _runtime_settings("generate", overrides, None, model_dir, model_lib, spec)
@@ -265,6 +267,7 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, t
               help="where to run: auto (the library's device), cpu, cuda, cuda:1, opencl, metal, vulkan, ...")
 def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec, mode, overrides, device):
     """Interactive chat. Commands: /stats, /reset, /exit."""
+    import_runtime_only()
     from speccompile.runtime.chat import ChatSession
 
     try:
@@ -329,6 +332,7 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
               served_model_name, log_level, mode, overrides, device):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics) with continuous batching and speculative decoding."""
+    import_runtime_only()
     try:
         if not 1 <= port <= 65535:
             raise ValueError("--port must be in 1..65535")

@@ -411,3 +411,23 @@ def test_the_checker_finds_lazy_cycles_private_names_and_compiler_imports(tmp_pa
     assert "speccompile.runtime.r -> speccompile.e -> speccompile.models.llama" in reach
     assert "tvm.relax" in reach and "tvm.relax.frontend" in reach
     assert "load_module" not in reach and "tvm.cpu" not in reach and "VirtualMachine" not in reach
+
+
+def test_a_runtime_process_loads_tvm_without_its_compiler_or_torch():
+    """What ``generate``, ``chat`` and ``serve`` do first (runtime/tvm_import.py): the
+    runtime library alone, no torch during that import, and torch still importable after."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from speccompile.runtime.tvm_import import import_runtime_only\n"
+            "assert import_runtime_only()\n"
+            "import tvm.base, os\n"
+            "assert tvm.base._RUNTIME_ONLY and 'TVM_USE_RUNTIME_LIB' not in os.environ\n"
+            "assert 'tvm.relax' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
+            "from tvm.runtime import tensor\n"
+            "import numpy as np; assert tensor(np.arange(3, dtype='float32')).numpy().sum() == 3\n"
+            "import torch; assert torch.ones(2).sum() == 2\n"
+            "assert not import_runtime_only()\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]

@@ -36,6 +36,30 @@ def test_corrupt_shard_is_named(build_tiny, tmp_path):
         Model(d, built.lib)
 
 
+def test_shards_are_hashed_once_and_again_after_any_change(build_tiny, tmp_path, monkeypatch):
+    import hashlib
+
+    from speccompile.runtime import tensor_cache
+
+    built = build_tiny("tiny-llama", "q0f32")
+    d = _copy(built, tmp_path)
+    names = [r["name"] for r in records(read_index(d))]
+    calls = []
+    real = hashlib.md5
+    monkeypatch.setattr(tensor_cache.hashlib, "md5", lambda raw: calls.append(1) or real(raw))
+    load_params(d, names)
+    assert len(calls) == len(names)  # the first load hashes every tensor
+    calls.clear()
+    load_params(d, names)
+    assert not calls  # unchanged shards: their tensors passed before
+    shard = d / "params_shard_0.bin"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))  # same size, new mtime
+    with pytest.raises(tensor_cache.TensorCacheError, match="corrupt: md5 mismatch"):
+        load_params(d, names)
+
+
 def test_truncated_shard_is_named(build_tiny, tmp_path):
     built = build_tiny("tiny-llama", "q0f32")
     d = _copy(built, tmp_path)
