@@ -40,8 +40,18 @@ RESTORED_TRIALS = 20.0  # most observations per bin carried over from earlier pr
 # Plain steps decay the counts too, so a low estimate drifts back to the prior and drafting
 # is retried -- a probe that costs a draft forward (and a draft model's catch-up) after
 # ~20-60 plain steps; each retry that misses at once halves that drift, up to 16 times.
-FIRST_DECAY, FIRST_PLAIN_DECAY, FIRST_PRIOR_TRIALS = 0.95, 0.97, 6.0
+# The prior is weak (2 trials): one head's first-token acceptance ranges from 0 to 0.5 over
+# prompts (the Qwen EAGLE-3 head: translation 0.00, code 0.45), and with 6 trials a prompt
+# where nothing is accepted was asked ~30 times in a 63-token answer (77 ms of 1.4 s).
+FIRST_DECAY, FIRST_PLAIN_DECAY, FIRST_PRIOR_TRIALS = 0.95, 0.97, 2.0
 RETRY_AFTER, MAX_BACKOFF = 8, 16  # plain steps that make the next drafting step a retry
+# What this prompt does to the calibration: realized / predicted acceptance of the last few
+# tried nodes (decayed counts over LOCAL_PRIOR pseudo-nodes at the calibrated rate) scales
+# every prediction. The calibration is learned over hundreds of nodes and kept across
+# processes; a head that is confidently wrong on one kind of prompt (translation: the
+# EAGLE-3 head for Qwen2.5-Coder-1.5B drafted at 0.3-0.5 confidence and was accepted 0-5%
+# of the time, and ran at 0.91-0.95x) would otherwise keep drafting through a whole answer.
+LOCAL_DECAY, LOCAL_PRIOR, LOCAL_MAX = 0.8, 2.0, 2.0
 # A draft model's catch-up after a plain stretch buys drafting for the steps that follow,
 # not only for the one it happens in: a plan charges this share of it to the step.
 CATCH_UP_AMORTIZED = 1 / 8
@@ -64,14 +74,25 @@ class AcceptanceModel:
         self.first_hits = self.first_trials = 0.0
         self.plain_run = 0  # plain steps since the last drafting step
         self.backoff = 1.0
+        self.local_hits = self.local_expected = 0.0  # decayed, of the last tried nodes (LOCAL_DECAY)
 
     @staticmethod
     def _bin(conf: float) -> int:
         return min(BINS - 1, max(0, int(conf * BINS)))
 
-    def predict(self, conf: float) -> float:
+    def calibrated(self, conf: float) -> float:
+        """Acceptance of a draft token of this confidence, by the calibration curve alone."""
         b = self._bin(conf)
         return float((self.prior[b] * PRIOR_TRIALS + self.hits[b]) / (PRIOR_TRIALS + self.trials[b]))
+
+    @property
+    def local(self) -> float:
+        """How this prompt's recent drafts fared against their calibrated predictions (1: as
+        predicted; LOCAL_PRIOR pseudo-nodes keep a single miss from silencing a draft)."""
+        return min(LOCAL_MAX, (self.local_hits + LOCAL_PRIOR) / (self.local_expected + LOCAL_PRIOR))
+
+    def predict(self, conf: float) -> float:
+        return min(0.99, self.calibrated(conf) * self.local)
 
     def observe(self, conf: list[float], parents: list[int], path: list[int]) -> None:
         """One verified draft: node j was *tried* if its parent was accepted (or it hangs
@@ -79,6 +100,8 @@ class AcceptanceModel:
         on_path = set(path)
         for j, (c, p) in enumerate(zip(conf, parents)):
             if p < 0 or p in on_path:
+                self.local_hits = LOCAL_DECAY * self.local_hits + (j in on_path)
+                self.local_expected = LOCAL_DECAY * self.local_expected + self.calibrated(c)
                 b = self._bin(c)
                 self.hits *= DECAY
                 self.trials *= DECAY
@@ -89,6 +112,14 @@ class AcceptanceModel:
         if self.plain_run >= RETRY_AFTER:  # a retry: back off if it missed at once
             self.backoff = 1.0 if path else min(2 * self.backoff, MAX_BACKOFF)
         self.plain_run = 0
+
+    def observe_unverified(self, p: float) -> None:
+        """A first draft token the plan found not worth its row (``p``: its predicted
+        acceptance) counts as a trial worth ``p``: otherwise a head whose drafts keep being
+        dropped is asked again every step, and each ask costs a catch-up and a draft forward
+        (translation with the Qwen EAGLE-3 head: 20 of 32 asks dropped, each ~1.3 ms)."""
+        self.first_hits = FIRST_DECAY * self.first_hits + p
+        self.first_trials = FIRST_DECAY * self.first_trials + 1.0
 
     @property
     def first(self) -> float:
@@ -101,6 +132,8 @@ class AcceptanceModel:
         decay = FIRST_PLAIN_DECAY ** (1 / self.backoff)
         self.first_hits *= decay
         self.first_trials *= decay
+        self.local_hits *= decay  # and so does the prompt's scaling: the next drafts are a retry
+        self.local_expected *= decay
         self.plain_run += 1
 
     def state(self) -> dict:
@@ -134,6 +167,7 @@ class StepPlan:
         self.fixed = policy.fixed_k is not None
         self.off = not self.fixed and policy.guard_off(batch)
         self.sunk = 0.0  # seconds of draft forwards run this step
+        self.priced = 0.0  # what the table priced the forwards this plan allowed at (draft_overhead left out)
         self.probs: list[float] = []  # path probability of every node drafted so far
         self.plain_rate = batch / policy.plain_step_time(batch)
 
@@ -176,6 +210,7 @@ class StepPlan:
             probs.extend(p for p, _ in runs if p >= 1e-3)
             e, t, _ = self._best(probs, extra_seconds + j * self.cost.draft(rows))
             if e / t > bar * (1 + 1e-9):
+                self.priced += (extra_seconds + self.cost.draft(rows)) / self.cost.draft_overhead
                 return True
         return False
 
@@ -208,6 +243,9 @@ class StepPlan:
                 continue
             keep[i].add(j)
             e, rows, t = e + p, rows + 1, t + dt
+        for i, d in enumerate(drafts):
+            if len(d) and not keep[i]:  # drafted, none worth a row: evidence for the first-token estimate
+                self.policy.acceptance.observe_unverified(max(p for p, depth, s, _ in nodes if s == i and depth == 1))
         return [_subset(d, sorted(k)) for d, k in zip(drafts, keep)]
 
 
@@ -258,10 +296,13 @@ class Policy:
             return False
         return self.plan(batch).should_draft(batch, [(1.0, None)] * batch)
 
-    def observe(self, step) -> None:
+    def observe(self, step, plan: StepPlan | None = None) -> None:
         """Everything one decode step (a metrics.StepRecord) teaches: the target forward's
-        cost, the calibration from every speculative sequence's verdict, and the guard."""
+        cost, what its proposing cost against what ``plan`` (the step's) priced it at, the
+        calibration from every speculative sequence's verdict, and the guard."""
         self.cost.observe_target(step.rows, step.target_seconds)
+        if plan is not None and step.draft_forwards:
+            self.cost.observe_draft(step.draft_seconds, plan.priced)
         for d, v, on in zip(step.drafts, step.verdicts, step.speculative):
             if on:
                 self.observe_verdict(d, v.path)

@@ -112,6 +112,7 @@ class Engine:
         self._next_seq = 0
         self.totals = Stats(spec=SpecMetrics())  # every step this engine ran (a server exports them)
         self.feature_sink = None  # see capture_features
+        self._plan = None  # the last step's StepPlan (None: it did not propose)
 
     def set_draft_length(self, k: int) -> None:
         """Fix the draft length (k > 0) or make it adaptive (k = 0, starting from the
@@ -324,6 +325,7 @@ class Engine:
         """One decode step for these prefilled, unfinished sequences: propose, verify all
         of them in one target forward, accept, commit, emit; the record is accounted once."""
         t0 = time.perf_counter()
+        self._plan = None
         drafts, draft_forwards = self._propose(active)
         t1 = time.perf_counter()
         drafts, logits, hidden = self._forward(active, drafts)
@@ -339,7 +341,7 @@ class Engine:
         step = StepRecord(drafts, verdicts, emitted, speculative, draft_forwards, t1 - t0, t2 - t1,
                           time.perf_counter() - t2)
         if self.policy is not None:  # plain steps too: they keep the target's pace current
-            self.policy.observe(step)
+            self.policy.observe(step, self._plan)
         record_step(step, [s.result.stats for s in active], self.totals)
         return step
 
@@ -357,6 +359,7 @@ class Engine:
         if cap <= 0 or self.policy.hopeless(b):
             return plain, 0
         plan, before = self.policy.plan(b), self.proposer.forwards
+        self._plan = plan  # what it priced the proposing at: Policy.observe compares
         try:
             drafts = plan.select(self.proposer.propose(
                 [s.seq_id for s in active], [s.history for s in active], [cap if s.speculative else 0 for s in active],

@@ -76,6 +76,29 @@ def test_drift_between_plain_and_drafting_stretches_leaves_the_shape_alone(tmp_p
         assert again.target_table(rows) == pytest.approx(ms * MS, rel=0.05)
 
 
+def test_real_draft_work_is_learned_in_the_process():
+    cost = _model(QWEN, draft_ms=1.0, catch_up_ms=0.1)
+    for _ in range(10):  # real asks took 6 ms where the table priced their forwards at 2 ms
+        cost.observe_draft(6 * MS, 2 * MS)
+    assert cost.draft(1) == pytest.approx(3 * MS) and cost.catch_up(10) == pytest.approx(3 * MS)
+    assert cost.target(1) == pytest.approx(38 * MS)  # the target's pace is another matter
+
+
+def test_the_plan_prices_what_it_allows_and_the_policy_learns_from_it():
+    policy = Policy(_model(QWEN, draft_ms=1.0), AcceptanceModel(first_prior=0.9))
+    plan = policy.plan(1)
+    assert plan.should_draft(1, [(1.0, None)], extra_seconds=0.5 * MS)
+    assert plan.priced == pytest.approx(1.5 * MS)  # the forward and the catch-up it includes
+
+    class Step:  # what a decode step records (metrics.StepRecord's fields the policy reads)
+        rows, batch, target_seconds, draft_forwards, draft_seconds = 2, 1, 44 * MS, 1, 4.5 * MS
+        drafts, verdicts, speculative, drafted, emitted, seconds, forward_seconds = [], [], [], True, [1], 49 * MS, 48 * MS
+
+    for _ in range(5):
+        policy.observe(Step(), plan)
+    assert policy.cost.draft_overhead == pytest.approx(3.0)
+
+
 def test_profile_key_depends_on_library_mode_and_host(tmp_path, monkeypatch):
     lib = tmp_path / "a.so"
     lib.write_bytes(b"x" * 100)
@@ -97,8 +120,29 @@ def test_calibration_learns_what_a_confidence_is_worth():
     rng = np.random.default_rng(0)
     for _ in range(300):  # an over-confident draft: 0.95 means 0.5
         acc.observe([0.95], [-1], [0] if rng.random() < 0.5 else [])
-    assert acc.predict(0.95) == pytest.approx(0.5, abs=0.08)
-    assert acc.predict(0.25) == pytest.approx(0.25)  # other bins keep their prior
+    assert acc.calibrated(0.95) == pytest.approx(0.5, abs=0.08)
+    assert acc.calibrated(0.25) == pytest.approx(0.25)  # other bins keep their prior
+
+
+def test_a_prompt_where_confident_drafts_miss_scales_predictions_down_then_recovers():
+    acc = AcceptanceModel()
+    for _ in range(200):  # calibrated: confidence 0.6 is accepted 60% of the time
+        acc.observe([0.65], [-1], [0] if _ % 5 < 3 else [])
+    base = acc.calibrated(0.65)
+    assert acc.predict(0.65) == pytest.approx(base, abs=0.15)
+    for _ in range(6):  # a translation prompt: the same confidence, nothing accepted
+        acc.observe([0.65], [-1], [])
+    assert acc.predict(0.65) < 0.55 * base  # the next drafts look poor at once ...
+    assert acc.calibrated(0.65) > 0.9 * base  # ... while the long-run calibration barely moves
+    for _ in range(6):  # drafts that land again
+        acc.observe([0.65], [-1], [0])
+    assert acc.predict(0.65) > 0.9 * base
+    for _ in range(6):
+        acc.observe([0.65], [-1], [])
+    low = acc.predict(0.65)
+    for _ in range(100):  # a plain stretch: the prompt's scaling drifts back, so drafting is retried
+        acc.relax()
+    assert low < acc.predict(0.65) == pytest.approx(acc.calibrated(0.65), rel=0.1)
 
 
 def test_only_nodes_whose_parent_was_accepted_are_evidence():
@@ -113,16 +157,18 @@ def test_first_token_estimate_falls_with_misses_and_recovers_over_plain_steps():
     acc = AcceptanceModel(first_prior=0.6)
     for _ in range(20):
         acc.observe([0.5], [-1], [])
-    assert acc.first < 0.2
+    low = acc.first
+    assert low < 0.1  # a weak prior (FIRST_PRIOR_TRIALS): 20 misses say this prompt is hopeless
     for _ in range(80):
         acc.relax()
-    assert acc.first > 0.45  # drafting is retried after a plain stretch
+    assert acc.first > 0.35  # drafting is retried after a plain stretch
+    rise = acc.first - low
     acc.observe([0.5], [-1], [])  # ... and the retry misses at once: the next wait is longer
     assert acc.backoff == 2
     before = acc.first
     for _ in range(80):
         acc.relax()
-    assert acc.first - before < 0.8 * (0.5 - 0.2)
+    assert acc.first - before < 0.8 * rise
     for _ in range(200):
         acc.relax()
     acc.observe([0.5], [-1], [0])  # a retry that hits resets the wait
@@ -206,6 +252,18 @@ def test_tree_selection_keeps_parents_and_the_most_probable_nodes():
     assert depths == [1, 1, 2, 2, 3] and probs[4] == pytest.approx(0.95 * 0.85 * 0.75)  # bin centers
     kept = policy.plan(1).select([d])[0]
     assert kept.tokens == [10, 12, 14] and kept.parents == [-1, 0, 1]
+
+
+def test_drafts_found_not_worth_a_row_teach_the_first_token_estimate():
+    policy = Policy(_model(QWEN, draft_ms=3.0), AcceptanceModel(first_prior=0.7))
+    asks = 0
+    for _ in range(40):  # a head that is asked (its catch-up and forward run), then drafts at 5% confidence
+        plan = policy.plan(1)
+        if not plan.should_draft(1, [(1.0, None)]):
+            break
+        asks += 1
+        assert plan.select([Draft([5], conf=[0.03])])[0].tokens == []  # nothing worth verifying
+    assert asks < 40 and policy.acceptance.first < 0.3  # it stops being asked (plain steps retry it later)
 
 
 def test_fixed_length_is_left_alone():
