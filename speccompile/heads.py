@@ -12,7 +12,8 @@ resumable, into ``$SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/``:
 3. train-draft --method eagle3: the training-time test, best held-out checkpoint exported to
    ``heads/<model>-eagle3`` (HEAD_EPOCHS);
 4. train-draft --method medusa on the same answers: 3 heads over a 16k draft vocabulary, to
-   ``heads/<model>-medusa`` (MEDUSA_STEPS). ``HEADS=eagle3`` or ``HEADS=medusa`` trains one.
+   ``heads/<model>-medusa``, MEDUSA_EPOCHS (4) passes of 4 conversations a step (3,000 steps,
+   ~50 min, for 3,000 answers), or MEDUSA_STEPS. ``HEADS=eagle3`` or ``HEADS=medusa`` trains one.
 Rerun the same command to continue after any interruption. The prompts and the answers' token
 ids are also kept in ``heads/data/<model>-<quant>/`` (commit it): on a machine whose cache is
 empty, the features are rebuilt from them by prefill instead of generating the answers again.
@@ -33,6 +34,7 @@ HEAD_PROMPTS override the defaults.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -74,9 +76,14 @@ def eagle3_pipeline(model: str, quant: str) -> dict:
         reports["eagle3"] = train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3",
                                          Settings(epochs=int(env("HEAD_EPOCHS", "8"))))
     if "medusa" in which:  # on the same answers (their final hidden states), 3 heads over a 16k vocabulary
+        # steps follow the data (MEDUSA_EPOCHS passes of 4 conversations a step), so a rerun after
+        # more answers continues the checkpoint over them instead of finding it done
+        index = work / "answers" / "train" / "index.jsonl"
+        answered = sum(len(json.loads(line)["ids"]) for line in index.read_text().splitlines() if line.strip())
+        steps = int(env("MEDUSA_STEPS") or math.ceil(float(env("MEDUSA_EPOCHS", "4")) * answered / 4))
         reports["medusa"] = run_train_draft("medusa", target_dir, None, REPO / "heads" / f"{model}-medusa",
-                                            steps=int(env("MEDUSA_STEPS", "3000")), train_batch=4,
-                                            draft_vocab=16384, work_dir=work, medusa_num_heads=3)
+                                            steps=steps, train_batch=4, draft_vocab=16384, work_dir=work,
+                                            medusa_num_heads=3)
     return reports
 
 
