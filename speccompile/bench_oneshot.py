@@ -43,33 +43,47 @@ def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, sp
 def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Path | None = None,
                  max_tokens: int = 128, categories: list[str] | None = None, per_category: int | None = None,
                  limit: int | None = None, out_json: Path | None = None, quiet: bool = False,
-                 overrides: str | None = None) -> dict:
+                 overrides: str | None = None, repeat: int = 1) -> dict:
+    """``repeat``: plain / spec / spec / plain quartets per prompt (one fresh process each run);
+    a prompt's times are the means over all its plain and all its spec runs, its counts the
+    sums over its spec runs. Fresh processes on this kind of machine swing ~10% apart, and a
+    category holds few prompts: repeats are what make a category's number mean something."""
     if not SpeculativeConfig(**spec).enabled:
         raise ValueError("--one-shot compares plain and speculative decoding: give a --speculative-mode")
+    if repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, not {repeat}")
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     rows = []
+    counts = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "draft_steps")
     for i, p in enumerate(prompts):
-        a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides)
-                        for sp in (None, spec, spec, None))
-        tokens = a["stats"]["decode_tokens"]
-        plain_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in (a, b))
-        spec_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in (s1, s2))
-        st = s1["stats"]
-        row = {"id": p["id"], "category": p["category"], "decode_tokens": tokens,
+        plains, specs = [], []
+        for _ in range(repeat):
+            a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides)
+                            for sp in (None, spec, spec, None))
+            plains += [a, b]
+            specs += [s1, s2]
+        runs = plains + specs
+        tokens = plains[0]["stats"]["decode_tokens"]
+        plain_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in plains)
+        spec_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in specs)
+        total = {k: sum(r["stats"][k] for r in specs) for k in counts}
+        emitted = sum(r["stats"]["mean_accepted_length"] * r["stats"]["verify_steps"] for r in specs)
+        row = {"id": p["id"], "category": p["category"], "decode_tokens": tokens, "runs": len(runs),
                "plain_seconds": plain_s, "spec_seconds": spec_s,
                "plain_tokens_per_s": tokens / plain_s, "spec_tokens_per_s": tokens / spec_s,
                "speedup": plain_s / spec_s,
-               "identical_output": a["token_ids"] == s1["token_ids"] == s2["token_ids"] == b["token_ids"],
-               "plain_process_seconds": statistics.fmean(r["process_seconds"] for r in (a, b)),
-               "spec_process_seconds": statistics.fmean(r["process_seconds"] for r in (s1, s2)),
-               **{k: st[k] for k in ("accept_rate", "mean_accepted_length", "draft_tokens", "accepted_tokens",
-                                     "verify_steps", "plain_steps", "draft_steps")}}
+               "identical_output": all(r["token_ids"] == runs[0]["token_ids"] for r in runs),
+               "plain_process_seconds": statistics.fmean(r["process_seconds"] for r in plains),
+               "spec_process_seconds": statistics.fmean(r["process_seconds"] for r in specs),
+               "accept_rate": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else 0.0,
+               "mean_accepted_length": emitted / total["verify_steps"] if total["verify_steps"] else 0.0,
+               **{k: v / len(specs) for k, v in total.items()}}  # per spec run
         rows.append(row)
         if not quiet:
             print(f"[{i + 1}/{len(prompts)}] {p['category']:<13} plain {row['plain_tokens_per_s']:6.1f} | spec "
                   f"{row['spec_tokens_per_s']:6.1f} tok/s x{row['speedup']:.2f} accept {row['accept_rate']:.2f} "
-                  f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']}/"
-                  f"{row['verify_steps'] + row['plain_steps']} steps"
+                  f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']:.0f}/"
+                  f"{row['verify_steps'] + row['plain_steps']:.0f} steps"
                   f"{'' if row['identical_output'] else '  OUTPUT DIFFERS'}", flush=True)
     by_cat: dict[str, list[dict]] = {}
     for r in rows:
@@ -89,7 +103,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
 
     categories_out = {c: summarize(g) for c, g in by_cat.items()}
     report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,
-              "max_tokens": max_tokens, "host": _host(), "overall": summarize(rows),
+              "max_tokens": max_tokens, "repeat": repeat, "host": _host(), "overall": summarize(rows),
               "mean_of_categories": statistics.fmean(c["speedup"] for c in categories_out.values()),
               "categories": categories_out, "prompts": rows}
     if not quiet:

@@ -393,6 +393,8 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
               help="with --llama-speculative in small_draft mode: the draft's GGUF file")
 @click.option("--one-shot", is_flag=True, default=False,
               help="each run a fresh `generate` process (plain/spec/spec/plain per prompt), as users run it")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="with --one-shot: plain/spec/spec/plain quartets per prompt (fresh processes swing ~10%%)")
 @click.option("--llama-spec-mode", "llama_modes", multiple=True, type=click.Choice(["small_draft", "ngram"]),
               help="with --llama-speculative: llama.cpp's modes to run beside ours (repeatable; default: ours)")
 @click.option("--llama-draft-max", type=int, default=3, show_default=True,
@@ -400,7 +402,7 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
 @click.option("--overrides", default=None, help=OVERRIDES_HELP + "; not with --endpoint")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
               per_category, spec, endpoint, concurrency, api_key, compare, ab, llama_bench, gguf, llama_spec, draft_gguf,
-              one_shot, llama_modes, llama_draft_max, overrides):
+              one_shot, repeat, llama_modes, llama_draft_max, overrides):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
@@ -429,11 +431,14 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             from speccompile.fetch import fetch
 
             gguf = fetch(model_name, quiet=True)
+        if repeat != 1 and not one_shot:
+            raise ValueError("--repeat is for --one-shot runs (a warm bench already alternates plain and spec "
+                             "per prompt)")
         if one_shot:
             from speccompile.bench_oneshot import run_one_shot
 
             run_one_shot(model_dir, model_lib, cli_spec, prompts, max_tokens, list(categories) or None, per_category,
-                         num_prompts, out_json, overrides=overrides)
+                         num_prompts, out_json, overrides=overrides, repeat=repeat)
             return
         if llama_bench and (gguf is None or not Path(llama_bench).exists()):
             raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")

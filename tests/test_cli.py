@@ -1,6 +1,7 @@
 """The command line as a user runs it, end to end on a tiny model."""
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from speccompile.cli import main
@@ -84,3 +85,22 @@ def test_one_shot_bench_refuses_plain_decoding_before_running_anything(tmp_path)
 
     with pytest.raises(ValueError, match="give a --speculative-mode"):
         run_one_shot(tmp_path, tmp_path / "lib.so", {"speculative_mode": "disable"})
+
+
+def test_one_shot_bench_repeats_fresh_generate_processes(build_tiny, tmp_path):
+    """--one-shot --repeat 2: two plain/spec/spec/plain quartets of fresh `speccompile generate`
+    processes per prompt (the runtime-only TVM import included), all eight outputs identical,
+    counts summed over the spec runs and reported per run."""
+    from speccompile.bench_oneshot import run_one_shot
+
+    built = build_tiny("tiny-llama", "q0f32")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "code", "turns": ["def add(a, b): return a + b"]}) + "\n")
+    report = run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, max_tokens=10,
+                          quiet=True, repeat=2)
+    row = report["prompts"][0]
+    assert report["repeat"] == 2 and row["runs"] == 8 and row["identical_output"]
+    assert row["verify_steps"] + row["plain_steps"] <= 10 and row["plain_seconds"] > 0 and row["spec_seconds"] > 0
+    assert report["overall"]["identical_outputs"] == 1
+    with pytest.raises(ValueError, match="--repeat must be >= 1"):
+        run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, repeat=0)
