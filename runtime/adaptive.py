@@ -191,12 +191,13 @@ class StepPlan:
             e, rows, t = e + p, rows + 1, t + dt
         return e, t, rows
 
-    def should_draft(self, rows: int, expansions: list[tuple[float, float | None]], extra_seconds: float = 0.0) -> bool:
+    def should_draft(self, rows: int, expansions: list[tuple[float, float | None]], catch_up_tokens: int = 0) -> bool:
         """Whether to run a draft forward over ``rows`` rows that extends these nodes:
         (P of the node, predicted acceptance of its best child or None for the first-token
         estimate). True if some number of such forwards (up to LOOKAHEAD) raises the step's
-        expected rate above both what it has and plain decoding; ``extra_seconds``: a draft
-        model's catch-up inside the first of them."""
+        expected rate above both what it has and plain decoding. ``catch_up_tokens``: rows the
+        draft must build first, inside the first forward (a prompt, a plain stretch); the
+        decision charges CATCH_UP_AMORTIZED of them, what the plan prices is all of them."""
         if self.fixed:
             return True
         if self.off or not expansions:
@@ -204,13 +205,14 @@ class StepPlan:
         e0, t0, _ = self._best(self.probs)
         bar = max(e0 / t0, self.plain_rate)
         probs = list(self.probs)
+        extra_seconds = CATCH_UP_AMORTIZED * self.cost.catch_up(catch_up_tokens)
         runs = [(p, self.first if a is None else a) for p, a in expansions]
         for j in range(1, LOOKAHEAD + 1):
             runs = [(p * a, a) for p, a in runs]
             probs.extend(p for p, _ in runs if p >= 1e-3)
             e, t, _ = self._best(probs, extra_seconds + j * self.cost.draft(rows))
             if e / t > bar * (1 + 1e-9):
-                self.priced += (extra_seconds + self.cost.draft(rows)) / self.cost.draft_overhead
+                self.priced += (self.cost.catch_up(catch_up_tokens) + self.cost.draft(rows)) / self.cost.draft_overhead
                 return True
         return False
 

@@ -103,8 +103,10 @@ class CostModel:
     them) to what the table priced those forwards at (StepPlan.priced). Timed alone, a Qwen
     EAGLE-3 head forward is 0.8 ms; real asks cost ~1.5x that. It is learned in each
     process, from 1, and not kept: a value kept from a process whose asks were dear would
-    stop the next one from drafting, and so from ever measuring it again. Observations are also kept per row count (pace removed) and written back into the
-    cached profile, anchored at the one-row entry, so the next process starts from a
+    stop the next one from drafting, and so from ever measuring it again.
+
+    Target observations are also kept per row count (pace removed) and written back into
+    the cached profile, anchored at the one-row entry, so the next process starts from a
     profile healed by real steps."""
 
     def __init__(self, target: CostTable, draft: CostTable, catch_up_per_token: float = 0.0,

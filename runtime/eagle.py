@@ -46,7 +46,7 @@ import numpy as np
 from tvm.runtime import tensor as to_device
 
 from .acceptance import Draft
-from .adaptive import CATCH_UP_AMORTIZED, MAX_DEPTH
+from .adaptive import MAX_DEPTH
 from .contract import EAGLE, EAGLE3, KV_PAGE_SIZE
 from .costs import time_min
 from .eagle_heads import (Eagle3HeadModel, EagleHeadModel, HostDraftCalls, check_draft_vocab,  # noqa: F401
@@ -281,8 +281,7 @@ class EagleProposer:
         # per row and charged in part to this step, since it buys drafting for the steps after
         # it too; charged whole as a draft forward of that many rows, a 73-token prompt looked
         # like a target step, never paid, and grew by a row with every plain step after it
-        if not active or not plan.should_draft(len(active), [(1.0, None)] * len(active),
-                                               CATCH_UP_AMORTIZED * plan.cost.catch_up(fed - len(active))):
+        if not active or not plan.should_draft(len(active), [(1.0, None)] * len(active), fed - len(active)):
             return drafts
         ids = [seq_ids[i] for i in active]
         try:

@@ -29,7 +29,7 @@ from typing import Iterator
 import numpy as np
 
 from .acceptance import Draft, Verdict
-from .adaptive import MAX_DEPTH, AcceptanceModel, Policy
+from .adaptive import MAX_DEPTH, AcceptanceModel, Policy, StepPlan
 from .contract import read_model_config
 from .costs import load_or_measure, weights_key
 from .device import DeviceError, parse_device
@@ -112,7 +112,6 @@ class Engine:
         self._next_seq = 0
         self.totals = Stats(spec=SpecMetrics())  # every step this engine ran (a server exports them)
         self.feature_sink = None  # see capture_features
-        self._plan = None  # the last step's StepPlan (None: it did not propose)
 
     def set_draft_length(self, k: int) -> None:
         """Fix the draft length (k > 0) or make it adaptive (k = 0, starting from the
@@ -325,8 +324,7 @@ class Engine:
         """One decode step for these prefilled, unfinished sequences: propose, verify all
         of them in one target forward, accept, commit, emit; the record is accounted once."""
         t0 = time.perf_counter()
-        self._plan = None
-        drafts, draft_forwards = self._propose(active)
+        drafts, draft_forwards, plan = self._propose(active)
         t1 = time.perf_counter()
         drafts, logits, hidden = self._forward(active, drafts)
         verdicts = self._accept(active, drafts, logits)
@@ -341,32 +339,32 @@ class Engine:
         step = StepRecord(drafts, verdicts, emitted, speculative, draft_forwards, t1 - t0, t2 - t1,
                           time.perf_counter() - t2)
         if self.policy is not None:  # plain steps too: they keep the target's pace current
-            self.policy.observe(step, self._plan)
+            self.policy.observe(step, plan)
         record_step(step, [s.result.stats for s in active], self.totals)
         return step
 
-    def _propose(self, active: list[Sequence]) -> tuple[list[Draft], int]:
-        """(each sequence's draft as the plan keeps it, draft forwards run). The depth is
+    def _propose(self, active: list[Sequence]) -> tuple[list[Draft], int, StepPlan | None]:
+        """(each sequence's draft as the plan keeps it, draft forwards run, the step's plan --
+        what it priced the proposing at, which Policy.observe compares -- or None). The depth is
         fixed or up to MAX_DEPTH, capped by the token budget per forward and the context
         window (not by max_tokens: drafts past it are verified, then cut on emission)."""
         plain = [Draft() for _ in active]
         if self.proposer is None or not any(s.speculative for s in active):
-            return plain, 0
+            return plain, 0, None
         b = len(active)
         limit = self.max_batch_tokens // b - 1
         room = min(self.context_window - len(s.history) for s in active)
         cap = min(self.policy.fixed_k or MAX_DEPTH, limit, room - 1)
         if cap <= 0 or self.policy.hopeless(b):
-            return plain, 0
+            return plain, 0, None
         plan, before = self.policy.plan(b), self.proposer.forwards
-        self._plan = plan  # what it priced the proposing at: Policy.observe compares
         try:
             drafts = plan.select(self.proposer.propose(
                 [s.seq_id for s in active], [s.history for s in active], [cap if s.speculative else 0 for s in active],
                 [s.sampling for s in active], [s.rng for s in active], plan, node_limit=limit))
         except KVCacheFull:  # the draft model's cache is full: this step verifies no drafts
             drafts = plain
-        return drafts, self.proposer.forwards - before
+        return drafts, self.proposer.forwards - before, plan
 
     def _forward(self, active: list[Sequence], drafts: list[Draft]):
         """(the drafts verified, device logits [n, vocab] of ``[last] + drafts`` of every

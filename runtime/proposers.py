@@ -18,7 +18,7 @@ import numpy as np
 from .kv_cache import KVCacheFull
 from .model import Model, read_metadata
 from .sampling import SamplingParams, probs_from_logits
-from .adaptive import CATCH_UP_AMORTIZED, StepPlan
+from .adaptive import StepPlan
 from .costs import time_min
 from .acceptance import Draft
 from .contract import read_model_config
@@ -301,8 +301,7 @@ class SmallDraftProposer:
             return drafts
         pending = [histories[i][len(self.cached[seq_ids[i]]):] for i in active]
         fed = sum(len(p) for p in pending)
-        if not plan.should_draft(len(active), [(1.0, None)] * len(active),
-                                 CATCH_UP_AMORTIZED * plan.cost.catch_up(fed - len(active))):
+        if not plan.should_draft(len(active), [(1.0, None)] * len(active), fed - len(active)):
             return drafts
         ids = [seq_ids[i] for i in active]
         t0 = time.perf_counter()

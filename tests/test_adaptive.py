@@ -85,10 +85,10 @@ def test_real_draft_work_is_learned_in_the_process():
 
 
 def test_the_plan_prices_what_it_allows_and_the_policy_learns_from_it():
-    policy = Policy(_model(QWEN, draft_ms=1.0), AcceptanceModel(first_prior=0.9))
+    policy = Policy(_model(QWEN, draft_ms=1.0, catch_up_ms=0.1), AcceptanceModel(first_prior=0.9))
     plan = policy.plan(1)
-    assert plan.should_draft(1, [(1.0, None)], extra_seconds=0.5 * MS)
-    assert plan.priced == pytest.approx(1.5 * MS)  # the forward and the catch-up it includes
+    assert plan.should_draft(1, [(1.0, None)], catch_up_tokens=5)
+    assert plan.priced == pytest.approx(1.5 * MS)  # the forward and the whole catch-up inside it (5 x 0.1 ms)
 
     class Step:  # what a decode step records (metrics.StepRecord's fields the policy reads)
         rows, batch, target_seconds, draft_forwards, draft_seconds = 2, 1, 44 * MS, 1, 4.5 * MS

@@ -34,7 +34,7 @@ class Plan:
         self.asked: list[int] = []  # rows of each draft forward asked about
         self.cost = SimpleNamespace(catch_up=lambda tokens: 0.0)
 
-    def should_draft(self, rows, expansions, extra_seconds=0.0) -> bool:
+    def should_draft(self, rows, expansions, catch_up_tokens=0) -> bool:
         self.asked.append(rows)
         return self.answers.pop(0) if self.answers else True
 
