@@ -38,13 +38,16 @@ RESTORED_TRIALS = 20.0  # most observations per bin carried over from earlier pr
 # A first draft token's acceptance, before any confidence is known: decayed hit / trial
 # counts (about the last 20 drafting steps) over a prior worth FIRST_PRIOR_TRIALS of them.
 # Plain steps decay the counts too, so a low estimate drifts back to the prior and drafting
-# is retried -- a probe that costs a draft forward (and a draft model's catch-up) after
-# ~20-60 plain steps; each retry that misses at once halves that drift, up to 16 times.
+# is retried -- a probe that costs a draft forward (and a draft model's catch-up). Every ask
+# that yields nothing (a first token rejected, or no node worth its row) halves that drift,
+# up to MAX_BACKOFF times; a hit or a new prompt resets it. Without the backoff the estimate
+# settles where it just pays and the head is asked every few steps for good: Medusa for
+# Qwen2.5-Coder-1.5B on a translation prompt, 0 of ~25 asks accepted, asked every 5 steps.
 # The prior is weak (2 trials): one head's first-token acceptance ranges from 0 to 0.5 over
 # prompts (the Qwen EAGLE-3 head: translation 0.00, code 0.45), and with 6 trials a prompt
 # where nothing is accepted was asked ~30 times in a 63-token answer (77 ms of 1.4 s).
 FIRST_DECAY, FIRST_PLAIN_DECAY, FIRST_PRIOR_TRIALS = 0.95, 0.97, 2.0
-RETRY_AFTER, MAX_BACKOFF = 8, 16  # plain steps that make the next drafting step a retry
+MAX_BACKOFF = 16
 # What this prompt does to the calibration: realized / predicted acceptance of the last few
 # tried nodes (decayed counts over LOCAL_PRIOR pseudo-nodes at the calibrated rate) scales
 # every prediction. The calibration is learned over hundreds of nodes and kept across
@@ -72,8 +75,7 @@ class AcceptanceModel:
         self.trials = np.zeros(BINS)
         self.first_prior = first_prior
         self.first_hits = self.first_trials = 0.0
-        self.plain_run = 0  # plain steps since the last drafting step
-        self.backoff = 1.0
+        self.backoff = 1.0  # how much slower plain steps relax the first-token evidence
         self.local_hits = self.local_expected = 0.0  # decayed, of the last tried nodes (LOCAL_DECAY)
 
     @staticmethod
@@ -109,9 +111,7 @@ class AcceptanceModel:
                 self.trials[b] += 1.0
         self.first_hits = FIRST_DECAY * self.first_hits + (1.0 if path else 0.0)
         self.first_trials = FIRST_DECAY * self.first_trials + 1.0
-        if self.plain_run >= RETRY_AFTER:  # a retry: back off if it missed at once
-            self.backoff = 1.0 if path else min(2 * self.backoff, MAX_BACKOFF)
-        self.plain_run = 0
+        self.backoff = 1.0 if path else min(2 * self.backoff, MAX_BACKOFF)
 
     def observe_unverified(self, p: float) -> None:
         """A first draft token the plan found not worth its row (``p``: its predicted
@@ -120,6 +120,17 @@ class AcceptanceModel:
         (translation with the Qwen EAGLE-3 head: 20 of 32 asks dropped, each ~1.3 ms)."""
         self.first_hits = FIRST_DECAY * self.first_hits + p
         self.first_trials = FIRST_DECAY * self.first_trials + 1.0
+        self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+
+    def new_prompt(self) -> None:
+        """A sequence joined: new content. The first-token evidence keeps at most the prior's
+        weight and the backoff resets (a head silenced by a translation request is asked again
+        on the next request at once), and the prompt's scaling starts over."""
+        keep = min(1.0, FIRST_PRIOR_TRIALS / max(self.first_trials, 1e-9))
+        self.first_hits *= keep
+        self.first_trials *= keep
+        self.backoff = 1.0
+        self.local_hits = self.local_expected = 0.0
 
     @property
     def first(self) -> float:
@@ -134,7 +145,6 @@ class AcceptanceModel:
         self.first_trials *= decay
         self.local_hits *= decay  # and so does the prompt's scaling: the next drafts are a retry
         self.local_expected *= decay
-        self.plain_run += 1
 
     def state(self) -> dict:
         return {"hits": self.hits.tolist(), "trials": self.trials.tolist(),

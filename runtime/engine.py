@@ -266,6 +266,8 @@ class Engine:
         self.kv.add_sequence(seq.seq_id)
         if self.proposer:
             self.proposer.add_sequence(seq.seq_id, seq.history)
+            if self.policy is not None and not seq.result.token_ids:
+                self.policy.acceptance.new_prompt()
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
 
     def detach(self, seq: Sequence) -> None:

@@ -5,7 +5,7 @@ Nothing here is timed: every cost is given, every acceptance drawn from a seeded
 import numpy as np
 import pytest
 
-from speccompile.runtime.adaptive import AcceptanceModel, Policy, node_probs
+from speccompile.runtime.adaptive import MAX_BACKOFF, AcceptanceModel, Policy, node_probs
 from speccompile.runtime.costs import CostModel, CostTable, profile_path
 from speccompile.runtime.acceptance import Draft
 
@@ -140,9 +140,13 @@ def test_a_prompt_where_confident_drafts_miss_scales_predictions_down_then_recov
     for _ in range(6):
         acc.observe([0.65], [-1], [])
     low = acc.predict(0.65)
-    for _ in range(100):  # a plain stretch: the prompt's scaling drifts back, so drafting is retried
-        acc.relax()
+    for _ in range(100 * MAX_BACKOFF):  # a plain stretch: the prompt's scaling drifts back (slowly
+        acc.relax()                     # after six misses), so drafting is retried
     assert low < acc.predict(0.65) == pytest.approx(acc.calibrated(0.65), rel=0.1)
+    for _ in range(6):
+        acc.observe([0.65], [-1], [])
+    acc.new_prompt()  # and a new prompt starts its scaling over
+    assert acc.predict(0.65) == pytest.approx(acc.calibrated(0.65))
 
 
 def test_only_nodes_whose_parent_was_accepted_are_evidence():
@@ -153,26 +157,35 @@ def test_only_nodes_whose_parent_was_accepted_are_evidence():
     assert acc.trials[1] == 0
 
 
-def test_first_token_estimate_falls_with_misses_and_recovers_over_plain_steps():
+def test_first_token_estimate_falls_with_misses_and_recovers_slower_after_each():
     acc = AcceptanceModel(first_prior=0.6)
+    acc.observe([0.5], [-1], [])
+    for _ in range(80):
+        acc.relax()
+    fast = acc.first  # one miss: back near the prior after a plain stretch
+    assert fast > 0.5
     for _ in range(20):
         acc.observe([0.5], [-1], [])
     low = acc.first
     assert low < 0.1  # a weak prior (FIRST_PRIOR_TRIALS): 20 misses say this prompt is hopeless
+    assert acc.backoff == MAX_BACKOFF
     for _ in range(80):
         acc.relax()
-    assert acc.first > 0.35  # drafting is retried after a plain stretch
-    rise = acc.first - low
-    acc.observe([0.5], [-1], [])  # ... and the retry misses at once: the next wait is longer
-    assert acc.backoff == 2
-    before = acc.first
-    for _ in range(80):
+    assert acc.first < 0.15  # every miss slowed the drift: not asked again within 80 tokens
+    for _ in range(80 * MAX_BACKOFF):
         acc.relax()
-    assert acc.first - before < 0.8 * rise
-    for _ in range(200):
-        acc.relax()
+    assert acc.first > 0.35  # ... but retried in the end
     acc.observe([0.5], [-1], [0])  # a retry that hits resets the wait
     assert acc.backoff == 1
+
+
+def test_dropped_drafts_back_off_and_a_new_prompt_asks_again_at_once():
+    acc = AcceptanceModel(first_prior=0.7)
+    for _ in range(12):
+        acc.observe_unverified(0.05)  # asked, nothing worth a row
+    assert acc.first < 0.2 and acc.backoff == MAX_BACKOFF
+    acc.new_prompt()  # new content: the old prompt weighs no more than the prior
+    assert acc.first > 0.35 and acc.backoff == 1
 
 
 def test_learned_calibration_survives_the_process():
