@@ -480,7 +480,7 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
 @click.option("--train-batch", type=int, default=4, show_default=True, help="conversations per step")
 @click.option("--draft-vocab", type=int, default=None,
               help="tokens in the draft vocabulary, counted from the target's answers [eagle, medusa: 16384; "
-                   "eagle3: 32768]")
+                   "eagle3: 16384, or a resumed run's own]")
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="data and checkpoints (default OUTPUT/work); reuse it to resume, or to train "
                    "another method on the same data")
@@ -517,7 +517,7 @@ def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_toke
                 raise ValueError("--method eagle3 trains on WORK_DIR/answers: give --work-dir (train-answers' "
                                  "--work-dir)")
             report = train_eagle3(target_dir, work_dir, output,
-                                  Settings(intermediate_size=intermediate_size, draft_vocab=draft_vocab or 32768,
+                                  Settings(intermediate_size=intermediate_size, draft_vocab=draft_vocab,
                                            steps=ttt_steps, epochs=epochs, eval_every=eval_every,
                                            soft_labels=soft_labels), export_only=export_only)
             click.echo(json.dumps(report, indent=1))

@@ -15,8 +15,14 @@ r - k + s). Positions keep their RoPE index, as the runtime's scratch rows do.
 
 Labels are the target's own greedy tokens (train-answers generated greedily, which is
 what lossless greedy verification accepts): row r predicts token r + 2. Only answer
-tokens are scored, and only those in the draft vocabulary (the ``draft_vocab`` most
-frequent answer tokens, fixed at the first run). With ``soft_labels`` the loss is the
+tokens are scored; one outside the draft vocabulary (the ``draft_vocab`` most frequent
+answer tokens) counts as a miss, as at draft time, and is not trained on. The vocabulary
+can change on a resumed run (``draft_vocab`` set), because the projection is frozen: the
+trained layers do not depend on it. Measured on the step-600 head for Qwen2.5-Coder-1.5B
+(held-out and MT-bench top-1 and chain length, misses counted so): 16,384, 24,576 and
+32,768 tokens score the same to 4 decimals (held-out top-1 0.450, MT-bench 0.386) -- the
+rarer half is never drafted right -- while the 32k projection was ~60% of a training
+step's compute; so 16,384, the size Medusa's heads for the same target use. With ``soft_labels`` the loss is the
 cross-entropy against the target's whole next-token distribution over the draft
 vocabulary, softmax(lm_head(final hidden state at r + 1)), as EAGLE-3's reference training
 does, instead of its argmax alone: the distribution carries more per token than its argmax
@@ -51,7 +57,9 @@ import numpy as np
 
 from .train_answers import conversations, read_shards
 
-IGNORE = -100
+IGNORE = -100  # a row that is not scored (prompt tokens, past the end)
+OOV = -1  # an answer token outside the draft vocabulary: scored, never right, not trained on
+DRAFT_VOCAB = 16384  # a new run's draft vocabulary (module doc)
 EVAL_STEPS = 6  # depths scored on held-out data (training may run fewer TTT steps)
 
 
@@ -113,7 +121,7 @@ class Trainer:
         self.torch, self.model, self.cfg, self.dtype = torch, model, layer_cfg, dtype
         self.emb = torch.from_numpy(emb)  # [V, h] fp32, frozen (rows gathered per batch)
         self.lm = torch.from_numpy(np.ascontiguousarray(head_rows[vocab])).to(dtype)  # [Vd, h] frozen
-        t2d = np.full(emb.shape[0], IGNORE, np.int64)
+        t2d = np.full(emb.shape[0], OOV, np.int64)
         t2d[vocab] = np.arange(vocab.size)
         self.t2d = t2d
         c = layer_cfg
@@ -122,7 +130,8 @@ class Trainer:
 
     def batch(self, convs: list[Conv]):
         """Padded tensors of a batch: feats [b, n, 3h], emb ids [b, n] (token r+1), labels
-        [b, n] (draft id of token r+2, or IGNORE), valid rows [b, n]."""
+        [b, n] (draft id of token r+2; OOV for an answer token outside the draft vocabulary;
+        IGNORE for prompt tokens and padding)."""
         torch = self.torch
         n = max(c.rows for c in convs)
         b, w = len(convs), convs[0].feats.shape[1]
@@ -207,25 +216,27 @@ class Trainer:
             emb = self.emb[nxt].to(self.dtype)  # [b, n, h]
             hid = m.fuse(feats.to(self.dtype))  # [b, n, h]
             cache, total, out = [], None, []
-            labelled, pos = labels != IGNORE, torch.arange(n)
+            answer, pos = labels != IGNORE, torch.arange(n)
             if soft_from is not None and weights is not None:
-                with torch.no_grad():  # the target's distribution of each labelled row's token: [rows, Vd]
-                    target_p = torch.softmax(F.linear(soft_from[labelled].to(self.dtype), self.lm).float(), -1)
+                with torch.no_grad():  # the target's distribution of each answer row's token: [rows, Vd]
+                    target_p = torch.softmax(F.linear(soft_from[answer].to(self.dtype), self.lm).float(), -1)
             for k in range(steps):
                 x = torch.cat([L.input_layernorm(emb), L.hidden_norm(hid)], -1)
                 h1 = hid + self.attend(L, x, cos, sin, cache, k)
                 o = h1 + L.mlp(L.post_attention_layernorm(h1))  # [b, n, h]
-                scored = labelled & (pos >= k)[None, :]  # row r at step k needs a true row at r - k
+                # every answer row is scored (an OOV token is a miss, as at draft time); row r at
+                # step k needs a true row at r - k
+                scored = answer & (pos >= k)[None, :]
                 logits = F.linear(m.norm(o)[scored], self.lm)  # [rows, Vd]
                 target = labels[scored]
                 if keep is not None:
                     keep.append(logits.detach())
-                if weights is not None and scored.any():
-                    if soft_from is not None:  # the scored rows are the labelled ones at positions >= k
-                        p = target_p[(pos >= k)[None, :].expand(b, n)[labelled]]
+                if weights is not None and (target >= 0).any():
+                    if soft_from is not None:  # the scored rows are the answer ones at positions >= k
+                        p = target_p[(pos >= k)[None, :].expand(b, n)[answer]]
                         loss = -(p * F.log_softmax(logits.float(), -1)).sum(-1).mean()
-                    else:
-                        loss = F.cross_entropy(logits.float(), target)
+                    else:  # hard labels: only tokens the head can draft are trained on
+                        loss = F.cross_entropy(logits.float(), target, ignore_index=OOV)
                     total = loss * weights[k] if total is None else total + loss * weights[k]
                 correct = torch.zeros_like(scored)
                 correct[scored] = logits.argmax(-1) == target
@@ -315,7 +326,7 @@ class Settings:
     """What a run is; a resumed run keeps the head's shape and vocabulary from its state."""
 
     intermediate_size: int = 2816  # 57 MB of fp16 with a 1536-wide target (fits heads/' 60 MB)
-    draft_vocab: int = 32768
+    draft_vocab: int | None = None  # None: a resumed run's own, DRAFT_VOCAB for a new one
     steps: int = 4  # TTT steps per batch
     soft_labels: bool = False  # the target's distributions as labels, not its argmax (module docstring)
     epochs: int = 8
@@ -362,15 +373,20 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     run_dir.mkdir(parents=True, exist_ok=True)
     state_path = run_dir / "state.pt"
     state = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    vocab = np.asarray(state["vocab"]) if state is not None else None
+    size = settings.draft_vocab or (vocab.size if vocab is not None else DRAFT_VOCAB)
     if state is not None:
         settings = Settings(**{**settings.__dict__, "intermediate_size": state["settings"]["intermediate_size"],
-                               "draft_vocab": state["settings"]["draft_vocab"]})
+                               "draft_vocab": size})
     layer_cfg = copy.deepcopy(tcfg)
     layer_cfg.num_hidden_layers, layer_cfg.tie_word_embeddings = 1, False
     layer_cfg.intermediate_size = settings.intermediate_size
-    vocab = (np.asarray(state["vocab"]) if state is not None else
-             draft_vocabulary(np.concatenate([c.tokens[c.prompt_len:] for c in train]).astype(np.int64),
-                              settings.draft_vocab, tcfg.vocab_size))
+    if vocab is None or vocab.size != size:  # a new run, or a new size asked for: counted from today's answers
+        if vocab is not None and progress:
+            print(f"draft vocabulary {vocab.size} -> {size} tokens, counted from {len(train)} answers; the trained "
+                  "layers carry over (the projection is the target's frozen rows)", file=sys.stderr)
+        vocab = draft_vocabulary(np.concatenate([c.tokens[c.prompt_len:] for c in train]).astype(np.int64),
+                                 size, tcfg.vocab_size)
     emb, head_rows = target_embedding_and_head(Path(target_dir), tcfg)
     torch.manual_seed(settings.seed)
     model = build_eagle3_head(layer_cfg, int(vocab.size), torch)
@@ -401,11 +417,15 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
         _atomic_save(torch, {"model": model.state_dict(), "optimizer": opt.state_dict(), "progress": done,
                              "settings": settings.__dict__, "vocab": vocab}, state_path)
 
-    held_key = hashlib.sha1(" ".join(sorted(c.id for c in held)).encode()).hexdigest()[:12]
+    # what a held-out score depends on besides the weights: the conversations, the draft
+    # vocabulary and how it is scored (answer tokens outside the vocabulary count as misses)
+    held_key = hashlib.sha1((" ".join(sorted(c.id for c in held)) + f" vocab={hashlib.sha1(vocab.tobytes()).hexdigest()}"
+                             " oov=miss").encode()).hexdigest()[:12]
 
     def held_out_point():
         res = evaluate(trainer, held, settings.batch_rows)["all"]
-        point = {"step": done["step"], "epoch": done["epoch"], "tokens": done["tokens"], "held_out": held_key, **res}
+        point = {"step": done["step"], "epoch": done["epoch"], "tokens": done["tokens"], "held_out": held_key,
+                 "draft_vocab": int(vocab.size), **res}
         with open(curve_path, "a") as f:
             f.write(json.dumps(point) + "\n")
         if done["best"] is None or res["accept_len"] > done["best"]["accept_len"]:
@@ -444,15 +464,15 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     if done["step"] == 0 and not curve_path.exists():
         held_out_point()
     elif done["best"] is not None and done["best"].get("held_out") != held_key:
-        # the held-out set grew since the best point was scored (train-answers ran again): scores on
-        # different sets do not compare, so score the best checkpoint again on this one first
+        # the held-out set grew since the best point was scored (train-answers ran again), or the
+        # vocabulary or the scoring changed: scores do not compare, so score the best checkpoint again
         current = copy.deepcopy(model.state_dict())
         model.load_state_dict(torch.load(run_dir / "best.pt", weights_only=False)["model"])
         res = evaluate(trainer, held, settings.batch_rows)["all"]
         done["best"] = {**done["best"], "held_out": held_key, **res}
         _atomic_save(torch, {"model": model.state_dict(), "vocab": vocab, "point": done["best"]}, run_dir / "best.pt")
         model.load_state_dict(current)
-        bar.write(f"held-out set changed ({len(held)} conversations): best checkpoint (step {done['best']['step']}) "
+        bar.write(f"held-out set or scoring changed ({len(held)} conversations): best checkpoint (step {done['best']['step']}) "
                   f"rescored: top1 {res['top1']} accept_len {res['accept_len']}")
         held_out_point()
     while done["epoch"] < settings.epochs:

@@ -558,6 +558,14 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     assert {f.name: f.read_bytes() for f in (tmp_path / "eagle3").iterdir()} == before
     assert exported["best"] == fourth["best"]
     assert (tmp_path / "head2" / "model.safetensors").read_bytes() == (tmp_path / "head" / "model.safetensors").read_bytes()
+    # a smaller draft vocabulary on a resumed run: the layers carry over (the projection is frozen),
+    # the best checkpoint is scored again under it, and the export drafts over the new one
+    fifth = train_eagle3(built.model_dir, tmp_path, tmp_path / "head",
+                         Settings(**{**settings.__dict__, "epochs": 5, "draft_vocab": 32}), progress=False)
+    curve = [json.loads(x) for x in (tmp_path / "eagle3" / "curve.jsonl").read_text().splitlines()]
+    assert fifth["steps"] > fourth["steps"] and curve[-1]["draft_vocab"] == 32
+    assert fifth["best"]["held_out"] == curve[-1]["held_out"] != fourth["best"]["held_out"]
+    assert open_any(tmp_path / "head", "eagle", built.hf_dir).config.draft_vocab_size == 32
     # Medusa trains on the same answers (their final hidden states), with a reduced vocabulary
     from speccompile.train_draft import run_train_draft
 

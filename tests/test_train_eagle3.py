@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from speccompile.eagle3_torch import build_eagle3_head  # noqa: E402
 from speccompile.train_common import rope, rope_tables  # noqa: E402
-from speccompile.train_eagle3 import IGNORE, Conv, Trainer, finish, score  # noqa: E402
+from speccompile.train_eagle3 import IGNORE, OOV, Conv, Trainer, finish, score  # noqa: E402
 
 H, NH, NKV, HD, V = 32, 4, 2, 8, 50
 
@@ -104,8 +104,17 @@ def test_labels_score_answer_tokens_in_the_draft_vocabulary():
     conv = Conv("c", tokens, 4, np.zeros((6, 3 * H), np.float32))
     _, nxt, lab = tr.batch([conv])
     assert nxt[0].tolist() == tokens[1:].tolist()
-    # row r predicts token r + 2 (draft id = id // 2); prompt tokens (0..3), odd ids and the last row are not scored
-    assert lab[0].tolist() == [IGNORE, IGNORE, 10 // 2, IGNORE, 12 // 2, IGNORE]
+    # row r predicts token r + 2 (draft id = id // 2); prompt tokens (0..3) and the last row are not scored,
+    # an answer token outside the draft vocabulary (odd) is scored as a miss
+    assert lab[0].tolist() == [IGNORE, IGNORE, 10 // 2, OOV, 12 // 2, IGNORE]
+    f = torch.zeros((1, conv.rows, 3 * H))
+    loss, per_step = tr.run(f, nxt, lab, steps=2, weights=[1.0, 0.8])
+    assert torch.isfinite(loss)  # OOV rows are not trained on
+    assert per_step[0][1][0].tolist() == [False, False, True, True, True, False]  # ... but scored
+    assert not per_step[0][0][0, 3]  # and never right
+    only_oov = lab.clone()
+    only_oov[0, 2], only_oov[0, 4] = OOV, OOV
+    assert tr.run(f, nxt, only_oov, steps=1, weights=[1.0])[0] is None  # nothing to train on: no step
 
 
 def test_chain_score_counts_leading_hits():
