@@ -245,7 +245,7 @@ def train_medusa(feature_paths: list[Path], target_dir: Path, out_dir: Path, ste
     bar.close()
     if best is not None:  # the checkpoint that generalized best, not the last one
         model.load_state_dict(best["model"])
-    export_medusa(model, num_heads, num_layers, Path(out_dir), torch, head_w, str(target_dir), vocab)
+    export_medusa(model, num_heads, num_layers, Path(out_dir), torch, head_w, Path(target_dir).name, vocab)
     recent = log[-50:]
     return {"method": "medusa", "steps": step, "medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
             "freeze_lm_head": freeze_lm_head, "draft_vocab": len(vocab), "held_out_conversations": len(held_out),
