@@ -16,13 +16,14 @@ r - k + s). Positions keep their RoPE index, as the runtime's scratch rows do.
 Labels are the target's own greedy tokens (train-answers generated greedily, which is
 what lossless greedy verification accepts): row r predicts token r + 2. Only answer
 tokens are scored; one outside the draft vocabulary (the ``draft_vocab`` most frequent
-answer tokens) counts as a miss, as at draft time, and is not trained on. The vocabulary
+answer tokens) counts as a miss, as at draft time (hard labels do not train on it). The vocabulary
 can change on a resumed run (``draft_vocab`` set), because the projection is frozen: the
 trained layers do not depend on it. Measured on the step-600 head for Qwen2.5-Coder-1.5B
 (held-out and MT-bench top-1 and chain length, misses counted so): 16,384, 24,576 and
 32,768 tokens score the same to 4 decimals (held-out top-1 0.450, MT-bench 0.386) -- the
 rarer half is never drafted right -- while the 32k projection was ~60% of a training
-step's compute; so 16,384, the size Medusa's heads for the same target use. With ``soft_labels`` the loss is the
+step's compute; so 16,384, the size Medusa's heads for the same target use. With
+``soft_labels`` the loss is the
 cross-entropy against the target's whole next-token distribution over the draft
 vocabulary, softmax(lm_head(final hidden state at r + 1)), as EAGLE-3's reference training
 does, instead of its argmax alone: the distribution carries more per token than its argmax
@@ -231,7 +232,8 @@ class Trainer:
                 target = labels[scored]
                 if keep is not None:
                     keep.append(logits.detach())
-                if weights is not None and (target >= 0).any():
+                trainable = scored.any() if soft_from is not None else (target >= 0).any()  # hard: no OOV row
+                if weights is not None and trainable:
                     if soft_from is not None:  # the scored rows are the answer ones at positions >= k
                         p = target_p[(pos >= k)[None, :].expand(b, n)[answer]]
                         loss = -(p * F.log_softmax(logits.float(), -1)).sum(-1).mean()
