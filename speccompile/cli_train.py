@@ -40,7 +40,8 @@ from speccompile.cli_common import USER_ERRORS, fail, resolve_target, target_opt
 @click.option("--ttt-steps", type=int, default=4, show_default=True,
               help="eagle3: training-time test steps (the head trained on its own fed-back outputs)")
 @click.option("--eval-every", type=int, default=50, show_default=True,
-              help="eagle3: optimizer steps between held-out evaluations (the curve; the best one is exported)")
+              help="eagle3: optimizer steps between held-out evaluations, at least (the curve; the best one is "
+                   "exported); they also wait until they cost at most a tenth of the run's time")
 @click.option("--intermediate-size", type=int, default=2816, show_default=True,
               help="eagle3: the head layer's MLP width (sets its size: 2816 is 57 MB of fp16 for a 1536-wide target)")
 @click.option("--soft-labels/--hard-labels", default=False, show_default=True,

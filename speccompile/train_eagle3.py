@@ -336,7 +336,8 @@ class Settings:
     max_rows: int = 2048  # longest conversation (head rows) kept
     lr: float = 3e-4
     warmup: int = 100
-    eval_every: int = 50  # optimizer steps
+    eval_every: int = 50  # optimizer steps between held-out points, at least
+    eval_share: float = 0.1  # and at most this share of the run's time spent scoring them (1.0: no limit)
     save_every_s: float = 300.0
     seed: int = 0
 
@@ -424,8 +425,12 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     held_key = hashlib.sha1((" ".join(sorted(c.id for c in held)) + f" vocab={hashlib.sha1(vocab.tobytes()).hexdigest()}"
                              " oov=miss").encode()).hexdigest()[:12]
 
+    timing = {"eval_s": 0.0, "since": 0.0}  # the last held-out point's cost, training time since
+
     def held_out_point():
+        t0 = time.perf_counter()
         res = evaluate(trainer, held, settings.batch_rows)["all"]
+        timing.update(eval_s=time.perf_counter() - t0, since=0.0)
         point = {"step": done["step"], "epoch": done["epoch"], "tokens": done["tokens"], "held_out": held_key,
                  "draft_vocab": int(vocab.size), **res}
         with open(curve_path, "a") as f:
@@ -487,6 +492,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
             part = [train[by_id[x]] for x in plan[done["batch"]] if x in by_id]
             for g in opt.param_groups:
                 g["lr"] = settings.lr * schedule(done["step"], total_steps)
+            t_step = time.perf_counter()
             loss, per_step = trainer.run(*trainer.batch(part), steps=settings.steps, weights=weights,
                                          soft_from=trainer.next_hidden(part) if settings.soft_labels else None)
             if loss is not None:
@@ -495,6 +501,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+            timing["since"] += time.perf_counter() - t_step
             done["batch"] += 1
             done["step"] += 1
             done["tokens"] += int(sum(c.rows for c in part))
@@ -503,7 +510,11 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
             bar.update(1)
             bar.set_postfix(loss=f"{loss_ema or 0:.3f}", top1=f"{acc[0]:.2f}/{acc[-1]:.2f}",
                             best=f"{(done['best'] or {}).get('accept_len', 0):.3f}", refresh=False)
-            if done["step"] % settings.eval_every == 0:
+            # scoring 200 held-out conversations costs ~25 training steps (Qwen2.5-Coder-1.5B, 16k
+            # vocabulary): at every 50 steps it took a third of the run, so points wait until
+            # the training since pays for them
+            if done["step"] % settings.eval_every == 0 and \
+                    timing["since"] * settings.eval_share >= timing["eval_s"] * (1.0 - settings.eval_share):
                 point = held_out_point()
                 bar.write(f"held-out at step {point['step']}: top1 {point['top1']} accept_len {point['accept_len']}")
                 last_save = time.perf_counter()
