@@ -69,6 +69,51 @@ def build_eagle3_head(layer_cfg, draft_vocab_size: int, torch):
     return Eagle3()
 
 
+def init_from_target_layer(model, target_dir: Path, layer: int, high: int, torch) -> None:
+    """Start a new head as the target's decoder ``layer`` reading the ``high`` feature.
+
+    Why: the head is one decoder layer whose output goes through the target's final norm and
+    frozen lm_head, which is what the target's own upper layers feed; from random weights it
+    must learn that interface from our ~1.6M answer tokens first. Started so -- fc passing the
+    high layer's output through, the attention's hidden half and o_proj the target layer's,
+    the embedding half zero, the MLP the target layer's ``intermediate_size`` neurons of
+    largest |up row| * |down column|, the norms the layer's -- it begins as (most of) the next
+    layer of the target and only has to learn the shift to the token after next. Measured on
+    Qwen2.5-Coder-1.5B (layer 25 over layer 24's output; same batches, seed and held-out set,
+    depth-1 training): held-out top-1 0.345 / 0.450 after 100 / 200 steps, against 0.275 /
+    0.343 from random weights; the random-weight run of 4 TTT steps reached 0.45 at step 600.
+    The qkv biases of a Qwen layer have no place in the published (Llama) layer and are dropped."""
+    from .train_common import target_weight
+
+    a, m, mid = model.midlayer.self_attn, model.midlayer.mlp, model.midlayer
+    h = model.fc.weight.shape[0]
+    p = f"layers.{layer}"
+    nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+    qkv = target_weight(target_dir, f"{p}.self_attn.qkv_proj")  # [nq + 2 nk, h]
+    gate_up = target_weight(target_dir, f"{p}.mlp.gate_up_proj")  # [2 I, h]
+    down = target_weight(target_dir, f"{p}.mlp.down_proj")  # [h, I]
+    inter = gate_up.shape[0] // 2
+    n = m.gate_proj.weight.shape[0]
+    keep = np.sort(np.argsort(-np.linalg.norm(down, axis=0) * np.linalg.norm(gate_up[inter:], axis=1))[:n])
+
+    def t(x):
+        return torch.from_numpy(np.array(x, np.float32))  # a copy: memory maps are read-only
+
+    with torch.no_grad():
+        for lin, rows in ((a.q_proj, qkv[:nq]), (a.k_proj, qkv[nq:nq + nk]), (a.v_proj, qkv[nq + nk:])):
+            lin.weight[:, :h] = 0.0  # the embedding half: learned
+            lin.weight[:, h:] = t(rows)
+        a.o_proj.weight[:] = t(target_weight(target_dir, f"{p}.self_attn.o_proj"))
+        m.gate_proj.weight[: keep.size] = t(gate_up[:inter][keep])
+        m.up_proj.weight[: keep.size] = t(gate_up[inter:][keep])
+        m.down_proj.weight[:, : keep.size] = t(down[:, keep])
+        m.down_proj.weight[:, keep.size:] = 0.0  # a head wider than the target layer: the rest starts silent
+        mid.hidden_norm.weight[:] = t(target_weight(target_dir, f"{p}.input_layernorm"))
+        mid.post_attention_layernorm.weight[:] = t(target_weight(target_dir, f"{p}.post_attention_layernorm"))
+        model.fc.weight.zero_()
+        model.fc.weight[:, high * h:(high + 1) * h] = torch.eye(h)
+
+
 def export_eagle3(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray, feature_layers: list[int],
                   ship_lm_head: bool = False) -> None:
     """config.json + model.safetensors in the published EAGLE-3 layout (fp16).

@@ -39,25 +39,26 @@ def target_config(target_dir: Path):
     return config_from_dict(conf["model_type"], conf["model_config"])
 
 
-def target_embedding_and_head(target_dir: Path, tcfg) -> tuple[np.ndarray, np.ndarray]:
-    """The target's token embedding and lm_head as float32 [vocab, h] (tied or not).
-
-    Heads are trained against the weights the runtime will use, so q4 weights are
-    dequantized exactly as the compiled kernels read them."""
+def target_weight(target_dir: Path, base: str) -> np.ndarray:
+    """One of the target's weights as float32 (``embed_tokens``, ``layers.25.mlp.down_proj``, ...),
+    q4 weights dequantized exactly as the compiled kernels read them: heads are trained
+    against the weights the runtime will use."""
     from .models.quantization import dequantize_q4
     from .runtime.tensor_cache import load_params, read_index, records
 
     target_dir = Path(target_dir)
     names = {r["name"] for r in records(read_index(target_dir))}
+    if f"{base}.q_weight" in names:
+        p = load_params(target_dir, [f"{base}.q_weight", f"{base}.q_scale"], verify_md5=False)
+        return dequantize_q4(p[f"{base}.q_weight"], p[f"{base}.q_scale"]).astype(np.float32)
+    name = base if base in names else f"{base}.weight"
+    return np.asarray(load_params(target_dir, [name], verify_md5=False)[name], np.float32)
 
-    def get(base: str) -> np.ndarray:
-        if f"{base}.q_weight" in names:
-            p = load_params(target_dir, [f"{base}.q_weight", f"{base}.q_scale"], verify_md5=False)
-            return dequantize_q4(p[f"{base}.q_weight"], p[f"{base}.q_scale"]).astype(np.float32)
-        return load_params(target_dir, [f"{base}.weight"], verify_md5=False)[f"{base}.weight"].astype(np.float32)
 
-    emb = get("embed_tokens")
-    head = emb if tcfg.tie_word_embeddings else get("lm_head")
+def target_embedding_and_head(target_dir: Path, tcfg) -> tuple[np.ndarray, np.ndarray]:
+    """The target's token embedding and lm_head as float32 [vocab, h] (tied or not)."""
+    emb = target_weight(target_dir, "embed_tokens")
+    head = emb if tcfg.tie_word_embeddings else target_weight(target_dir, "lm_head")
     return np.ascontiguousarray(emb), np.ascontiguousarray(head)
 
 

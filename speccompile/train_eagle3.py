@@ -331,6 +331,7 @@ class Settings:
     draft_vocab: int | None = None  # None: a resumed run's own, DRAFT_VOCAB for a new one
     steps: int = 4  # TTT steps per batch
     soft_labels: bool = False  # the target's distributions as labels, not its argmax (module docstring)
+    init: str = "target"  # a new head starts as the target's layer above the high feature, or "random"
     epochs: int = 8
     batch_rows: int = 2048  # padded head rows per optimizer step
     max_rows: int = 2048  # longest conversation (head rows) kept
@@ -354,12 +355,17 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     to ``out_dir`` in the published EAGLE-3 layout; returns the report. ``export_only``
     exports the best checkpoint so far and writes nothing in the run's folder, so it can run
     beside a training process (to measure a head while the curve still rises)."""
-    from .eagle3_torch import build_eagle3_head, export_eagle3
+    from .eagle3_torch import build_eagle3_head, export_eagle3, init_from_target_layer
     from .models.config import feature_layers
-    from .train_common import bf16_pays, draft_vocabulary, require_torch, target_config, target_embedding_and_head
+    from .train_common import (bf16_pays, draft_vocabulary, require_torch, target_config,
+                               target_embedding_and_head, target_weight)
 
     torch = require_torch()
     from tqdm import tqdm
+
+    if settings.init not in ("target", "random"):
+        raise ValueError(f"init={settings.init!r}: a new head starts from 'target' (the target's layer above the "
+                         "high feature) or 'random'")
 
     work_dir, out_dir = Path(work_dir), Path(out_dir)
     ans = work_dir / "answers"
@@ -395,10 +401,10 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     model = build_eagle3_head(layer_cfg, int(vocab.size), torch)
     del model.lm_head  # the target's rows, frozen (Trainer.lm)
     if state is None:  # the frozen rows expect the target's final norm: start the head's norm there
-        from .runtime.tensor_cache import load_params
-
-        norm = load_params(Path(target_dir), ["norm.weight"], verify_md5=False)["norm.weight"]
-        model.norm.weight.data[:] = torch.from_numpy(np.array(norm, np.float32))
+        model.norm.weight.data[:] = torch.from_numpy(target_weight(Path(target_dir), "norm"))
+        if settings.init == "target":
+            high = feature_layers(tcfg.num_hidden_layers)[-1]
+            init_from_target_layer(model, Path(target_dir), min(high + 1, tcfg.num_hidden_layers - 1), 2, torch)
     dtype = torch.bfloat16 if bf16_pays(torch) else torch.float32
     trainer = Trainer(torch, model, emb, head_rows, vocab, layer_cfg, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)

@@ -194,3 +194,46 @@ def test_soft_labels_are_the_targets_next_distribution():
         soft, _ = tr.run(f, nxt, lab, steps=2, weights=[1.0, 0.8], soft_from=tr.next_hidden([conv]))
         hard, _ = tr.run(f, nxt, lab, steps=2, weights=[1.0, 0.8])
     assert soft.item() == pytest.approx(hard.item(), rel=1e-3)
+
+
+def test_a_new_head_starts_as_the_target_layer_above_the_high_feature(build_tiny):
+    """init_from_target_layer: fc passes the high feature through, the attention's hidden half,
+    o_proj and the norms are the target layer's, its embedding half is zero (so the start does
+    not depend on the token), and the MLP holds the target neurons of largest |up| * |down|."""
+    import copy
+
+    from speccompile.eagle3_torch import init_from_target_layer
+    from speccompile.train_common import target_config
+
+    built = build_tiny("tiny-qwen2", "q0f32")
+    tcfg = target_config(built.model_dir)
+    cfg = copy.deepcopy(tcfg)
+    cfg.num_hidden_layers, cfg.intermediate_size = 1, tcfg.intermediate_size // 2
+    torch.manual_seed(0)
+    model = build_eagle3_head(cfg, 16, torch)
+    layer, h = tcfg.num_hidden_layers - 1, tcfg.hidden_size
+    init_from_target_layer(model, built.model_dir, layer, 2, torch)
+    w = {k: np.asarray(v, np.float32) for k, v in built.weights.items()}
+    p, a, mlp = f"model.layers.{layer}.", model.midlayer.self_attn, model.midlayer.mlp
+
+    def same(t, ref):
+        np.testing.assert_allclose(t.detach().numpy(), ref, rtol=0, atol=1e-6)
+
+    same(model.fc.weight, np.concatenate([np.zeros((h, 2 * h)), np.eye(h)], 1))
+    for name in ("q_proj", "k_proj", "v_proj"):
+        lin = getattr(a, name)
+        same(lin.weight[:, :h], np.zeros((lin.weight.shape[0], h)))
+        same(lin.weight[:, h:], w[p + f"self_attn.{name}.weight"])
+    same(a.o_proj.weight, w[p + "self_attn.o_proj.weight"])
+    keep = np.sort(np.argsort(-np.linalg.norm(w[p + "mlp.down_proj.weight"], axis=0)
+                              * np.linalg.norm(w[p + "mlp.up_proj.weight"], axis=1))[: cfg.intermediate_size])
+    same(mlp.gate_proj.weight, w[p + "mlp.gate_proj.weight"][keep])
+    same(mlp.up_proj.weight, w[p + "mlp.up_proj.weight"][keep])
+    same(mlp.down_proj.weight, w[p + "mlp.down_proj.weight"][:, keep])
+    same(model.midlayer.hidden_norm.weight, w[p + "input_layernorm.weight"])
+    same(model.midlayer.post_attention_layernorm.weight, w[p + "post_attention_layernorm.weight"])
+    feats = torch.randn(1, 5, 3 * h)
+    cos, sin = rope_tables(5, tcfg.head_dim, tcfg.rope_theta, torch)
+    with torch.no_grad():
+        outs = [model(torch.randn(1, 5, h), model.fuse(feats), cos, sin) for _ in range(2)]
+    torch.testing.assert_close(outs[0], outs[1])
