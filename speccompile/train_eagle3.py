@@ -357,8 +357,8 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     beside a training process (to measure a head while the curve still rises)."""
     from .eagle3_torch import build_eagle3_head, export_eagle3, init_from_target_layer
     from .models.config import feature_layers
-    from .train_common import (bf16_pays, draft_vocabulary, require_torch, target_config,
-                               target_embedding_and_head, target_weight)
+    from .train_common import (bf16_pays, draft_vocabulary, release_free_memory, require_torch,
+                               target_config, target_embedding_and_head, target_weight)
 
     torch = require_torch()
     from tqdm import tqdm
@@ -510,6 +510,8 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
             timing["since"] += time.perf_counter() - t_step
             done["batch"] += 1
             done["step"] += 1
+            if done["step"] % 20 == 0:
+                release_free_memory()
             done["tokens"] += int(sum(c.rows for c in part))
             done["seconds"] = time.perf_counter() - t_start
             acc = finish(score(per_step))["top1"]
