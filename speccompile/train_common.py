@@ -66,7 +66,7 @@ def target_weight(target_dir: Path, base: str) -> np.ndarray:
         p = load_params(target_dir, [f"{base}.q_weight", f"{base}.q_scale"], verify_md5=False)
         return dequantize_q4(p[f"{base}.q_weight"], p[f"{base}.q_scale"]).astype(np.float32)
     name = base if base in names else f"{base}.weight"
-    return np.asarray(load_params(target_dir, [name], verify_md5=False)[name], np.float32)
+    return np.array(load_params(target_dir, [name], verify_md5=False)[name], np.float32)  # a writable copy
 
 
 def target_embedding_and_head(target_dir: Path, tcfg) -> tuple[np.ndarray, np.ndarray]:
