@@ -12,6 +12,7 @@ Nothing here imports torch or the TVM compiler at import time: torch is an optio
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -30,18 +31,25 @@ def require_torch():
     return torch
 
 
+@functools.cache
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def release_free_memory() -> None:
     """Hand the allocator's free pages back to the system (glibc ``malloc_trim``; elsewhere a
     no-op). Why: torch's CPU tensors of a training step change size with every batch, and
     glibc keeps what they freed. The EAGLE-3 run on Qwen2.5-Coder-1.5B grew from 5 GB to 15 GB
     of anonymous memory in 55 minutes (of 24 GB); one malloc_trim brought it to 4 GB."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def target_config(target_dir: Path):

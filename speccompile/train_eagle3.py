@@ -401,7 +401,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     model = build_eagle3_head(layer_cfg, int(vocab.size), torch)
     del model.lm_head  # the target's rows, frozen (Trainer.lm)
     if state is None:  # the frozen rows expect the target's final norm: start the head's norm there
-        model.norm.weight.data[:] = torch.from_numpy(np.array(target_weight(Path(target_dir), "norm")))
+        model.norm.weight.data[:] = torch.from_numpy(target_weight(Path(target_dir), "norm"))
         if settings.init == "target":
             high = feature_layers(tcfg.num_hidden_layers)[-1]
             init_from_target_layer(model, Path(target_dir), min(high + 1, tcfg.num_hidden_layers - 1), 2, torch)
