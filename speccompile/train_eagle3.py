@@ -343,6 +343,18 @@ class Settings:
     seed: int = 0
 
 
+def planned_steps(done: dict, per_epoch: int, epochs: int) -> int:
+    """The run's length as it stands, which the learning-rate schedule spans: steps taken,
+    the rest of the current epoch's plan, and the epochs still to come at today's
+    ``per_epoch``. A run resumed after its data grew (or with other ``epochs``) then anneals
+    to the schedule's floor at its new end; counting its past epochs at today's size
+    instead ended epoch 3 of the Qwen head (6,000 -> 10,000 conversations) at a quarter of
+    the peak rate."""
+    current = done["plan"] is not None
+    left = len(done["plan"]) - done["batch"] if current else 0
+    return done["step"] + left + max(0, epochs - done["epoch"] - current) * per_epoch
+
+
 def _atomic_save(torch, obj, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
@@ -469,7 +481,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
         return export_best()
     by_id = {c.id: i for i, c in enumerate(train)}
     per_epoch = len(plan_batches(train, settings.batch_rows, 0))
-    total_steps = per_epoch * settings.epochs
+    total_steps = planned_steps(done, per_epoch, settings.epochs)
     weights = [0.8 ** k for k in range(settings.steps)]
     bar = tqdm(total=total_steps, initial=min(done["step"], total_steps), desc="eagle3 ttt", unit="step",
                disable=not progress, file=sys.stderr, mininterval=10)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from speccompile.eagle3_torch import build_eagle3_head  # noqa: E402
 from speccompile.train_common import rope, rope_tables  # noqa: E402
-from speccompile.train_eagle3 import IGNORE, OOV, Conv, Trainer, finish, score  # noqa: E402
+from speccompile.train_eagle3 import IGNORE, OOV, Conv, Trainer, finish, planned_steps, score  # noqa: E402
 
 H, NH, NKV, HD, V = 32, 4, 2, 8, 50
 
@@ -237,3 +237,18 @@ def test_a_new_head_starts_as_the_target_layer_above_the_high_feature(build_tiny
     with torch.no_grad():
         outs = [model(torch.randn(1, 5, h), model.fuse(feats), cos, sin) for _ in range(2)]
     torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_planned_steps_span_the_run_as_it_stands():
+    """The schedule's length: unchanged data gives epochs x steps per epoch however the run was
+    interrupted; data that grew between epochs lengthens only the epochs still to come."""
+    fresh = {"step": 0, "epoch": 0, "plan": None, "batch": 0}
+    assert planned_steps(fresh, 100, 3) == 300
+    mid = {"step": 140, "epoch": 1, "plan": [[0]] * 100, "batch": 40}  # resumed inside epoch 2
+    assert planned_steps(mid, 100, 3) == 300
+    boundary = {"step": 200, "epoch": 2, "plan": None, "batch": 0}
+    assert planned_steps(boundary, 100, 3) == 300
+    assert planned_steps(boundary, 170, 3) == 370  # two epochs of 100 steps done, one of 170 to come
+    assert planned_steps(boundary, 170, 2) == 200  # nothing left: the run ends where it is
+    grown_mid = {"step": 250, "epoch": 2, "plan": [[0]] * 170, "batch": 50}
+    assert planned_steps(grown_mid, 170, 4) == 250 + 120 + 170
