@@ -49,8 +49,8 @@ from .acceptance import Draft
 from .adaptive import MAX_DEPTH
 from .contract import EAGLE, EAGLE3, KV_PAGE_SIZE
 from .costs import time_min
-from .eagle_heads import (Eagle3HeadModel, EagleHeadModel, HostDraftCalls, check_draft_vocab,  # noqa: F401
-                          draft_vocab_ids, top_tokens)
+from .eagle_heads import (Eagle3HeadModel, EagleHeadModel, HostDraftCalls, VocabCoverage,  # noqa: F401
+                          check_draft_vocab, draft_vocab_ids, top_tokens)
 from .kv_cache import ForwardBatch, PagedKV, split_forwards
 from .model import Model
 from .proposers import load_head
@@ -213,6 +213,7 @@ class EagleProposer:
         self.separate_calls = head.bind(target, tree_width)
         self.kv = head.create_kv_cache(max_total_tokens)
         self.pending: dict[int, list[np.ndarray]] = {}  # true features not yet in the head's cache
+        self.coverage = VocabCoverage(head.vocab_ids)
         self.forwards = 0
         self.last_catch_up = 0
 
@@ -220,10 +221,12 @@ class EagleProposer:
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
         self.kv.add_sequence(seq_id)
         self.pending[seq_id] = []
+        self.coverage.add(seq_id, prompt)
 
     def remove_sequence(self, seq_id: int) -> None:
         self.kv.remove_sequence(seq_id)
         self.pending.pop(seq_id, None)
+        self.coverage.remove(seq_id)
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
@@ -281,9 +284,12 @@ class EagleProposer:
         # per row and charged in part to this step, since it buys drafting for the steps after
         # it too; charged whole as a draft forward of that many rows, a 73-token prompt looked
         # like a target step, never paid, and grew by a row with every plain step after it
-        if not active or not plan.should_draft(len(active), [(1.0, None)] * len(active), fed - len(active)):
+        if not active:
             return drafts
         ids = [seq_ids[i] for i in active]
+        if not plan.should_draft(len(active), self.coverage.first_tokens(ids, [histories[i] for i in active], plan),
+                                 fed - len(active)):
+            return drafts
         try:
             t0 = time.perf_counter()
             root = self._catch_up(ids, [histories[i] for i in active])

@@ -22,7 +22,7 @@ import numpy as np
 from tvm.runtime import tensor as to_device
 
 from .contract import MEDUSA
-from .eagle import MAX_TREE_NODES, check_draft_vocab, draft_vocab_ids, top_tokens
+from .eagle import MAX_TREE_NODES, VocabCoverage, check_draft_vocab, draft_vocab_ids, top_tokens
 from .model import Model
 from .costs import time_min
 from .acceptance import Draft
@@ -82,6 +82,7 @@ class MedusaProposer:
                                 for j in range(k)])
         self.last: dict[int, tuple[int, np.ndarray]] = {}  # seq -> (position, its target feature)
         self.proposed: dict[int, list[tuple[int, list[list[int]]]]] = {}  # seq -> (first position, top lists)
+        self.coverage = VocabCoverage(heads.vocab_ids)
         self.forwards = 0
         self.last_catch_up = 0
         self._tree_cache: tuple | None = None
@@ -89,10 +90,12 @@ class MedusaProposer:
     # ------------------------------------------------------------ sequences
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
         self.proposed[seq_id] = []
+        self.coverage.add(seq_id, prompt)
 
     def remove_sequence(self, seq_id: int) -> None:
         self.last.pop(seq_id, None)
         self.proposed.pop(seq_id, None)
+        self.coverage.remove(seq_id)
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
@@ -160,7 +163,8 @@ class MedusaProposer:
     def propose(self, seq_ids, histories, ks, sampling, rngs, plan, node_limit: int | None = None) -> list[Draft]:
         drafts = [Draft() for _ in seq_ids]
         active = [i for i, k in enumerate(ks) if k > 0 and seq_ids[i] in self.last]
-        if not active or not plan.should_draft(len(active), [(1.0, None)] * len(active)):
+        if not active or not plan.should_draft(
+                len(active), self.coverage.first_tokens([seq_ids[i] for i in active], [histories[i] for i in active], plan)):
             return drafts
         for i in active:
             pos, _ = self.last[seq_ids[i]]

@@ -29,13 +29,17 @@ class Plan:
     """A StepPlan stand-in: ``should_draft`` answers from a script (yes once it runs out,
     or always), predicted acceptance is the confidence itself, and what was asked is kept."""
 
+    first = 0.6  # the first-token estimate
+
     def __init__(self, answers: list[bool] | None = None):
         self.answers = list(answers or [])
         self.asked: list[int] = []  # rows of each draft forward asked about
+        self.expansions: list[list] = []  # and the nodes it would extend
         self.cost = SimpleNamespace(catch_up=lambda tokens: 0.0)
 
     def should_draft(self, rows, expansions, catch_up_tokens=0) -> bool:
         self.asked.append(rows)
+        self.expansions.append(list(expansions))
         return self.answers.pop(0) if self.answers else True
 
     def p(self, conf: float) -> float:
@@ -277,6 +281,42 @@ def test_eagle_catches_up_on_true_features_then_drafts_on_scratch_rows():
     prop.propose([0], [history2], [1], [GREEDY], [None], Plan())
     assert head.calls[3][:2] == [history2[P + 1:], [5.0, 5.0]] and prop.kv.length(0) == P + 2
     prop.observe_hidden(99, 0, np.zeros((1, H)))  # a sequence attached with drafting off: ignored
+
+
+def test_vocab_coverage_scales_the_first_token_estimate_by_recent_in_vocabulary_tokens():
+    from speccompile.runtime.eagle_heads import COVERAGE_DECAY, VocabCoverage
+
+    full = VocabCoverage(None)  # a head over the whole vocabulary: the estimate stays the plan's
+    full.add(0, [1, 2])
+    assert full.first_tokens([0], [[1, 2, 3]], Plan()) == [(1.0, None)]
+    cov = VocabCoverage(np.array([2, 5, 7]))
+    cov.add(0, [100, 200, 300])  # the prompt's tokens do not count, even out of the vocabulary
+    assert cov.first_tokens([0], [[100, 200, 300]], Plan()) == [(1.0, Plan.first)]
+    d = COVERAGE_DECAY
+    # two new tokens out of the vocabulary (one past its largest id), then one in it
+    [(_, a)] = cov.first_tokens([0], [[100, 200, 300, 9, 10**6]], Plan())
+    assert a == pytest.approx(Plan.first * d * d)
+    assert cov.update(0, [100, 200, 300, 9, 10**6, 5]) == pytest.approx(d ** 3 + (1 - d))
+    assert cov.update(0, [100, 200, 300, 9, 10**6, 5]) == pytest.approx(d ** 3 + (1 - d))  # counted once
+    cov.remove(0)
+    assert cov.update(0, [1, 2]) == 1.0  # unknown sequence: counted from now on
+
+
+def test_eagle_asks_the_plan_with_its_vocabulary_coverage():
+    """A head with a reduced vocabulary: the first should_draft of a step weighs the
+    first-token estimate times the sequence's recent in-vocabulary rate."""
+    head = FakeEagleHead()
+    head.vocab_ids = np.arange(8)  # tokens 0..7 of V = 16
+    prop = EagleProposer(head, SimpleNamespace(vocab_size=V, max_forward_tokens=2048), 512)
+    prompt = [3, 1, 4]
+    prop.add_sequence(0, prompt)
+    prop.observe_hidden(0, 0, np.zeros((len(prompt), H)))
+    plan = Plan([False])
+    [d] = prop.propose([0], [prompt + [12, 13, 14]], [3], [GREEDY], [None], plan)
+    assert len(d) == 0
+    from speccompile.runtime.eagle_heads import COVERAGE_DECAY
+
+    assert plan.expansions[0] == [(1.0, pytest.approx(Plan.first * COVERAGE_DECAY ** 3))] and head.calls == []
 
 
 def test_eagle_catch_up_over_more_rows_than_one_head_call_is_split():
