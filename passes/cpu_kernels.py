@@ -253,8 +253,12 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
 
     Per group the integer sum is exact, so only the per-group float update
     ``acc += (sum - 7 * sum(xq)) * (scale_x * scale_w)`` rounds -- in a fixed order, per
-    row: batch invariant like the float kernel. Phase 1 packs x: ``xp[m, word, 0/1]`` holds
-    the int8 x of the word's even / odd nibbles, ``xs[m, g] = (scale_x, 7 * sum(xq))``.
+    row: batch invariant like the float kernel. The offset ``7 * sum(xq)`` is the integer
+    accumulator's starting value, not a float subtraction: both operands are integers far
+    below 2^24, so the result is the same bits, and each row pays 3 float operations per
+    group instead of 4 (a verify's extra rows are compute-bound). Phase 1 packs x:
+    ``xp[m, word, 0/1]`` holds the int8 x of the word's even / odd nibbles,
+    ``xs[m, g] = scale_x``, ``xo[m, g] = 7 * sum(xq)``.
     """
     kw, groups, L = k // 8, k // 32, TILE
     # independent integer chains per row: vpdpbusd's latency needs them; AVX2's int16 sums
@@ -273,9 +277,10 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
         return wf[T.ramp((t * kw + g * 4 + wd) * L, 1, L)]
 
     @T.macro
-    def dots_vnni(wf, xp, dot, t, g, base, mb, chains):
+    def dots_vnni(wf, xp, xo, dot, t, g, base, mb, chains):
         for mi in T.unroll(mb):
-            for c in T.unroll(chains):
+            dot[mi, 0, T.ramp(0, 1, L)] = T.broadcast(-xo[base + mi, g], L)
+            for c in T.unroll(1, chains):
                 for l in T.vectorized(L):
                     dot[mi, c, l] = 0
         for wd in T.unroll(4):
@@ -288,7 +293,7 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
                         xp[base + mi, g * 4 + wd, half])
 
     @T.macro
-    def dots_avx2(wf, xp, dot, t, g, base, mb, chains):
+    def dots_avx2(wf, xp, xo, dot, t, g, base, mb, chains):
         # AVX2 has no vpdpbusd: vpmaddubsw multiplies unsigned weight nibbles by signed int8 x
         # and sums byte pairs into int16 (at most 2 * 15 * 127 = 3810); a group's eight such
         # products add up in int16 (at most 30480 < 2^15: exact) before one vpmaddwd by ones
@@ -315,12 +320,13 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
         for mi in T.unroll(mb):
             for h in T.unroll(2):
                 dot[mi, 0, T.ramp(h * 8, 1, 8)] = T.call_llvm_pure_intrin(
-                    "int32x8", "llvm.x86.avx2.pmadd.wd", d16[mi, h, T.ramp(0, 1, 16)], T.broadcast(T.int16(1), 16))
+                    "int32x8", "llvm.x86.avx2.pmadd.wd", d16[mi, h, T.ramp(0, 1, 16)], T.broadcast(T.int16(1), 16)
+                ) - T.broadcast(xo[base + mi, g], 8)
 
     group_dots = dots_vnni if isa == "avx512vnni" else dots_avx2
 
     @T.macro
-    def rows(wf, sf, xp, xs, y, t, base, mb, chains):
+    def rows(wf, sf, xp, xs, xo, y, t, base, mb, chains):
         # `chains` independent integer accumulators per row hide vpdpbusd's latency (one row
         # alone would otherwise wait on a single 8-long chain); integer sums are exact, so
         # the split cannot change any result.
@@ -338,14 +344,14 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
                                               T.int32(0), T.int32(3), T.int32(1)))
             T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(sf[(t * groups + g) * L + PF // 4]),
                                           T.int32(0), T.int32(3), T.int32(1)))
-            group_dots(wf, xp, dot, t, g, base, mb, chains)
+            group_dots(wf, xp, xo, dot, t, g, base, mb, chains)
             for mi in T.unroll(mb):
                 for c in T.unroll(1, chains):
                     for l in T.vectorized(L):
                         dot[mi, 0, l] = dot[mi, 0, l] + dot[mi, c, l]
                 for l in T.vectorized(L):
-                    acc[mi, l] = acc[mi, l] + (T.Cast("float32", dot[mi, 0, l]) - xs[base + mi, g, 1]) * (
-                        xs[base + mi, g, 0] * T.Cast("float32", sf[(t * groups + g) * L + l]))
+                    acc[mi, l] = acc[mi, l] + T.Cast("float32", dot[mi, 0, l]) * (
+                        xs[base + mi, g] * T.Cast("float32", sf[(t * groups + g) * L + l]))
         for mi in T.unroll(mb):
             for l in T.vectorized(L):
                 y[base + mi, t * L + l] = T.Cast(dtype, acc[mi, l])
@@ -360,23 +366,24 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
                          T.shift_left(qv[(word % 4) * 8 + half + 6], 24)))
 
     @T.macro
-    def quantize_group(x, xp, xs, mg):
+    def quantize_group(x, xp, xs, xo, mg):
         """Round the 32 x of group mg (row mg // groups) to int8 and pack them for vpdpbusd."""
         qv = T.decl_buffer((32,), "int32", scope=STACK)
-        st = T.decl_buffer((3,), "float32", scope=STACK)  # amax, 127 / amax, sum(xq)
+        st = T.decl_buffer((2,), "float32", scope=STACK)  # amax, 127 / amax
+        so = T.decl_buffer((1,), "int32", scope=STACK)  # sum(xq)
         st[0] = T.float32(0)
         for i in range(32):
             st[0] = T.max(st[0], T.abs(T.Cast("float32", x[mg // groups, (mg % groups) * 32 + i])))
         st[1] = T.if_then_else(st[0] > T.float32(0), T.float32(127) / st[0], T.float32(0))
-        st[2] = T.float32(0)
+        so[0] = 0
         for i in range(32):
             qv[i] = T.Cast("int32", T.round(T.Cast("float32", x[mg // groups, (mg % groups) * 32 + i]) * st[1]))
-            st[2] = st[2] + T.Cast("float32", qv[i])
+            so[0] = so[0] + qv[i]
         for wd in range(4):
             pack4(qv, xp, mg // groups, (mg % groups) * 4 + wd, 0)
             pack4(qv, xp, mg // groups, (mg % groups) * 4 + wd, 1)
-        xs[mg // groups, mg % groups, 0] = st[0] / T.float32(127)
-        xs[mg // groups, mg % groups, 1] = st[2] * T.float32(7)
+        xs[mg // groups, mg % groups] = st[0] / T.float32(127)
+        xo[mg // groups, mg % groups] = so[0] * 7
 
     @T.prim_func(private=True)
     def kernel(var_x: T.handle, qw: T.Buffer((n, kw), "uint32"), qs: T.Buffer((n, groups), dtype), var_y: T.handle):
@@ -387,38 +394,39 @@ def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
         wf = T.decl_buffer((n * kw,), "uint32", data=qw.data)  # flat views of the tiled storage
         sf = T.decl_buffer((n * groups,), dtype, data=qs.data)
         xp = T.decl_buffer((m_dim, kw, 2), "int32")
-        xs = T.decl_buffer((m_dim, groups, 2), "float32")
+        xs = T.decl_buffer((m_dim, groups), "float32")
+        xo = T.decl_buffer((m_dim, groups), "int32")
         # phase 1: quantize x. Up to a few hundred rows this is cheaper on this thread than with
         # one more parallel launch (Zen 5: at 4-8 rows of the 8960-wide MLP input the parallel
         # launch cost 28-50 us of a 180-370 us matmul; at 256 rows the two were even); the
         # per-group arithmetic is the same either way.
         if m_dim * groups >= 65536:
             for mg in T.parallel(m_dim * groups):
-                quantize_group(x, xp, xs, mg)
+                quantize_group(x, xp, xs, xo, mg)
         else:
             for mg in range(m_dim * groups):
-                quantize_group(x, xp, xs, mg)
+                quantize_group(x, xp, xs, xo, mg)
         for t in T.parallel(n // L):  # phase 2: 16-row tiles, rows of x by `block`, the rest in one pass
             for mo in range(m_dim // block):
-                rows(wf, sf, xp, xs, y, t, mo * block, block, chains(1))
+                rows(wf, sf, xp, xs, xo, y, t, mo * block, block, chains(1))
             if m_dim % block == 1:
-                rows(wf, sf, xp, xs, y, t, m_dim - 1, 1, chains(4))
+                rows(wf, sf, xp, xs, xo, y, t, m_dim - 1, 1, chains(4))
             if m_dim % block == 2:
-                rows(wf, sf, xp, xs, y, t, m_dim - 2, 2, chains(2))
+                rows(wf, sf, xp, xs, xo, y, t, m_dim - 2, 2, chains(2))
             if m_dim % block == 3:
                 if block == 8:
-                    rows(wf, sf, xp, xs, y, t, m_dim - 3, 3, chains(2))
+                    rows(wf, sf, xp, xs, xo, y, t, m_dim - 3, 3, chains(2))
                 else:
-                    rows(wf, sf, xp, xs, y, t, m_dim - 3, 2, chains(2))
-                    rows(wf, sf, xp, xs, y, t, m_dim - 1, 1, chains(4))
+                    rows(wf, sf, xp, xs, xo, y, t, m_dim - 3, 2, chains(2))
+                    rows(wf, sf, xp, xs, xo, y, t, m_dim - 1, 1, chains(4))
             if block == 8:
                 if m_dim % block == 4:
-                    rows(wf, sf, xp, xs, y, t, m_dim - 4, 4, chains(1))
+                    rows(wf, sf, xp, xs, xo, y, t, m_dim - 4, 4, chains(1))
                 if m_dim % block == 5:
-                    rows(wf, sf, xp, xs, y, t, m_dim - 5, 5, chains(1))
+                    rows(wf, sf, xp, xs, xo, y, t, m_dim - 5, 5, chains(1))
                 if m_dim % block == 6:
-                    rows(wf, sf, xp, xs, y, t, m_dim - 6, 6, chains(1))
+                    rows(wf, sf, xp, xs, xo, y, t, m_dim - 6, 6, chains(1))
                 if m_dim % block == 7:
-                    rows(wf, sf, xp, xs, y, t, m_dim - 7, 7, chains(1))
+                    rows(wf, sf, xp, xs, xo, y, t, m_dim - 7, 7, chains(1))
 
     return kernel
