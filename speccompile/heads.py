@@ -10,7 +10,8 @@ resumable, into ``$SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/``:
    session stops at is answered data a head can train on, not prompts alone (at ~120 prompts
    a minute and ~150 answer tokens a second, 20,000 prompts are hours of the first stage);
 3. train-draft --method eagle3: the training-time test, best held-out checkpoint exported to
-   ``heads/<model>-eagle3`` (HEAD_EPOCHS; HEAD_DRAFT_VOCAB, 16,384 tokens, shared in size with Medusa);
+   ``heads/<model>-eagle3`` (HEAD_EPOCHS; HEAD_MAX_STEPS, a time box the schedule anneals by;
+   HEAD_DRAFT_VOCAB, 16,384 tokens, shared in size with Medusa);
 4. train-draft --method medusa on the same answers: 3 heads over a 16k draft vocabulary, to
    ``heads/<model>-medusa``, MEDUSA_EPOCHS (4) passes of 4 conversations a step (3,000 steps,
    ~50 min, for 3,000 answers), or MEDUSA_STEPS. ``HEADS=eagle3`` or ``HEADS=medusa`` trains one.
@@ -75,7 +76,8 @@ def eagle3_pipeline(model: str, quant: str) -> dict:
     if "eagle3" in which:
         reports["eagle3"] = train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3",
                                          Settings(epochs=int(env("HEAD_EPOCHS", "8")),
-                                                  draft_vocab=int(env("HEAD_DRAFT_VOCAB", "16384"))))
+                                                  draft_vocab=int(env("HEAD_DRAFT_VOCAB", "16384")),
+                                                  max_steps=int(env("HEAD_MAX_STEPS") or 0) or None))
     if "medusa" in which:  # on the same answers (their final hidden states), 3 heads over a 16k vocabulary
         # steps follow the data (MEDUSA_EPOCHS passes of 4 conversations a step), so a rerun after
         # more answers continues the checkpoint over them instead of finding it done

@@ -333,6 +333,7 @@ class Settings:
     soft_labels: bool = False  # the target's distributions as labels, not its argmax (module docstring)
     init: str = "target"  # a new head starts as the target's layer above the high feature, or "random"
     epochs: int = 8
+    max_steps: int | None = None  # a time box: the run ends at this many steps in all, annealed by then
     batch_rows: int = 2048  # padded head rows per optimizer step
     max_rows: int = 2048  # longest conversation (head rows) kept
     lr: float = 3e-4
@@ -343,16 +344,18 @@ class Settings:
     seed: int = 0
 
 
-def planned_steps(done: dict, per_epoch: int, epochs: int) -> int:
+def planned_steps(done: dict, per_epoch: int, epochs: int, max_steps: int | None = None) -> int:
     """The run's length as it stands, which the learning-rate schedule spans: steps taken,
     the rest of the current epoch's plan, and the epochs still to come at today's
     ``per_epoch``. A run resumed after its data grew (or with other ``epochs``) then anneals
     to the schedule's floor at its new end; counting its past epochs at today's size
     instead ended epoch 3 of the Qwen head (6,000 -> 10,000 conversations) at a quarter of
-    the peak rate."""
+    the peak rate. ``max_steps`` caps it: a run that must end by a given hour (a session's
+    remaining time) anneals by then instead of stopping at a mid-schedule rate."""
     current = done["plan"] is not None
     left = len(done["plan"]) - done["batch"] if current else 0
-    return done["step"] + left + max(0, epochs - done["epoch"] - current) * per_epoch
+    planned = done["step"] + left + max(0, epochs - done["epoch"] - current) * per_epoch
+    return planned if max_steps is None else max(done["step"], min(planned, max_steps))
 
 
 def _atomic_save(torch, obj, path: Path) -> None:
@@ -481,7 +484,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
         return export_best()
     by_id = {c.id: i for i, c in enumerate(train)}
     per_epoch = len(plan_batches(train, settings.batch_rows, 0))
-    total_steps = planned_steps(done, per_epoch, settings.epochs)
+    total_steps = planned_steps(done, per_epoch, settings.epochs, settings.max_steps)
     weights = [0.8 ** k for k in range(settings.steps)]
     bar = tqdm(total=total_steps, initial=min(done["step"], total_steps), desc="eagle3 ttt", unit="step",
                disable=not progress, file=sys.stderr, mininterval=10)
@@ -500,13 +503,13 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
         bar.write(f"held-out set or scoring changed ({len(held)} conversations): best checkpoint (step {done['best']['step']}) "
                   f"rescored: top1 {res['top1']} accept_len {res['accept_len']}")
         held_out_point()
-    while done["epoch"] < settings.epochs:
+    while done["epoch"] < settings.epochs and done["step"] < total_steps:
         if done["plan"] is None:  # this epoch's batches, by id: stable across resumes
             done["plan"] = [[train[i].id for i in b] for b in plan_batches(train, settings.batch_rows,
                                                                              settings.seed + done["epoch"])]
             done["batch"] = 0
         plan = done["plan"]
-        while done["batch"] < len(plan):
+        while done["batch"] < len(plan) and done["step"] < total_steps:
             part = [train[by_id[x]] for x in plan[done["batch"]] if x in by_id]
             for g in opt.param_groups:
                 g["lr"] = settings.lr * schedule(done["step"], total_steps)
@@ -541,8 +544,9 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
             elif time.perf_counter() - last_save > settings.save_every_s:
                 save()
                 last_save = time.perf_counter()
-        done["epoch"] += 1
-        done["plan"] = None
+        if done["batch"] >= len(plan):
+            done["epoch"] += 1
+            done["plan"] = None
         save()
     bar.close()
     if done["best"] is None or done["best"]["step"] != done["step"]:

@@ -252,3 +252,7 @@ def test_planned_steps_span_the_run_as_it_stands():
     assert planned_steps(boundary, 170, 2) == 200  # nothing left: the run ends where it is
     grown_mid = {"step": 250, "epoch": 2, "plan": [[0]] * 170, "batch": 50}
     assert planned_steps(grown_mid, 170, 4) == 250 + 120 + 170
+    # a time box: the schedule ends (and anneals) at max_steps, never before the steps taken
+    assert planned_steps(grown_mid, 170, 4, max_steps=300) == 300
+    assert planned_steps(grown_mid, 170, 4, max_steps=200) == 250
+    assert planned_steps(grown_mid, 170, 4, max_steps=10_000) == 250 + 120 + 170
