@@ -343,6 +343,11 @@ class Settings:
     save_every_s: float = 300.0
     seed: int = 0
 
+    def __post_init__(self):
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps (HEAD_MAX_STEPS) = {self.max_steps}: give the run's total steps, a positive "
+                             "number, or leave it unset to train every epoch")
+
 
 def planned_steps(done: dict, per_epoch: int, epochs: int, max_steps: int | None = None) -> int:
     """The run's length as it stands, which the learning-rate schedule spans: steps taken,

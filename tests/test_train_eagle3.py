@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from speccompile.eagle3_torch import build_eagle3_head  # noqa: E402
 from speccompile.train_common import rope, rope_tables  # noqa: E402
-from speccompile.train_eagle3 import IGNORE, OOV, Conv, Trainer, finish, planned_steps, score  # noqa: E402
+from speccompile.train_eagle3 import IGNORE, OOV, Conv, Settings, Trainer, finish, planned_steps, score  # noqa: E402
 
 H, NH, NKV, HD, V = 32, 4, 2, 8, 50
 
@@ -256,3 +256,5 @@ def test_planned_steps_span_the_run_as_it_stands():
     assert planned_steps(grown_mid, 170, 4, max_steps=300) == 300
     assert planned_steps(grown_mid, 170, 4, max_steps=200) == 250
     assert planned_steps(grown_mid, 170, 4, max_steps=10_000) == 250 + 120 + 170
+    with pytest.raises(ValueError, match="HEAD_MAX_STEPS"):
+        Settings(max_steps=0)
