@@ -21,6 +21,7 @@ from tvm.runtime.vm import VirtualMachine
 from .contract import KV_PAGE_SIZE, TARGET, ContractError, check_library, entry_point_names
 from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
+from .device_runtime import DeviceRuntimeError, ensure_device_runtime
 from .kv_cache import ForwardBatch, PagedKV, split_forwards
 from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
@@ -70,6 +71,10 @@ def read_metadata(lib_path: Path) -> tuple[Any, dict]:
     baked = baked_metadata(lib_path)
     if baked is not None:  # refuse a CPU library this machine cannot run before it is even opened
         _check_cpu(baked, lib_path)
+        try:  # the device runtime must be in the process before the library's kernels can load
+            ensure_device_runtime(baked.get("target", "llvm"))
+        except DeviceRuntimeError as err:
+            raise ModelLoadError(f"{lib_path} was built for {_device_hint(baked)}: {err}") from None
     try:
         lib = tvm.runtime.load_module(str(lib_path))
     except Exception as err:  # noqa: BLE001 - any dlopen or device-loader failure
@@ -117,8 +122,10 @@ def resolve_device(meta: dict, requested: str, lib_path: Path):
     dev = tvm.cpu() if kind == "llvm" else tvm.device(kind, spec.index or 0)
     if not dev.exist:
         which = f"{kind}:{spec.index}" if spec.index else kind
+        hint = {"opencl": " (install an OpenCL driver for it; PoCL gives a CPU device: apt-get install pocl-opencl-icd)",
+                "cuda": " (check nvidia-smi and CUDA_VISIBLE_DEVICES)"}.get(kind, "")
         raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, but no {which} device is visible "
-                             "on this machine")
+                             f"on this machine{hint}")
     return dev
 
 

@@ -1,0 +1,138 @@
+"""The TVM device runtime a compiled library needs, loaded before the library is.
+
+Why. A cuda or opencl library's kernels are a blob that TVM hands to a loader registered
+by name (``ffi.Module.load_from_bytes.<kind>``), and its buffers come from a device API
+(``device_api.<kind>``). Those live in separate shared libraries that something must load
+first: TVM's full import loads ``libtvm_runtime_cuda.so`` when it can, but the runtime-only
+import that ``generate``, ``chat`` and ``serve`` use (runtime/tvm_import.py) does not, and
+the wheel has no OpenCL runtime at all -- speccompile builds its own
+(runtime/opencl, ``libspeccompile_opencl.so``). So the runtime loads the piece a library
+was built for, whatever imported TVM, and names what is missing when it cannot.
+
+The C API does the same in C++ (runtime/capi/src/device_runtime.cc), from the same file
+names and search order.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+from pathlib import Path
+
+# the kinds whose kernels need a runtime library beside libtvm_runtime
+CUDA_RUNTIME = "libtvm_runtime_cuda.so"
+OPENCL_RUNTIME = "libspeccompile_opencl.so"
+CUDART = "libcudart.so.13"  # what the wheel's libtvm_runtime_cuda.so was linked against
+OPENCL_RUNTIME_ENV = "SPECCOMPILE_OPENCL_RUNTIME"
+
+
+class DeviceRuntimeError(RuntimeError):
+    """A device runtime piece that is missing or does not load, with how to get it."""
+
+
+def _registered(name: str) -> bool:
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func(name, allow_missing=True) is not None
+
+
+def _tvm_lib_dir() -> Path:
+    import tvm
+
+    return Path(tvm.__file__).parent / "lib"
+
+
+def _load_global(path: str) -> None:
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+def cudart_candidates() -> list[str]:
+    """Where libcudart.so.13 may be, after the dynamic linker's own search: a CUDA toolkit
+    (CUDA_HOME, /usr/local/cuda) and the NVIDIA pip wheels torch and others install."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    out = []
+    for root in filter(None, roots):
+        out += [f"{root}/lib64/{CUDART}", f"{root}/targets/x86_64-linux/lib/{CUDART}",
+                f"{root}/targets/sbsa-linux/lib/{CUDART}"]
+    for site in sys.path:
+        out += sorted(glob.glob(f"{site}/nvidia/*/lib/{CUDART}")) + sorted(glob.glob(f"{site}/nvidia/cu13/lib/{CUDART}"))
+    return [p for p in out if os.path.exists(p)]
+
+
+def _ensure_cudart() -> None:
+    try:
+        _load_global(CUDART)
+        return
+    except OSError:
+        pass
+    for path in cudart_candidates():
+        try:
+            _load_global(path)
+            return
+        except OSError:
+            continue
+    raise DeviceRuntimeError(
+        f"a cuda library needs the CUDA 13 runtime ({CUDART}), which is not on this machine's library path: "
+        "install the CUDA 13 toolkit or `pip install nvidia-cuda-runtime` (cu13), or add its lib folder to "
+        "LD_LIBRARY_PATH (CUDA_HOME is searched too)")
+
+
+def opencl_runtime_candidates() -> list[Path]:
+    """Our OpenCL runtime: $SPECCOMPILE_OPENCL_RUNTIME, beside this package (an installed
+    build), or where `make install` builds it in a checkout (build/opencl/)."""
+    here = Path(__file__).resolve().parent
+    env = os.environ.get(OPENCL_RUNTIME_ENV)
+    found = [Path(env)] if env else []
+    return found + [here / "lib" / OPENCL_RUNTIME, here.parent / "build" / "opencl" / OPENCL_RUNTIME]
+
+
+def ensure_device_runtime(kind: str) -> None:
+    """Make TVM able to load and run a library built for ``kind`` ("llvm", "cuda", "opencl",
+    ...) in this process, or raise DeviceRuntimeError naming the missing piece."""
+    if kind == "llvm":
+        return
+    if _registered(f"ffi.Module.load_from_bytes.{kind}") and _registered(f"device_api.{kind}"):
+        return
+    if kind == "cuda":
+        lib = _tvm_lib_dir() / CUDA_RUNTIME
+        if not lib.exists():
+            raise DeviceRuntimeError(f"this TVM installation has no CUDA runtime ({lib} is missing): install "
+                                     "the apache-tvm wheel speccompile depends on")
+        try:
+            _load_global("libcuda.so.1")
+        except OSError:
+            raise DeviceRuntimeError("a cuda library needs the NVIDIA driver (libcuda.so.1), which is not on this "
+                                     "machine: run it where an NVIDIA GPU and its driver are") from None
+        _ensure_cudart()
+        try:
+            _load_global(str(lib))
+        except OSError as err:
+            raise DeviceRuntimeError(f"cannot load TVM's CUDA runtime {lib}: {err}") from None
+    elif kind == "opencl":
+        paths = opencl_runtime_candidates()
+        lib = next((p for p in paths if p.exists()), None)
+        if lib is None:
+            raise DeviceRuntimeError(
+                f"an opencl library needs speccompile's OpenCL runtime ({OPENCL_RUNTIME}), not built here: run "
+                f"`make install` (or `make opencl`), or set {OPENCL_RUNTIME_ENV}; looked in "
+                + ", ".join(str(p) for p in paths))
+        try:
+            _load_global(str(lib))
+        except OSError as err:
+            hint = (" (the OpenCL ICD loader is missing: apt-get install ocl-icd-libopencl1, plus a driver such "
+                    "as pocl-opencl-icd)" if "libOpenCL" in str(err) else "")
+            raise DeviceRuntimeError(f"cannot load {lib}: {err}{hint}") from None
+    else:
+        raise DeviceRuntimeError(f"speccompile has no {kind} device runtime: libraries built for {kind} cannot "
+                                 "run through it (compile for llvm, cuda or opencl)")
+    if not _registered(f"ffi.Module.load_from_bytes.{kind}"):
+        raise DeviceRuntimeError(f"the {kind} runtime loaded but registered no {kind} module loader")
+
+
+def opencl_device_names() -> list[str]:
+    """The OpenCL devices our runtime sees, in the order opencl:0, opencl:1, ... name them."""
+    ensure_device_runtime("opencl")
+    import tvm_ffi
+
+    return [str(n) for n in tvm_ffi.get_global_func("speccompile.opencl.device_names")()]
