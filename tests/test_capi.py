@@ -1,6 +1,8 @@
 """The C API (runtime/capi): built with CMake against the wheel's TVM runtime, its example
 program must generate exactly the Python Engine's greedy tokens on SmolLM2, plain and
-with n-gram speculation, and refuse bad input with a clear message."""
+with n-gram speculation, and refuse bad input with a clear message. An opencl library
+runs through the OpenCL runtime the C API loads itself (src/device_runtime.cc), with the
+Python Engine's tokens, on whatever OpenCL device is present (PoCL's CPU device here)."""
 from __future__ import annotations
 
 import json
@@ -53,10 +55,13 @@ def engine(smollm2_q4) -> Engine:
     return Engine(model_dir, lib)
 
 
-def run_c(exe: Path, model_dir, lib, ids: list[int], max_tokens: int, *flags: str) -> subprocess.CompletedProcess:
+def run_c(exe: Path, model_dir, lib, ids: list[int], max_tokens: int, *flags: str,
+          env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # the rpath must suffice
+    env.update(env_extra or {})
+    # errors="replace": a random tiny model's text may hold bytes cut mid-character
     return subprocess.run([str(exe), str(model_dir), str(lib), ",".join(map(str, ids)), str(max_tokens), *flags],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, errors="replace", env=env, timeout=600)
 
 
 def generate_c(exe: Path, model_dir, lib, ids: list[int], max_tokens: int, *flags: str) -> dict:
@@ -174,3 +179,77 @@ def test_library_needing_a_missing_cpu_feature_is_refused(capi_bin, smollm2_q4, 
     assert str(err.value) in proc.stderr  # word for word the Python runtime's message
     monkeypatch.setenv(HOST_FEATURES_ENV, ",".join(needed))
     assert generate_c(capi_bin, model_dir, lib, [1, 2, 3], 4)["token_ids"]
+
+
+# ------------------------------------------------------------------ OpenCL libraries
+OPENCL_PROMPTS = ["What is the capital of France?", "Repeat: abc abc abc abc abc"]
+
+
+@pytest.fixture(scope="module")
+def opencl_device() -> list[str]:
+    """The OpenCL devices our runtime sees; skips (with why) where there are none."""
+    from speccompile.runtime.device_runtime import DeviceRuntimeError, opencl_device_names
+
+    try:
+        names, why = opencl_device_names(), "no OpenCL device on this machine (PoCL gives a CPU one: apt-get install pocl-opencl-icd)"
+    except DeviceRuntimeError as err:
+        names, why = [], f"no OpenCL runtime to test with: {err}"
+    if not names:
+        if os.environ.get("SPECCOMPILE_REQUIRE_OPENCL") == "1":  # `make test`: the device is part of the setup
+            pytest.fail(why)
+        pytest.skip(why)
+    return names
+
+
+@pytest.fixture(scope="module")
+def tiny_opencl(build_tiny, tmp_path_factory):
+    """(Built, opencl library) of tiny-qwen2: its untied lm_head makes greedy tokens vary
+    from step to step, where tiny-llama's tied embeddings just repeat the last prompt token
+    (a comparison of those would prove little). Compiling needs no OpenCL device."""
+    built = build_tiny("tiny-qwen2", "q0f32")
+    return built, build_tiny("tiny-qwen2", "q0f32", "opencl").lib
+
+
+def test_opencl_library_gives_the_python_tokens(capi_bin, tiny_opencl, opencl_device):
+    """The C API loads the OpenCL runtime, puts the weights and KV cache on the device and
+    generates the Python Engine's greedy tokens on the same library, which are also the
+    llvm build's. (The Engine runs first: PoCL compiles the kernels once, ~15 s, and caches
+    them for the C processes.)"""
+    built, lib = tiny_opencl
+    eng = Engine(built.model_dir, lib)
+    assert eng.model.device.dlpack_device_type() == 4  # kDLOpenCL: really on the OpenCL device
+    cpu = Engine(built.model_dir, built.lib)
+    for prompt in OPENCL_PROMPTS:
+        ids = eng.encode_prompt(prompt)
+        ref = eng.generate(ids, max_tokens=24, sampling=SamplingParams(temperature=0.0))
+        assert len(set(ref.token_ids)) > 3  # varied tokens, so equality below means something
+        assert cpu.generate(ids, max_tokens=24, sampling=SamplingParams(temperature=0.0)).token_ids == ref.token_ids
+        out = generate_c(capi_bin, built.model_dir, lib, ids, 24)  # device "auto": the library's kind
+        assert out["token_ids"] == ref.token_ids
+        assert out["finish_reason"] == ref.finish_reason
+        assert generate_c(capi_bin, built.model_dir, lib, ids, 24, "--ngram", "--device", "opencl:0")["token_ids"] \
+            == ref.token_ids
+        assert generate_c(capi_bin, built.model_dir, built.lib, ids, 24)["token_ids"] == ref.token_ids
+    missing = len(opencl_device)
+    proc = run_c(capi_bin, built.model_dir, lib, [1, 2, 3], 4, "--device", f"opencl:{missing}")
+    assert proc.returncode != 0
+    assert f"no opencl:{missing} device is visible on this machine" in proc.stderr
+
+
+def test_wrong_opencl_runtime_path_is_reported(capi_bin, tiny_opencl, tmp_path):
+    """An explicit SPECCOMPILE_OPENCL_RUNTIME is taken at its word: a missing file is an error
+    naming it and how to get the runtime, before the library is loaded (no device needed)."""
+    built, lib = tiny_opencl
+    wrong = tmp_path / "nowhere" / "libspeccompile_opencl.so"
+    proc = run_c(capi_bin, built.model_dir, lib, [1, 2, 3], 4, env_extra={"SPECCOMPILE_OPENCL_RUNTIME": str(wrong)})
+    assert proc.returncode != 0
+    assert f"{lib} was built for opencl (opencl): an opencl library needs speccompile's OpenCL runtime" in proc.stderr
+    assert f"SPECCOMPILE_OPENCL_RUNTIME names {wrong}, which does not exist" in proc.stderr
+    assert "`make opencl`" in proc.stderr
+
+
+def test_opencl_library_on_the_cpu_is_refused(capi_bin, tiny_opencl):
+    built, lib = tiny_opencl
+    proc = run_c(capi_bin, built.model_dir, lib, [1, 2, 3], 4, "--device", "cpu")
+    assert proc.returncode != 0
+    assert f"{lib} was built for opencl (opencl), not for this CPU; compile with --device llvm" in proc.stderr

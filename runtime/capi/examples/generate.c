@@ -3,12 +3,13 @@
  *
  *   spc_generate MODEL_DIR LIB PROMPT_IDS MAX_TOKENS [--ngram] [--draft-length K]
  *                [--ngram-min N] [--ngram-max N] [--temperature T] [--top-p P]
- *                [--top-k K] [--seed S] [--device cpu] [--stream]
+ *                [--top-k K] [--seed S] [--device D] [--stream]
  *
  * PROMPT_IDS is comma separated ("1,9690,198"); tokenize with your tokenizer (the
  * speccompile Python tokenizer renders the chat template). Prints one JSON object:
  * token_ids, text (via MODEL_DIR/tokenizer.json when it is byte-level BPE, else null),
  * finish_reason and stats. --stream writes the text to stderr as it is generated.
+ * --device defaults to "auto": the device kind the library was built for.
  */
 #include <speccompile.h>
 #include <stdio.h>
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
   }
   const char* model_dir = argv[1];
   const char* lib = argv[2];
-  const char* device = "cpu";
+  const char* device = "auto";
   int stream = 0;
   spc_session_config cfg;
   spc_generate_params params;

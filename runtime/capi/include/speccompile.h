@@ -57,9 +57,15 @@ typedef struct spc_model spc_model;
  *   model_dir: folder with speccompile-config.json, tensor-cache.json and the shards;
  *   lib_path:  the library from `speccompile compile` (must match the weights: the
  *              library's _metadata is checked against tensor-cache.json first);
- *   device:    "cpu" (llvm libraries), or "cuda", "opencl", "metal", "vulkan",
- *              optionally with ":<id>"; NULL means "cpu".
- * Refuses a library built for another device with SPC_ERR_INCOMPATIBLE. */
+ *   device:    "auto" or NULL: the kind the library was built for (its _metadata
+ *              "target"), device 0; or "cpu" (llvm libraries), "cuda", "opencl",
+ *              "metal", "vulkan", optionally with ":<id>" ("opencl:1").
+ * The device runtime of a cuda or opencl library (libtvm_runtime_cuda.so beside the
+ * linked libtvm_runtime; libspeccompile_opencl.so from $SPECCOMPILE_OPENCL_RUNTIME, the
+ * path baked in at build time, or the library path) is loaded first; a missing one is
+ * SPC_ERR_IO naming the file and how to get it (see README.md).
+ * Refuses a library built for another device kind, or a device that is not present,
+ * with SPC_ERR_INCOMPATIBLE. */
 SPC_API int spc_model_load(const char* model_dir, const char* lib_path, const char* device, spc_model** out);
 SPC_API void spc_model_free(spc_model* model);
 SPC_API int32_t spc_model_vocab_size(const spc_model* model);

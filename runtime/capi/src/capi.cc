@@ -69,7 +69,7 @@ int spc_model_load(const char* model_dir, const char* lib_path, const char* devi
   *out = nullptr;
   return Guard([&] {
     auto m = std::make_unique<spc_model>();
-    m->impl = std::make_unique<spc::Model>(model_dir, lib_path, device ? device : "cpu");
+    m->impl = std::make_unique<spc::Model>(model_dir, lib_path, device ? device : "auto");
     *out = m.release();
   });
 }

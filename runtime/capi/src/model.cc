@@ -8,6 +8,7 @@
 
 #include "contract.h"
 #include "cpu_features.h"
+#include "device_runtime.h"
 #include "json_util.h"
 
 namespace spc {
@@ -61,22 +62,74 @@ void CheckContract(const fj::Object& meta, const std::string& lib_path) {
   }
 }
 
-DLDevice ParseDevice(const std::string& spec, std::string* kind) {
-  std::string name = spec, id = "0";
+// A device string as the Python runtime reads one (runtime/device.py parse_device, run
+// time): "auto" (the library's own kind, device 0), or cpu/cuda/opencl/metal/vulkan with
+// an optional ":<id>". The kind is spelled as _metadata's "target" ("llvm" for the CPU).
+struct DeviceRequest {
+  std::string text, kind;
+  int id = 0;
+};
+
+DeviceRequest ParseDevice(const std::string& spec) {
+  DeviceRequest req;
+  req.text = spec;
+  std::string name = spec, id;
   auto colon = spec.find(':');
   if (colon != std::string::npos) {
     name = spec.substr(0, colon);
     id = spec.substr(colon + 1);
   }
-  static const std::map<std::string, DLDeviceType> kinds = {
-      {"cpu", kDLCPU}, {"llvm", kDLCPU}, {"cuda", kDLCUDA}, {"opencl", kDLOpenCL},
-      {"metal", kDLMetal}, {"vulkan", kDLVulkan}};
+  static const std::map<std::string, std::string> kinds = {
+      {"auto", "auto"}, {"cpu", "llvm"}, {"llvm", "llvm"}, {"cuda", "cuda"},
+      {"opencl", "opencl"}, {"metal", "metal"}, {"vulkan", "vulkan"}};
   auto it = kinds.find(name);
-  if (it == kinds.end() || id.empty() || id.find_first_not_of("0123456789") != std::string::npos) {
-    throw std::invalid_argument("unknown device '" + spec + "': use cpu, cuda, opencl, metal or vulkan[:id]");
+  bool bad_id = colon != std::string::npos &&
+                (id.empty() || id.size() > 6 || id.find_first_not_of("0123456789") != std::string::npos);
+  if (it == kinds.end() || bad_id) {
+    throw std::invalid_argument("unknown device '" + spec + "': use auto, cpu, cuda, opencl, metal or vulkan, "
+                                "optionally with a device index (cuda:1)");
   }
-  *kind = it->second == kDLCPU ? "llvm" : name;
-  return DLDevice{it->second, std::stoi(id)};
+  req.kind = it->second;
+  req.id = id.empty() ? 0 : std::stoi(id);
+  if (req.kind == "auto" && colon != std::string::npos) {
+    throw std::invalid_argument("device '" + spec + "': auto takes no index (write opencl:1, cuda:1, ...)");
+  }
+  if (req.kind == "llvm" && req.id != 0) {
+    throw std::invalid_argument("device '" + spec + "': the CPU is a single device; write cpu (or cpu:0)");
+  }
+  return req;
+}
+
+// runtime/model.py resolve_device: the library's own kind, at the index asked for; a
+// kind other than the library's is refused by name (same words as the Python runtime).
+DLDevice ResolveDevice(const DeviceRequest& req, const fj::Object& meta, const std::string& lib_path) {
+  std::string target = json::GetString(meta, "target");
+  if (req.kind != "auto" && req.kind != target) {
+    if (req.kind == "llvm") {
+      throw IncompatibleError(lib_path + " was built for " + DeviceHint(meta) + ", not for this CPU; "
+                              "compile with --device llvm");
+    }
+    throw IncompatibleError("device '" + req.text + "': " + lib_path + " was built for " + DeviceHint(meta) +
+                            "; run it with device '" + (target == "llvm" ? std::string("cpu") : target) +
+                            "' or compile it for " + req.kind);
+  }
+  static const std::map<std::string, DLDeviceType> types = {
+      {"llvm", kDLCPU}, {"cuda", kDLCUDA}, {"opencl", kDLOpenCL}, {"metal", kDLMetal}, {"vulkan", kDLVulkan}};
+  auto it = types.find(target);
+  if (it == types.end()) {
+    throw IncompatibleError(lib_path + " was built for " + DeviceHint(meta) + ", which the C API cannot run on "
+                            "(compile for llvm, cuda or opencl)");
+  }
+  return DLDevice{it->second, req.id};
+}
+
+// The runtime of the library's kind must be in the process before its kernels can load.
+void PrepareDeviceRuntime(const fj::Object& meta, const std::string& lib_path) {
+  try {
+    EnsureDeviceRuntime(json::GetString(meta, "target"));
+  } catch (const DeviceRuntimeError& e) {
+    throw IoError(lib_path + " was built for " + DeviceHint(meta) + ": " + e.what());
+  }
 }
 
 size_t DTypeBytes(DLDataType t) { return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8; }
@@ -124,8 +177,7 @@ DLDataType ParseDType(const std::string& s) {
 }
 
 Model::Model(const std::string& model_dir, const std::string& lib_path, const std::string& device) {
-  std::string device_kind;
-  device_ = ParseDevice(device, &device_kind);
+  DeviceRequest request = ParseDevice(device);
   // ---- speccompile-config.json and tensor-cache.json (cheap checks before any dlopen)
   fj::Object index, cfg;
   try {
@@ -141,16 +193,33 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   for (int64_t t : json::GetIntOrList(cfg, "stop_token_ids")) config_.stop_token_ids.insert(static_cast<int32_t>(t));
   // ---- the library and its _metadata (read on a CPU VM, as runtime/model.py does)
   const std::string kSystem = "system://";
+  std::optional<fj::Object> baked;  // _metadata from the file's bytes, before loading it
   if (lib_path.compare(0, kSystem.size(), kSystem) == 0) {
     // Objects linked into the app (iOS forbids dlopen of app code): the library was
     // compiled as a TVM system library whose symbols register themselves at startup.
+    // Its device runtime is normally linked in too (a no-op then); there is no file to
+    // read the kind from, so an explicit device names it.
+    if (request.kind != "auto" && request.kind != "llvm") {
+      try {
+        EnsureDeviceRuntime(request.kind);
+      } catch (const DeviceRuntimeError& e) {
+        throw IoError(e.what());
+      }
+    }
     auto system_lib = Function::GetGlobal("ffi.SystemLib");
     if (!system_lib) throw IncompatibleError("this TVM runtime has no ffi.SystemLib");
     lib_ = (*system_lib)(String(lib_path.substr(kSystem.size()))).cast<Module>();
   } else {
     if (!std::ifstream(lib_path)) throw IoError("model library " + lib_path + " not found: build it with `speccompile compile`");
+    baked = BakedMetadata(lib_path);
+    if (baked) {  // refuse what cannot run here before the library is even opened
+      ResolveDevice(request, *baked, lib_path);
+      CheckCpuFeatures(*baked, lib_path);
+      PrepareDeviceRuntime(*baked, lib_path);
+    }
     try {
-      lib_ = Module::LoadFromFile(lib_path);
+      // dlopen reads a name without '/' as a library to search for, not a file here
+      lib_ = Module::LoadFromFile(lib_path.find('/') == std::string::npos ? "./" + lib_path : lib_path);
     } catch (const tvm::ffi::Error& e) {
       throw IoError("cannot load " + lib_path + ": " + e.message());
     }
@@ -160,13 +229,24 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   if (!meta_fn) throw IncompatibleError(lib_path + " has no speccompile _metadata; it was not built by `speccompile compile`");
   metadata_json_ = std::string((*meta_fn)().cast<String>());
   fj::Object meta = json::AsObject(json::Parse(metadata_json_, "_metadata"), "_metadata");
-  std::string target = json::GetString(meta, "target");
-  if (target != device_kind) {
-    throw IncompatibleError(lib_path + " was built for " + target + ", not for device '" + device +
-                            "'; compile with --device " + (device_kind == "llvm" ? std::string("llvm") : device_kind));
+  // ---- the device: the library's kind (the loaded copy of _metadata is authoritative)
+  device_ = ResolveDevice(request, meta, lib_path);
+  // ---- without a baked copy (a system library), the checks made before loading happen now:
+  // runtime/cpu.py check_cpu_features, and the device runtime (a no-op where linked in)
+  if (!baked) {
+    CheckCpuFeatures(meta, lib_path);
+    PrepareDeviceRuntime(meta, lib_path);
   }
-  // ---- runtime/cpu.py check_cpu_features: a CPU library needing instructions this CPU lacks
-  CheckCpuFeatures(meta, lib_path);
+  if (!DeviceExists(device_)) {
+    std::string target = json::GetString(meta, "target");
+    std::string which = device_.device_id ? target + ":" + std::to_string(device_.device_id) : target;
+    std::string hint = target == "opencl" ? " (install an OpenCL driver for it; PoCL gives a CPU device: "
+                                            "apt-get install pocl-opencl-icd)"
+                       : target == "cuda" ? " (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+                                          : "";
+    throw IncompatibleError(lib_path + " was built for " + DeviceHint(meta) + ", but no " + which +
+                            " device is visible on this machine" + hint);
+  }
   // ---- runtime/contract.py: page size recorded, entry points with the arguments we pass
   CheckContract(meta, lib_path);
   if (json::GetString(meta, "model_type") != config_.model_type) {

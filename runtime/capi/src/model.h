@@ -45,7 +45,9 @@ struct ModelConfig {
 
 class Model {
  public:
-  // device: "cpu", or "<kind>[:<id>]" with kind cuda/opencl/metal/vulkan.
+  // device: "auto" (the library's own kind, device 0), "cpu", or "<kind>[:<id>]" with kind
+  // cuda/opencl/metal/vulkan. The kind's device runtime (device_runtime.h) is loaded
+  // before the library, and the parameters and KV cache are allocated on that device.
   Model(const std::string& model_dir, const std::string& lib_path, const std::string& device);
 
   // A KV tensor able to hold max_total_tokens (rounded up to pages) and its bookkeeping.
