@@ -10,21 +10,23 @@ import importlib
 from typing import Any
 
 from .config import ConfigError, LlamaConfig, preset
-from .quantization import QUANTIZATIONS, Quantization, get_quantization
+from .quant_codec import QUANTIZATIONS, Quantization, get_quantization
 
 __all__ = ["ConfigError", "LlamaConfig", "preset", "QUANTIZATIONS", "Quantization", "get_quantization",
            "MODELS", "HEAD_TYPES", "build_model", "config_from_dict", "source_map"]
 
-# model_type -> (module, its nn.Module class, its source-map function, its config class).
-# Qwen2 is Llama with QKV bias; ``eagle``, ``eagle3`` and ``medusa`` are draft heads
-# (``convert_weight --model-type eagle`` picks eagle3 for an EAGLE-3 checkpoint). Named, not
-# imported: converting a target never loads the head modules.
+# model_type -> (module, its nn.Module class, its source-map function as "module.function",
+# its config class). Qwen2 is Llama with QKV bias; ``eagle``, ``eagle3`` and ``medusa`` are
+# draft heads (``convert_weight --model-type eagle`` picks eagle3 for an EAGLE-3 checkpoint).
+# Named, not imported: converting a target never loads the head modules, nor TVM's compiler
+# (the Llama source map and the quantization codec import no TVM; `convert_weight
+# --layout-from` converts where only TVM's runtime is installed).
 MODELS = {
-    "llama": ("llama", "LlamaForCausalLM", "hf_source_map", None),
-    "qwen2": ("llama", "LlamaForCausalLM", "hf_source_map", None),
-    "eagle": ("eagle", "EagleHead", "source_map", "EagleConfig"),
-    "eagle3": ("eagle3", "Eagle3Head", "source_map", "Eagle3Config"),
-    "medusa": ("medusa", "MedusaHeads", "source_map", "MedusaConfig"),
+    "llama": ("llama", "LlamaForCausalLM", "config.hf_source_map", None),
+    "qwen2": ("llama", "LlamaForCausalLM", "config.hf_source_map", None),
+    "eagle": ("eagle", "EagleHead", "eagle.source_map", "EagleConfig"),
+    "eagle3": ("eagle3", "Eagle3Head", "eagle3.source_map", "Eagle3Config"),
+    "medusa": ("medusa", "MedusaHeads", "medusa.source_map", "MedusaConfig"),
 }
 HEAD_TYPES = tuple(t for t, entry in MODELS.items() if entry[3] is not None)
 
@@ -56,4 +58,7 @@ def build_model(cfg, quant: Quantization, target=None):
 
 def source_map(cfg) -> dict[str, list[str]]:
     """Logical parameter name -> checkpoint tensors concatenated on axis 0 to form it."""
-    return _member(cfg.model_type, 2)(cfg)
+    if cfg.model_type not in MODELS:
+        raise ConfigError(f"unknown model type {cfg.model_type!r}; choose one of {', '.join(MODELS)}")
+    module, name = MODELS[cfg.model_type][2].rsplit(".", 1)
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)(cfg)

@@ -87,11 +87,15 @@ class LlamaConfig:
         for key in required:
             if not isinstance(cfg[key], int) or cfg[key] <= 0:
                 raise ConfigError(f"config.json field {key!r} must be a positive integer, got {cfg[key]!r}")
-        rope_scaling = cfg.get("rope_scaling")
-        if rope_scaling not in (None, {}) and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
-            raise ConfigError(f"rope_scaling {rope_scaling!r} is not supported yet (only plain RoPE)")
+        # transformers 5 writes RoPE settings as rope_parameters {rope_type, rope_theta}, not top-level keys
+        rope_params = cfg.get("rope_parameters") or {}
+        for rope_scaling in (cfg.get("rope_scaling"), rope_params):
+            if rope_scaling not in (None, {}) and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
+                raise ConfigError(f"rope_scaling {rope_scaling!r} is not supported yet (only plain RoPE)")
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in cfg.items() if k in known and k not in ("extra", "model_type")}
+        if "rope_theta" not in kwargs and "rope_theta" in rope_params:
+            kwargs["rope_theta"] = float(rope_params["rope_theta"])
         kwargs.setdefault("num_key_value_heads", cfg["num_attention_heads"])
         if kwargs.get("num_key_value_heads") is None:
             kwargs["num_key_value_heads"] = cfg["num_attention_heads"]
@@ -166,6 +170,30 @@ class LlamaConfig:
         if unknown:
             raise ConfigError(f"unknown model config field(s): {', '.join(sorted(unknown))}")
         return cls(**data)
+
+
+def hf_source_map(cfg: LlamaConfig) -> dict[str, list[str]]:
+    """Our logical weight name -> the HF tensors concatenated (axis 0) to form it.
+
+    A logical name is a parameter name without its storage suffix: ``X.weight`` of a
+    plain layer, or the ``X.q_weight``/``X.q_scale`` pair of a quantized one, both come
+    from the float tensor listed for ``X.weight``. It lives here, not in models/llama.py,
+    because converting a checkpoint needs it and must work without TVM's compiler.
+    """
+    m: dict[str, list[str]] = {"embed_tokens.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        m["lm_head.weight"] = ["lm_head.weight"]
+    for i in range(cfg.num_hidden_layers):
+        hf, ours = f"model.layers.{i}", f"layers.{i}"
+        m[f"{ours}.self_attn.qkv_proj.weight"] = [f"{hf}.self_attn.{p}_proj.weight" for p in "qkv"]
+        if cfg.attention_bias:
+            m[f"{ours}.self_attn.qkv_proj.bias"] = [f"{hf}.self_attn.{p}_proj.bias" for p in "qkv"]
+        m[f"{ours}.self_attn.o_proj.weight"] = [f"{hf}.self_attn.o_proj.weight"]
+        m[f"{ours}.mlp.gate_up_proj.weight"] = [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"]
+        m[f"{ours}.mlp.down_proj.weight"] = [f"{hf}.mlp.down_proj.weight"]
+        m[f"{ours}.input_layernorm.weight"] = [f"{hf}.input_layernorm.weight"]
+        m[f"{ours}.post_attention_layernorm.weight"] = [f"{hf}.post_attention_layernorm.weight"]
+    return m
 
 
 # Tiny presets: tests build real models from these with random weights.

@@ -17,7 +17,7 @@ from speccompile.runtime.contract import FORWARD_META, TARGET
 
 from . import attention as A
 from .activation import swiglu
-from .config import LlamaConfig
+from .config import LlamaConfig, hf_source_map  # noqa: F401 - re-exported (lives with the config: no TVM)
 from .exports import contract_spec, forward_meta_specs
 from .quantization import QEmbedding, QLinear, Quantization
 from .sampling_kernels import accept_sampled as accept_sampled_kernel, sampling_probs as sampling_probs_kernel
@@ -205,26 +205,3 @@ class LlamaForCausalLM(nn.Module):
             "p": f32("n", v), "q": f32("nq", v), "one_hot": i32("n"), "uniforms": f32("nu"),
         }
         return contract_spec(self, TARGET, tensors, self.cfg.extra_metadata())  # with forward_tokens_features
-
-
-def hf_source_map(cfg: LlamaConfig) -> dict[str, list[str]]:
-    """Our logical weight name -> the HF tensors concatenated (axis 0) to form it.
-
-    A logical name is a parameter name without its storage suffix: ``X.weight`` of a
-    plain layer, or the ``X.q_weight``/``X.q_scale`` pair of a quantized one, both come
-    from the float tensor listed for ``X.weight``.
-    """
-    m: dict[str, list[str]] = {"embed_tokens.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
-    if not cfg.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
-    for i in range(cfg.num_hidden_layers):
-        hf, ours = f"model.layers.{i}", f"layers.{i}"
-        m[f"{ours}.self_attn.qkv_proj.weight"] = [f"{hf}.self_attn.{p}_proj.weight" for p in "qkv"]
-        if cfg.attention_bias:
-            m[f"{ours}.self_attn.qkv_proj.bias"] = [f"{hf}.self_attn.{p}_proj.bias" for p in "qkv"]
-        m[f"{ours}.self_attn.o_proj.weight"] = [f"{hf}.self_attn.o_proj.weight"]
-        m[f"{ours}.mlp.gate_up_proj.weight"] = [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"]
-        m[f"{ours}.mlp.down_proj.weight"] = [f"{hf}.mlp.down_proj.weight"]
-        m[f"{ours}.input_layernorm.weight"] = [f"{hf}.input_layernorm.weight"]
-        m[f"{ours}.post_attention_layernorm.weight"] = [f"{hf}.post_attention_layernorm.weight"]
-    return m

@@ -19,6 +19,7 @@ tests/test_contract.py checks that the two agree.
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 # ----------------------------------------------------------------- model directory
@@ -309,3 +310,28 @@ def read_model_config(model_dir: Path | str) -> dict:
     except json.JSONDecodeError as err:
         raise ContractError(f"{path} is not valid JSON ({err}): rerun `speccompile gen_config SRC -o "
                             f"{path.parent}`") from None
+
+
+def baked_metadata(lib_path: Path) -> dict | None:
+    """The ``_metadata`` JSON read from the file's bytes, without loading the library.
+
+    A library whose device runtime is missing here (a cuda or opencl build on a CPU-only
+    machine) cannot be loaded at all, yet its error should still name what it was built
+    for; ``.tar`` archives are never loadable. The JSON sits verbatim in the packed blob.
+    Here, with no TVM import, so that a process without TVM's compiler can read a library's
+    parameter layout (``convert_weight --layout-from``).
+    """
+    lib_path = Path(lib_path)
+    if tarfile.is_tarfile(lib_path):
+        with tarfile.open(lib_path) as tar:
+            data = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
+    else:
+        data = lib_path.read_bytes()
+    at = data.find(b'{"speccompile_version"')
+    if at < 0:
+        return None
+    try:
+        meta, _ = json.JSONDecoder().raw_decode(data[at:at + (8 << 20)].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return meta

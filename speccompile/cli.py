@@ -66,14 +66,18 @@ def main() -> None:
 @click.option("--overrides", default=None,
               help="medusa: medusa_num_heads=N;medusa_num_layers=M for a checkpoint whose config lacks them "
                    "(give gen_config the same)")
+@click.option("--layout-from", "layout_from", type=click.Path(path_type=Path), default=None,
+              help="a library compiled for this checkpoint's config: take the parameter list from its _metadata "
+                   "instead of building the model, so that conversion needs no TVM compiler (target models only)")
 def convert_weight_cmd(src: Path, quantization: str, output: Path, model_type: str, target: Path | None,
-                       overrides: str | None) -> None:
+                       overrides: str | None, layout_from: Path | None) -> None:
     """Convert an HF folder or GGUF file (or an EAGLE/Medusa head) into quantized shards + tensor-cache.json."""
     from speccompile.convert_weight import convert_weight
 
     try:
         _, head = _model_overrides("convert_weight", overrides, {})
-        path = convert_weight(src, quantization, output, model_type, target=target, config_overrides=head)
+        path = convert_weight(src, quantization, output, model_type, target=target, config_overrides=head,
+                              layout_from=layout_from)
     except USER_ERRORS as err:
         fail(err)
     click.echo(f"wrote {path}")

@@ -5,6 +5,11 @@ dtypes cannot drift between conversion and compilation. Tensors stream one logic
 weight at a time (a 1.5B model never has two copies in memory). Draft heads (``eagle``,
 ``medusa``) go through the same loop; their source is checked against ``--target`` and
 every tensor's shape is checked before the first one is converted.
+
+Where TVM's compiler is not installed (a GPU machine that carries TVM's runtime alone),
+the parameter list comes from a compiled library's ``_metadata`` instead (``layout``,
+``--layout-from LIB``): the compiler recorded it from that same nn.Module, so the
+converted weights carry the library's layout fingerprint. Nothing here imports TVM.
 """
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from speccompile.models import HEAD_TYPES, MODELS, build_model, get_quantization, source_map
-from speccompile.models.quantization import quantize_q4
+from speccompile.models.quant_codec import quantize_q4
+from speccompile.runtime.contract import baked_metadata
 from speccompile.runtime.tensor_cache import TensorCacheWriter
 from speccompile.sources import HeadSource, SourceError, detect_head, open_source
 
@@ -50,22 +56,36 @@ def open_any(src: Path, model_type: str = "auto", target: Path | None = None, co
     return source
 
 
+def library_layout(lib: Path) -> dict:
+    """A compiled library's ``_metadata`` (read from its bytes, no TVM), for ``layout_from``."""
+    meta = baked_metadata(Path(lib)) if Path(lib).is_file() else None
+    if meta is None or "params" not in meta:
+        raise SourceError(f"{lib} is not a library built by `speccompile compile` (no _metadata with a parameter "
+                          "list found in it)")
+    return meta
+
+
 def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str = "auto", progress: bool = True,
-                   target: Path | None = None, config_overrides: dict | None = None) -> Path:
+                   target: Path | None = None, config_overrides: dict | None = None,
+                   layout_from: Path | None = None) -> Path:
+    """``layout_from``: a library compiled for this checkpoint's config, whose recorded
+    parameter list replaces building the model (no TVM compiler needed); targets only."""
     quant = get_quantization(quantization)  # validate before any long work
     source = open_any(Path(src), model_type, target, config_overrides)
     cfg = source.config
-    model = build_model(cfg, quant)
-    params = [(n, p) for n, p in model.named_parameters()]
+    if layout_from is None:
+        params = [(n, tuple(int(d) for d in p.shape), str(p.dtype)) for n, p in build_model(cfg, quant).named_parameters()]
+    else:
+        params = _library_params(library_layout(layout_from), cfg, quant.name, layout_from)
     smap = source_map(cfg)
     available = set(source.names())
-    missing = sorted({h for n, _ in params for h in smap[logical_name(n)] if h not in available})
+    missing = sorted({h for n, *_ in params for h in smap[logical_name(n)] if h not in available})
     if missing:
         raise SourceError(f"{src} lacks tensor(s) the {cfg.model_type} model needs: {missing[:5]}")
     if hasattr(source, "shape"):  # heads: every shape checked before the first tensor is converted
         _check_shapes(source, params, smap)
     if quant.is_q4:
-        bad = [n for n, p in params if n.endswith(".q_weight") and int(p.shape[1]) * 8 % 32]
+        bad = [n for n, shape, _ in params if n.endswith(".q_weight") and shape[1] * 8 % 32]
         if bad:
             raise SourceError(f"q4 needs input dims divisible by 32; {bad[0]} is not")
 
@@ -77,9 +97,8 @@ def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str 
         from tqdm import tqdm
 
         items = tqdm(params, desc="convert_weight", unit="tensor")
-    for name, p in items:
+    for name, expected, dtype in items:
         logical = logical_name(name)
-        expected = tuple(int(d) for d in p.shape)
         if name.endswith(SUFFIXES):
             if logical not in cache:
                 w = _gather(source, smap[logical])
@@ -88,7 +107,7 @@ def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str 
                 del w
             arr = cache[logical][0 if name.endswith(".q_weight") else 1]
         else:
-            arr = _gather(source, smap[logical]).astype(p.dtype)
+            arr = _gather(source, smap[logical]).astype(dtype)
         if arr.shape != expected:
             raise SourceError(f"{name}: checkpoint gives shape {arr.shape}, the model expects {expected}")
         writer.add(name, arr)
@@ -97,16 +116,28 @@ def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str 
     return path
 
 
+def _library_params(meta: dict, cfg, quant_name: str, lib: Path) -> list[tuple[str, tuple[int, ...], str]]:
+    """The library's parameters as (name, shape, dtype), after checking that it was built
+    for this kind of model and quantization (its sizes are checked tensor by tensor)."""
+    if cfg.model_type in HEAD_TYPES:
+        raise SourceError("--layout-from converts target models; convert draft heads where TVM's compiler is "
+                          "installed")
+    if (meta.get("model_type"), meta.get("quantization")) != (cfg.model_type, quant_name):
+        raise SourceError(f"{lib} was built for {meta.get('model_type')} {meta.get('quantization')}, not "
+                          f"{cfg.model_type} {quant_name}")
+    return [(p["name"], tuple(int(d) for d in p["shape"]), str(p["dtype"])) for p in meta["params"]]
+
+
 def _gather(source, names: list[str]) -> np.ndarray:
     parts = [source.get(n) for n in names]
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
 def _check_shapes(source, params, smap) -> None:
-    for name, p in params:
+    for name, shape, _ in params:
         if name.endswith(".q_scale"):
             continue
-        shape = [int(d) for d in p.shape]
+        shape = list(shape)
         if name.endswith(".q_weight"):
             shape[1] *= 8
         parts = [source.shape(h) for h in smap[logical_name(name)]]
