@@ -3,16 +3,41 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test test-fast demo bench heads clean
+.PHONY: install test test-fast demo bench heads clean opencl opencl-system
 
-install:
+install: opencl-system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	$(MAKE) opencl
 	@echo "installed into $(VENV)/ -- run 'make test'"
 
+# `make test` runs the OpenCL tests on the CPU OpenCL device `make install` sets up: they fail, not
+# skip, when it is missing (SPECCOMPILE_REQUIRE_OPENCL=1).
 test:
-	$(BIN)/python -m pytest -q
+	SPECCOMPILE_REQUIRE_OPENCL=1 $(BIN)/python -m pytest -q
+
+# The system pieces OpenCL libraries need to build and run here: the OpenCL ICD loader and headers
+# (to build our OpenCL runtime) and PoCL, a CPU OpenCL device, for the tests. Debian/Ubuntu via apt
+# (as root, or with sudo); elsewhere, install the equivalents and rerun.
+OPENCL_PACKAGES := ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
+opencl-system:
+	@if [ -e /usr/include/CL/cl.h ] && ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1 \
+	    && ldconfig -p | grep -q 'libOpenCL.so '; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	  echo "install an OpenCL ICD loader + headers and an OpenCL driver (PoCL for a CPU device), then rerun"; exit 1; fi; \
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	echo "apt-get install $(OPENCL_PACKAGES)"; \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(OPENCL_PACKAGES) >/dev/null \
+	  || { $$SUDO apt-get update -q >/dev/null && \
+	       DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(OPENCL_PACKAGES) >/dev/null; }
+
+# speccompile's OpenCL device runtime (runtime/opencl) -> build/opencl/libspeccompile_opencl.so,
+# built against the venv's TVM runtime; runtime/device_runtime.py and the C API load it.
+opencl:
+	cmake -S runtime/opencl -B build/opencl -DPython_EXECUTABLE=$(abspath $(BIN)/python) >/dev/null
+	cmake --build build/opencl -j2 >/dev/null
+	@echo "built build/opencl/libspeccompile_opencl.so"
 
 test-fast:
 	$(BIN)/python -m pytest -q -m "not real_model"
@@ -58,3 +83,47 @@ capi:
 
 clean:
 	rm -rf build *.egg-info .pytest_cache
+
+# ---- The GPU check (issue 32 part 3): prepared here, run on the GPU machine (../shared/GPU.md) ----
+# `make gpu-payload` (here; nvcc compiles the fatbins ahead of time; ~10 min the first time, then cached in
+# build/gpu-work/) writes build/gpu-payload/part1..N: TVM's runtime without its compiler, the cp312 tvm-ffi
+# wheel, a speccompile wheel, libraries for sm_90, SmolLM2 q4f16_1 weights + EAGLE/Medusa heads, the
+# Qwen2.5-1.5B/-0.5B shapes (configs; their random weights are made there). Each part is sized to travel
+# beside the working tree (the device tool sends at most 64 MiB per call; GPU_TREE_MIB=N sizes them for a
+# tree of N MiB instead of today's). It prints the device-tool calls, to run back to back (the machine
+# keeps /tmp only ~30 s after a call), e.g. for two parts:
+#   run(command="python3 -m speccompile.gpu_payload stage build/gpu-payload/part1", carry=["build/gpu-payload/part1"], timeout_s=120)
+#   run(command="PYTHONUNBUFFERED=1 python3 -m speccompile.gpu_payload run build/gpu-payload/part2 --out $OUT", carry=["build/gpu-payload/part2"], timeout_s=600)
+# The last call is `make gpu-check` there: it joins the parts, installs them under /tmp and runs
+# speccompile/gpu_check.py (<= 8 min), writing gpu-check-<gpu>-<date>.json/.png/.log into $OUT.
+# `make gpu-check DEVICE=cpu` here: the same check as a dry run on tiny models (build/gpu-check-cpu/).
+# The device tool sends the tracked tree with every call (at most 64 MiB); heads/ (90 MB of trained heads,
+# none of them needed there: the payload carries SmolLM2's converted heads) would not fit. `make gpu-park`
+# takes heads/ out of the index (files stay on disk, ignored through .git/info/exclude) for the device
+# calls; `make gpu-unpark` puts it back. Nothing is committed or deleted either way.
+GPU_PARK := heads
+.PHONY: gpu-park gpu-unpark
+gpu-park:
+	git rm -r -q --cached $(GPU_PARK)
+	@for p in $(GPU_PARK); do grep -qx "/$$p/" .git/info/exclude 2>/dev/null || echo "/$$p/" >> .git/info/exclude; done
+	@echo "parked $(GPU_PARK) (run 'make gpu-unpark' after the device calls); tracked tree now $$(git ls-files -z | du -ch --files0-from=- 2>/dev/null | tail -1 | cut -f1)"
+
+gpu-unpark:
+	@for p in $(GPU_PARK); do sed -i "\|^/$$p/$$|d" .git/info/exclude; done
+	git reset -q -- $(GPU_PARK)
+	@git status --short -- $(GPU_PARK) | head -3
+
+GPU_TREE_MIB ?=
+DEVICE ?= cuda
+.PHONY: gpu-payload gpu-check
+gpu-payload:
+	$(BIN)/python -m speccompile.gpu_payload build --device cuda $(if $(GPU_TREE_MIB),--assume-tree-mib $(GPU_TREE_MIB))
+
+gpu-check:
+ifeq ($(DEVICE),cpu)
+	$(BIN)/python -m speccompile.gpu_payload build --device cpu
+	$(BIN)/python -m speccompile.gpu_payload run build/gpu-payload-cpu/part* --staging build/gpu-check-cpu/staging \
+		--install build/gpu-check-cpu/install --out build/gpu-check-cpu
+else
+	PYTHONUNBUFFERED=1 python3 -m speccompile.gpu_payload run $(lastword $(sort $(wildcard build/gpu-payload/part*)))
+endif

@@ -79,12 +79,13 @@ def _ensure_cudart() -> None:
 
 
 def opencl_runtime_candidates() -> list[Path]:
-    """Our OpenCL runtime: $SPECCOMPILE_OPENCL_RUNTIME, beside this package (an installed
-    build), or where `make install` builds it in a checkout (build/opencl/)."""
+    """Our OpenCL runtime: $SPECCOMPILE_OPENCL_RUNTIME alone when set; else beside this
+    package (an installed build), or where `make install` builds it in a checkout (build/opencl/)."""
     here = Path(__file__).resolve().parent
     env = os.environ.get(OPENCL_RUNTIME_ENV)
-    found = [Path(env)] if env else []
-    return found + [here / "lib" / OPENCL_RUNTIME, here.parent / "build" / "opencl" / OPENCL_RUNTIME]
+    if env:  # strict: a wrong path is reported, not quietly replaced by another build (the C API agrees)
+        return [Path(env)]
+    return [here / "lib" / OPENCL_RUNTIME, here.parent / "build" / "opencl" / OPENCL_RUNTIME]
 
 
 def ensure_device_runtime(kind: str) -> None:
@@ -136,3 +137,12 @@ def opencl_device_names() -> list[str]:
     import tvm_ffi
 
     return [str(n) for n in tvm_ffi.get_global_func("speccompile.opencl.device_names")()]
+
+
+def opencl_has_fp16(index: int) -> bool:
+    """Whether opencl:<index> computes in half precision (cl_khr_fp16): q4f16_1 and q0f16
+    libraries need it, and CPU OpenCL devices such as PoCL often lack it."""
+    ensure_device_runtime("opencl")
+    import tvm_ffi
+
+    return "cl_khr_fp16" in str(tvm_ffi.get_global_func("speccompile.opencl.device_extensions")(index)).split()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,10 @@ import tvm
 from tvm.runtime import tensor as to_device
 from tvm.runtime.vm import VirtualMachine
 
-from .contract import KV_PAGE_SIZE, TARGET, ContractError, check_library, entry_point_names
+from .contract import KV_PAGE_SIZE, TARGET, ContractError, baked_metadata, check_library, entry_point_names
 from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
-from .device_runtime import DeviceRuntimeError, ensure_device_runtime
+from .device_runtime import DeviceRuntimeError, ensure_device_runtime, opencl_has_fp16
 from .kv_cache import ForwardBatch, PagedKV, split_forwards
 from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
@@ -29,29 +28,6 @@ from .threads import configure_threads
 
 class ModelLoadError(ValueError):
     pass
-
-
-def baked_metadata(lib_path: Path) -> dict | None:
-    """The ``_metadata`` JSON read from the file's bytes, without loading the library.
-
-    A library whose device runtime is missing here (a cuda or opencl build on a CPU-only
-    machine) cannot be loaded at all, yet its error should still name what it was built
-    for; ``.tar`` archives are never loadable. The JSON sits verbatim in the packed blob.
-    """
-    lib_path = Path(lib_path)
-    if tarfile.is_tarfile(lib_path):
-        with tarfile.open(lib_path) as tar:
-            data = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
-    else:
-        data = lib_path.read_bytes()
-    at = data.find(b'{"speccompile_version"')
-    if at < 0:
-        return None
-    try:
-        meta, _ = json.JSONDecoder().raw_decode(data[at:at + (8 << 20)].decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    return meta
 
 
 def _device_hint(meta: dict) -> str:
@@ -126,6 +102,10 @@ def resolve_device(meta: dict, requested: str, lib_path: Path):
                 "cuda": " (check nvidia-smi and CUDA_VISIBLE_DEVICES)"}.get(kind, "")
         raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, but no {which} device is visible "
                              f"on this machine{hint}")
+    if kind == "opencl" and "f16" in meta.get("quantization", "") and not opencl_has_fp16(spec.index or 0):
+        raise ModelLoadError(f"{lib_path} computes in fp16 ({meta['quantization']}), which {dev.device_name} "
+                             "(opencl) does not support (no cl_khr_fp16): compile the model with q4f32_1 or q0f32 "
+                             "for this device")
     return dev
 
 

@@ -88,7 +88,8 @@ class Built:
 
 @pytest.fixture(scope="session")
 def build_tiny(tmp_path_factory):
-    """build_tiny(preset, quant) -> Built, compiled once per session per combination."""
+    """build_tiny(preset, quant, device="llvm") -> Built, compiled once per session per combination
+    (the weights and model directory are shared by every device's library)."""
     from speccompile.compile import compile_model
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
@@ -96,8 +97,13 @@ def build_tiny(tmp_path_factory):
     cache: dict = {}
     root = tmp_path_factory.mktemp("tiny")
 
-    def build(preset: str = "tiny-llama", quant: str = "q0f32") -> Built:
-        key = (preset, quant)
+    def build(preset: str = "tiny-llama", quant: str = "q0f32", device: str = "llvm") -> Built:
+        key = (preset, quant, device)
+        if device != "llvm" and key not in cache:  # the same weights and model directory as the CPU build
+            cpu = build(preset, quant)
+            lib = root / f"{preset}-{quant}-{device}.so"
+            compile_model(cpu.model_dir / "speccompile-config.json", device, lib, verbose=False)
+            cache[key] = Built(cpu.hf_dir, cpu.model_dir, lib, cpu.weights, preset, quant)
         if key not in cache:
             hf = root / f"{preset}-hf"
             weights = make_hf_checkpoint(hf, preset) if not (hf / "config.json").exists() else cache[("w", preset)]

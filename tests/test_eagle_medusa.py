@@ -107,7 +107,7 @@ def make_medusa_checkpoint(folder: Path, h: int, v: int, heads: int = 3, layers:
                                                     "base_model_name_or_path": "target"}))
 
 
-def build_head(kind: str, ckpt: Path, target_src: Path, quant: str, out: Path) -> tuple[str, str]:
+def build_head(kind: str, ckpt: Path, target_src: Path, quant: str, out: Path, device: str = "llvm") -> tuple[str, str]:
     from speccompile.compile import compile_model
     from speccompile.convert_weight import convert_weight
     from speccompile.gen_config import gen_config
@@ -115,7 +115,7 @@ def build_head(kind: str, ckpt: Path, target_src: Path, quant: str, out: Path) -
     convert_weight(ckpt, quant, out, kind, progress=False, target=target_src)
     gen_config(ckpt, quant, out, target=target_src, model_type=kind)
     lib = out.with_suffix(".so")
-    meta = compile_model(out / "speccompile-config.json", "llvm", lib, verbose=False)
+    meta = compile_model(out / "speccompile-config.json", device, lib, verbose=False)
     assert meta["model_type"] == kind
     # exactly the contract's entry points of a head of this kind, with its argument orders
     assert meta["entry_points"] == {n: list(ENTRY_POINTS[kind][n]) for n in entry_point_names(kind, meta)}
@@ -123,7 +123,7 @@ def build_head(kind: str, ckpt: Path, target_src: Path, quant: str, out: Path) -
 
 
 def check_lossless(model_dir, lib, head, mode: str, prompts, expected, widths=(1, 3), ks=(3,), nodes=16,
-                   batches=(1, 4)) -> list:
+                   batches=(1, 4), new_tokens: int = NEW_TOKENS) -> list:
     """Every width/k: batch 1 and batch 4 outputs equal plain greedy; returns the stats seen."""
     from speccompile.runtime.engine import Engine
 
@@ -135,12 +135,12 @@ def check_lossless(model_dir, lib, head, mode: str, prompts, expected, widths=(1
             eng.set_draft_length(k)
             if 1 in batches:
                 for i, ids in enumerate(prompts):
-                    res = eng.generate(ids, NEW_TOKENS, ignore_eos=True)
+                    res = eng.generate(ids, new_tokens, ignore_eos=True)
                     assert res.token_ids == expected[i], f"{mode} width={width} k={k} prompt {i}"
                     stats.append((width, res.stats.spec))
             if 4 in batches:
                 for start in range(0, len(prompts), 4):
-                    results = eng.generate_batch(prompts[start:start + 4], NEW_TOKENS, ignore_eos=True)
+                    results = eng.generate_batch(prompts[start:start + 4], new_tokens, ignore_eos=True)
                     assert [r.token_ids for r in results] == expected[start:start + 4], \
                         f"{mode} width={width} k={k} batch at {start}"
                     stats += [(width, r.stats.spec) for r in results]

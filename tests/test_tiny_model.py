@@ -34,8 +34,13 @@ def test_logits_match_numpy_reference(build_tiny, name, quant):
 
 @pytest.mark.parametrize("quant", ["q0f32", "q4f32_1"])
 def test_batch_invariance_is_bit_exact(build_tiny, quant):
-    """A token's logits are identical decoded alone, verified among others, in a batch, in a tree."""
-    model = Model(build_tiny("tiny-llama", quant).model_dir, build_tiny("tiny-llama", quant).lib)
+    built = build_tiny("tiny-llama", quant)
+    check_batch_invariance(Model(built.model_dir, built.lib))
+
+
+def check_batch_invariance(model) -> None:
+    """A token's logits are identical decoded alone, verified among others, in a batch, in a tree
+    (tests/test_opencl.py runs it on the OpenCL device too)."""
     kv = model.create_kv_cache(512)
     prompt, cont = IDS[:13], IDS[13:]
     # plain: prefill then one decode per token

@@ -32,7 +32,12 @@
 #include <tvm/ffi/string.h>
 #include <tvm/runtime/device_api.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -167,6 +172,46 @@ class Workspace {
 };
 
 thread_local int current_device = 0;
+
+/*! SPECCOMPILE_OPENCL_PROFILE=1: every launch waits for its kernel and its time is summed
+ * per kernel, printed to stderr at exit (slowest first) -- where a step's time goes. */
+struct Profile {
+  bool enabled = std::getenv("SPECCOMPILE_OPENCL_PROFILE") != nullptr;
+  std::mutex mutex;
+  std::map<std::string, std::pair<double, int64_t>> seconds_calls;
+
+  static Profile* Global() {
+    static Profile* inst = new Profile();
+    return inst;
+  }
+  void Add(const std::string& name, double seconds) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& e = seconds_calls[name];
+    e.first += seconds;
+    e.second += 1;
+  }
+  ~Profile() = default;
+};
+
+struct ProfileReport {
+  ~ProfileReport() {
+    Profile* prof = Profile::Global();
+    if (!prof->enabled) return;
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (auto& kv : prof->seconds_calls) {
+      rows.push_back({kv.second.first, kv.first});
+      total += kv.second.first;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "OpenCL kernel time, %.3f s in all:\n", total);
+    for (auto& r : rows) {
+      auto& e = prof->seconds_calls[r.second];
+      std::fprintf(stderr, "%10.3f ms %8lld calls %8.3f ms/call  %s\n", r.first * 1e3, (long long)e.second,
+                   r.first * 1e3 / e.second, r.second.c_str());
+    }
+  }
+} profile_report;
 
 class OpenCLDeviceAPI final : public DeviceAPI {
  public:
@@ -330,6 +375,13 @@ class OpenCLModule final : public ffi::ModuleObj {
         log.resize(size);
         if (size) clGetProgramBuildInfo(prog, d.id, CL_PROGRAM_BUILD_LOG, size, &log[0], nullptr);
         clReleaseProgram(prog);
+        if (blob_.source.find("cl_khr_fp16") != std::string::npos &&
+            DeviceInfoString(d.id, CL_DEVICE_EXTENSIONS).find("cl_khr_fp16") == std::string::npos) {
+          TVM_FFI_THROW(RuntimeError) << "this library computes in fp16, which the OpenCL device "
+                                      << DeviceInfoString(d.id, CL_DEVICE_NAME) << " does not support (no "
+                                      << "cl_khr_fp16): compile the model with an f32 quantization (q4f32_1, "
+                                      << "q0f32) for this device";
+        }
         TVM_FFI_THROW(RuntimeError) << "the OpenCL compiler of " << DeviceInfoString(d.id, CL_DEVICE_NAME)
                                     << " rejected this library's kernels (error " << err << "):\n"
                                     << log.substr(0, 8000);
@@ -394,7 +446,13 @@ class OpenCLModule final : public ffi::ModuleObj {
     }
     size_t global[3] = {grid[0] * block[0], grid[1] * block[1], grid[2] * block[2]};
     Device& d = Workspace::Global()->Get(device_id);
+    Profile* prof = Profile::Global();
+    auto start = prof->enabled ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     cl_int err = clEnqueueNDRangeKernel(d.queue, k, 3, nullptr, global, block, 0, nullptr, nullptr);
+    if (prof->enabled && err == CL_SUCCESS) {
+      clFinish(d.queue);
+      prof->Add(info.name, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
     if (err != CL_SUCCESS) {
       TVM_FFI_THROW(RuntimeError) << "launching kernel " << info.name << " on " << DeviceInfoString(d.id, CL_DEVICE_NAME)
                                   << " (grid " << grid[0] << "x" << grid[1] << "x" << grid[2] << ", block "
@@ -425,6 +483,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                     *rv = static_cast<void*>(static_cast<DeviceAPI*>(OpenCLDeviceAPI::Global()));
                   })
       .def("ffi.Module.load_from_bytes.opencl", LoadFromBytes)
+      .def("speccompile.opencl.device_extensions",
+           [](int device_id) {
+             Workspace* ws = Workspace::Global();
+             if (device_id < 0 || static_cast<size_t>(device_id) >= ws->NumDevices()) return ffi::String("");
+             return ffi::String(DeviceInfoString(ws->Id(device_id), CL_DEVICE_EXTENSIONS));
+           })
       .def("speccompile.opencl.device_names", []() {
         ffi::Array<ffi::String> names;
         Workspace* ws = Workspace::Global();
