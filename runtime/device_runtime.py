@@ -38,9 +38,11 @@ def _registered(name: str) -> bool:
 
 
 def _tvm_lib_dir() -> Path:
-    import tvm
+    """The wheel's lib folder, found without touching the tvm module (whose attributes beyond
+    tvm.runtime belong to the compiler)."""
+    import importlib.util
 
-    return Path(tvm.__file__).parent / "lib"
+    return Path(importlib.util.find_spec("tvm").origin).parent / "lib"
 
 
 def _load_global(path: str) -> None:
