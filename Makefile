@@ -117,11 +117,11 @@ GPU_TREE_MIB ?=
 DEVICE ?= cuda
 .PHONY: gpu-payload gpu-check
 gpu-payload:
-	$(BIN)/python -m speccompile.gpu_payload build --device cuda $(if $(GPU_TREE_MIB),--assume-tree-mib $(GPU_TREE_MIB))
+	$(BIN)/python -m speccompile.gpu_models --device cuda $(if $(GPU_TREE_MIB),--assume-tree-mib $(GPU_TREE_MIB))
 
 gpu-check:
 ifeq ($(DEVICE),cpu)
-	$(BIN)/python -m speccompile.gpu_payload build --device cpu
+	$(BIN)/python -m speccompile.gpu_models --device cpu
 	$(BIN)/python -m speccompile.gpu_payload run build/gpu-payload-cpu/part* --staging build/gpu-check-cpu/staging \
 		--install build/gpu-check-cpu/install --out build/gpu-check-cpu
 else

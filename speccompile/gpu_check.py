@@ -11,7 +11,8 @@ Per model (the payload's models.json): logits against torch on the same weights,
 tok/s at batch 1, the bandwidth roofline, the cost of 1..32-row forwards, prefill tok/s of a
 512-token prompt, host time per decode step, and the HF transformers peers; for models with
 real weights the one-shot plain / spec / spec / plain runs of ``bench --one-shot``
-(speccompile/bench_oneshot.py, fresh ``generate`` processes) for ngram and each head shipped.
+(speccompile/bench_oneshot.py, fresh ``generate`` processes) for ngram and each head shipped,
+and the payload's C API against the engine's greedy tokens (speccompile/gpu_capi.py).
 What each figure means is written into the JSON (``definitions``). TVM runs in this process
 (runtime alone: the payload has no compiler); torch runs in a worker (speccompile/gpu_torch.py).
 """
@@ -73,6 +74,10 @@ DEFINITIONS = {
                    "spec / plain at temperature 0; speedup = plain / spec decode seconds over all prompts; "
                    "acceptance = accepted / drafted tokens; mean_accepted_length = tokens per verify step "
                    "(bonus included); identical = [prompts whose four outputs are token-identical, prompts]",
+    "capi": "the payload's prebuilt C API (spc_generate) on the same library, 2 prompts x 32 greedy tokens, plain "
+            "and --ngram: identical = [runs whose token ids equal the Python engine's greedy ids, runs]; tok_s / "
+            "ngram_tok_s = its decode tok/s (median), python_tok_s the engine's; libraries = the file the dynamic "
+            "linker loaded for each runtime library (speccompile/gpu_capi.py)",
 }
 
 
@@ -290,12 +295,37 @@ class Check:
         if engine is None:
             return None
         tokens = self.measure_engine(engine, rec)
+        if m["weights"] == "real":
+            self.capi(engine, model_dir, lib, rec)
         prompt = self.prompt_ids[m["name"]] = engine.encode_prompt(DECODE_PROMPT)
         del engine
         gc.collect()
         if tokens is not None:
             self.step(rec, "torch_reference", self.reference, model_dir, tokens, prompt, rec)
         return model_dir
+
+    def capi(self, engine, model_dir: Path, lib: Path, rec: dict) -> None:
+        """The C API the payload carries against the engine's greedy tokens (speccompile/gpu_capi.py)."""
+        rec["capi"] = {"identical": None, "tok_s": None, "error": None}
+        if not self.info.get("capi"):
+            return self.skip(rec, "capi", self.info.get("capi_missing") or "the payload carries no C API")
+        if self.left() < 60:
+            return self.skip(rec, "capi", f"{self.left():.0f} s of the check's budget left")
+        from speccompile.gpu_capi import check_capi
+
+        out = self.step(rec, "capi", check_capi, engine, self.payload, self.info["capi"], model_dir, lib,
+                        [DECODE_PROMPT, SPEC_PROMPTS[1][1]], 32, self.work)
+        if out is None:
+            rec["capi"]["error"] = rec["errors"]["capi"]
+            return
+        rec["capi"] = out
+        if out["error"]:
+            rec.setdefault("errors", {})["capi"] = out["error"]
+        self.log(f"  C API: identical {out['identical'][0]}/{out['identical'][1]}, {out['tok_s']} tok/s plain, "
+                 f"{out['ngram_tok_s']} with ngram (engine {out['python_tok_s']}); "
+                 + (f"error {out['error'][:300]}" if out["error"] else
+                    f"runtime {out.get('libraries', {}).get('libtvm_runtime.so')}"))
+        self.save()
 
     def random_weights(self, m: dict, rec: dict) -> Path:
         """A transformers random init, converted here by our converter to the library's layout."""
@@ -506,6 +536,9 @@ class Check:
             self.log(f"  {name}: decode {r['decode_tok_s']} / roofline {r['roofline_tok_s']} tok/s, prefill "
                      f"{r['prefill_tok_s']}, host {r['host_ms_per_step']} ms, logits diff "
                      f"{r['logits_max_abs_diff_vs_torch']}, peers {r['peers']}, rows {r['forward_cost_vs_rows']}")
+            if r.get("capi", {}).get("identical"):
+                self.log(f"    C API: identical {r['capi']['identical'][0]}/{r['capi']['identical'][1]}, "
+                         f"{r['capi']['tok_s']} tok/s")
             for mode, s in r.get("speculative", {}).items():
                 self.log(f"    {mode}: x{s['speedup']} accept {s['acceptance']} len {s['mean_accepted_length']} "
                          f"identical {s['identical'][0]}/{s['identical'][1]}")

@@ -192,5 +192,58 @@ def build_payload(device: str, out: Path, work: Path, tree_bytes: int, heads: Pa
     if device == "cuda":
         wheels.append(tvm_ffi_wheel(work))
     quant = "q4f16_1" if device == "cuda" else "q4f32_1"
-    return assemble(out, work / f"{device}-tar", models, wheels, device, quant, tree_bytes,
-                    extra={"build_seconds": times})
+    from speccompile.gpu_capi import CapiBuildError, build_capi
+
+    extra = {"build_seconds": times}
+    try:  # the C API the check runs beside the engine (issue 32: cuda through the C API)
+        capi = _timed(times, "C API", build_capi, work)
+    except CapiBuildError as err:
+        capi, extra["capi_missing"] = None, str(err)
+        print(f"  the payload goes without the C API: {err}", flush=True)
+    return assemble(out, work / f"{device}-tar", models, wheels, device, quant, tree_bytes, extra=extra, capi=capi)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`make gpu-payload` (and the dry run's build): the payload's parts and the device-tool calls.
+    Here, not in gpu_payload.py, whose GPU-side half imports nothing of this module."""
+    import argparse
+    import sys
+
+    from speccompile.gpu_payload import PayloadError, device_commands, largest_tracked_folders, traveling_tree_bytes
+
+    b = argparse.ArgumentParser(prog="python -m speccompile.gpu_models",
+                                description="build the GPU-check payload here (needs the venv; nvcc for cuda)")
+    b.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    b.add_argument("--out", type=Path, default=None, help="default build/gpu-payload (cpu: build/gpu-payload-cpu)")
+    b.add_argument("--work", type=Path, default=REPO / "build" / "gpu-work", help="cache of converted/compiled models")
+    b.add_argument("--heads", type=Path, default=REPO / "heads", help="where SmolLM2's EAGLE/Medusa checkpoints are")
+    b.add_argument("--assume-tree-mib", type=float, default=None,
+                   help="size the parts for a working tree of this many MiB (default: measure it now)")
+    args = b.parse_args(argv)
+    try:
+        if args.assume_tree_mib is not None:
+            tree = int(args.assume_tree_mib * 2**20)
+        else:  # a dry run's payload travels nowhere
+            tree = traveling_tree_bytes() if args.device == "cuda" else 0
+        out = args.out or REPO / "build" / ("gpu-payload" if args.device == "cuda" else "gpu-payload-cpu")
+        parts = build_payload(args.device, out, args.work, tree, args.heads)
+        for p in parts:
+            print(f"  {p.relative_to(REPO) if p.is_relative_to(REPO) else p}: "
+                  f"{sum(f.stat().st_size for f in p.iterdir()) / 2**20:.1f} MiB")
+        if args.device == "cuda" and not all(p.resolve().is_relative_to(REPO) for p in parts):
+            print(f"the parts lie outside {REPO}: only paths inside the checkout can be carried to the GPU")
+        elif args.device == "cuda":
+            print("device-tool calls, back to back (the machine keeps /tmp about 30 s after a call):")
+            for i, call in enumerate(device_commands(parts), 1):
+                print(f"  {i}) {call}")
+        return 0
+    except PayloadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        if "working tree" in str(err):
+            print("largest tracked folders: " + ", ".join(f"{n} {b / 2**20:.1f} MiB" for n, b in largest_tracked_folders()),
+                  file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -273,11 +273,12 @@ def tvm_ffi_wheel(work: Path) -> Path:
 
 
 def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], device: str, quantization: str,
-             tree_bytes: int, extra: dict | None = None) -> list[Path]:
-    """Tar the payload (TVM runtime, wheels, each model's folder and library) and split it.
+             tree_bytes: int, extra: dict | None = None, capi: Path | None = None) -> list[Path]:
+    """Tar the payload (TVM runtime, wheels, each model's folder and library, the C API) and split it.
 
     ``models``: {"name", "weights": "real"|"random", "dir", "lib", "heads": {mode: {"dir", "lib"}}}
-    with local paths; the payload's models.json names them by their place inside it."""
+    with local paths; the payload's models.json names them by their place inside it. ``capi``:
+    the install prefix speccompile/gpu_capi.build_capi made (None: the payload has no C API)."""
     budget = part_budget(tree_bytes)
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "payload.tgz"
@@ -299,8 +300,14 @@ def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], 
                 tar.add(head["dir"], f"payload/models/{hslug}", filter=_no_caches)
                 tar.add(head["lib"], f"payload/models/{hslug}.so")
             listing.append(entry)
+        capi_info = None
+        if capi is not None:
+            from speccompile.gpu_capi import add_to_tar
+
+            capi_info = add_to_tar(tar, capi)
         info = {"device": device, "quantization": quantization, "models": listing, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
-                **git_state(), "tvm_runtime_bytes": tvm_bytes, "wheels": [w.name for w in wheels], **(extra or {})}
+                **git_state(), "tvm_runtime_bytes": tvm_bytes, "wheels": [w.name for w in wheels], "capi": capi_info,
+                **(extra or {})}
         _add_bytes(tar, "payload/payload.json", json.dumps(info, indent=1).encode())
     parts = split_file(blob, out_dir, budget, {k: info[k] for k in ("device", "commit", "dirty", "built")})
     check_parts([sum(f.stat().st_size for f in p.iterdir()) for p in parts], tree_bytes)
@@ -325,13 +332,6 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speccompile.gpu_payload", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="build the payload here (needs the venv, nvcc for cuda)")
-    b.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    b.add_argument("--out", type=Path, default=None, help="default build/gpu-payload (cpu: build/gpu-payload-cpu)")
-    b.add_argument("--work", type=Path, default=REPO / "build" / "gpu-work", help="cache of converted/compiled models")
-    b.add_argument("--heads", type=Path, default=REPO / "heads", help="where SmolLM2's EAGLE/Medusa checkpoints are")
-    b.add_argument("--assume-tree-mib", type=float, default=None,
-                   help="size the parts for a working tree of this many MiB (default: measure it now)")
     s = sub.add_parser("stage", help="on the GPU machine: keep one part in the staging folder for the last call")
     s.add_argument("part", type=Path)
     s.add_argument("--staging", type=Path, default=Path(STAGING))
@@ -343,25 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--check-args", default="", help='more options for speccompile.gpu_check, e.g. "--budget-s 300"')
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "build":
-            from speccompile.gpu_models import build_payload
-
-            if args.assume_tree_mib is not None:
-                tree = int(args.assume_tree_mib * 2**20)
-            else:  # a dry run's payload travels nowhere
-                tree = traveling_tree_bytes() if args.device == "cuda" else 0
-            out = args.out or REPO / "build" / ("gpu-payload" if args.device == "cuda" else "gpu-payload-cpu")
-            parts = build_payload(args.device, out, args.work, tree, args.heads)
-            for p in parts:
-                print(f"  {p.relative_to(REPO) if p.is_relative_to(REPO) else p}: "
-                      f"{sum(f.stat().st_size for f in p.iterdir()) / 2**20:.1f} MiB")
-            if args.device == "cuda" and not all(p.resolve().is_relative_to(REPO) for p in parts):
-                print(f"the parts lie outside {REPO}: only paths inside the checkout can be carried to the GPU")
-            elif args.device == "cuda":
-                print("device-tool calls, back to back (the machine keeps /tmp about 30 s after a call):")
-                for i, call in enumerate(device_commands(parts), 1):
-                    print(f"  {i}) {call}")
-            return 0
         if args.cmd == "stage":
             stage(args.part, args.staging)
             return 0
@@ -371,9 +352,6 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.parts, out.resolve(), args.staging, args.install, shlex.split(args.check_args))
     except PayloadError as err:
         print(f"error: {err}", file=sys.stderr)
-        if args.cmd == "build" and "working tree" in str(err):
-            print("largest tracked folders: " + ", ".join(f"{n} {b / 2**20:.1f} MiB" for n, b in largest_tracked_folders()),
-                  file=sys.stderr)
         return 3
 
 

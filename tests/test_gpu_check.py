@@ -104,10 +104,62 @@ def test_torch_dequantize_matches_the_codec():
     np.testing.assert_array_equal(dequantize(q, s, "cpu").numpy(), dequantize_q4(q, s))
 
 
+class _FakeEngine:
+    """What check_capi asks of the engine: prompt ids and greedy results."""
+
+    def encode_prompt(self, prompt):
+        return [1, 2, len(prompt) % 7]
+
+    def generate(self, ids, max_tokens, sampling):
+        from types import SimpleNamespace
+
+        stats = SimpleNamespace(to_dict=lambda: {"decode_tokens_per_s": 9.0})
+        return SimpleNamespace(token_ids=[5, 6, 7, 8], stats=stats)
+
+
+def test_capi_mismatch_and_failure_are_recorded_not_raised(tmp_path):
+    """A C API run that fails or differs is a finding in the JSON (the check goes on)."""
+    from speccompile.gpu_capi import WATCHED, check_capi
+
+    exe = tmp_path / "capi" / "bin" / "spc_generate"
+    exe.parent.mkdir(parents=True)
+    exe.write_text(f"""#!{sys.executable}
+import json, sys
+if "--ngram" in sys.argv:
+    sys.exit("spc_generate: loading the model: cannot load TVM's CUDA runtime")
+print(json.dumps({{"token_ids": [5, 6, 9, 8], "stats": {{"decode_tokens_per_s": 3.0, "accept_rate": 0.0,
+                  "verify_steps": 0}}}}))
+""")
+    exe.chmod(0o755)
+    rec = check_capi(_FakeEngine(), tmp_path, {"exe": "capi/bin/spc_generate", "baked_tvm_lib_dir": "/nowhere"},
+                     tmp_path, tmp_path / "m.so", ["a", "bb"], 4, tmp_path)
+    assert rec["identical"] == [0, 4] and rec["tok_s"] == 3.0 and rec["ngram_tok_s"] is None
+    assert rec["python_tok_s"] == 9.0 and rec["baked_tvm_lib_dir_exists"] is False
+    assert [r["first_difference"] for r in rec["runs"] if r["ok"]] == [2, 2]
+    assert "prompt 0 ngram: exit 1: spc_generate: loading the model: cannot load TVM's CUDA runtime" in rec["error"]
+    assert rec["ld_library_path"][0].endswith("/tvm/lib") and rec["ld_library_path"][1].endswith("/tvm_ffi/lib")
+    assert set(rec["libraries"]) <= set(WATCHED)  # the first run's linker log, watched names only
+    assert not list(tmp_path.glob("capi-ld.*"))  # and removed
+
+
+@pytest.fixture(scope="module")
+def capi_prefix():
+    """The C API as the payload carries it, cached with `make gpu-payload`'s models (build/gpu-work)."""
+    from speccompile.gpu_capi import CapiBuildError, build_capi
+
+    try:
+        return build_capi(REPO / "build" / "gpu-work")
+    except CapiBuildError as err:
+        if "not installed" in str(err):
+            return None  # the payload goes without it; the check records why
+        raise
+
+
 @pytest.mark.hf
-def test_dry_run_end_to_end(build_tiny, tmp_path):
+def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
     """The check on the tiny models: a q4 model whose weights travel, a random one made and
-    converted where the check runs; TVM from the payload's runtime-only package."""
+    converted where the check runs; TVM from the payload's runtime-only package; the C API
+    the payload carries against the engine on the real-weight model."""
     real = build_tiny("tiny-llama", "q4f32_1")
     random = build_tiny("tiny-qwen2", "q4f32_1")
     config_only = tmp_path / "qwen-config"
@@ -117,7 +169,8 @@ def test_dry_run_end_to_end(build_tiny, tmp_path):
             shutil.copy(f, config_only / f.name)
     models = [{"name": "tiny-llama", "weights": "real", "dir": real.model_dir, "lib": real.lib, "heads": {}},
               {"name": "tiny-qwen2", "weights": "random", "seed": 0, "dir": config_only, "lib": random.lib}]
-    parts = assemble(tmp_path / "payload", tmp_path / "work", models, [], "cpu", "q4f32_1", tree_bytes=0)
+    parts = assemble(tmp_path / "payload", tmp_path / "work", models, [], "cpu", "q4f32_1", tree_bytes=0,
+                     capi=capi_prefix)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OUT")}
     done = subprocess.run([sys.executable, "-m", "speccompile.gpu_payload", "run", *map(str, parts),
                            "--staging", str(tmp_path / "staging"), "--install", str(tmp_path / "install"),
@@ -146,3 +199,13 @@ def test_dry_run_end_to_end(build_tiny, tmp_path):
     ngram = result["models"]["tiny-llama"]["speculative"]["ngram"]
     assert ngram["identical"] == [1, 1] and ngram["speedup"] > 0 and 0 <= ngram["acceptance"] <= 1
     assert ngram["mean_accepted_length"] >= 1
+    assert "capi" not in result["models"]["tiny-qwen2"]  # random weights: the tokens mean nothing
+    capi = result["models"]["tiny-llama"]["capi"]
+    if capi_prefix is None:
+        pytest.skip("no cmake / C compiler: the dry run went without the C API")
+    # spc_generate's greedy ids equal the engine's, plain and --ngram, on 2 prompts; the wheel's
+    # libraries it ran with are the installed payload's (LD_LIBRARY_PATH), not the build's RUNPATH
+    assert capi["identical"] == [4, 4] and capi["error"] is None, capi
+    assert capi["tok_s"] > 0 and capi["ngram_tok_s"] > 0 and capi["python_tok_s"] > 0
+    assert capi["libraries"]["libtvm_runtime.so"].startswith(str(tmp_path / "install" / "payload"))
+    assert capi["libraries"]["libspeccompile_capi.so"].startswith(str(tmp_path / "install" / "payload"))
