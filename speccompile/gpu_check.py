@@ -295,6 +295,7 @@ class Check:
         if engine is None:
             return None
         tokens = self.measure_engine(engine, rec)
+        self.kernel_profile(model_dir, lib, rec)
         if m["weights"] == "real":
             self.capi(engine, model_dir, lib, rec)
         prompt = self.prompt_ids[m["name"]] = engine.encode_prompt(DECODE_PROMPT)
@@ -326,6 +327,28 @@ class Check:
                  + (f"error {out['error'][:300]}" if out["error"] else
                     f"runtime {out.get('libraries', {}).get('libtvm_runtime.so')}"))
         self.save()
+
+    def kernel_profile(self, model_dir: Path, lib: Path, rec: dict) -> None:
+        """Per-kernel device time of decode, 8/32-row and 512-token forwards (speccompile/gpu_profile.py),
+        in a process of its own: CUPTI through torch.profiler, TVM's kernels included."""
+        if self.device == "cpu":
+            return self.skip(rec, "kernel_profile", "CUPTI profiles CUDA devices only")
+        if self.left() < 60:
+            return self.skip(rec, "kernel_profile", f"{self.left():.0f} s of the check's budget left")
+        task = json.dumps({"model_dir": str(model_dir), "lib": str(lib), "prefill_tokens": 512})
+
+        def run():
+            done = subprocess.run([sys.executable, "-m", "speccompile.gpu_profile", task], capture_output=True,
+                                  text=True, timeout=min(120, self.left() - 20))
+            if done.returncode != 0:
+                raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-1200:]}")
+            rec["kernel_profile"] = json.loads(done.stdout.strip().splitlines()[-1])
+            for phase, p in rec["kernel_profile"].items():
+                top = ", ".join(f"{t['kernel'][:40]} {t['share']}" for t in p["top"][:3])
+                self.log(f"  profile {phase}: wall {p['wall_ms']} ms, device {p['device_busy_ms']} ms, "
+                         f"{p['launches']} launches; top {top}")
+
+        self.step(rec, "kernel_profile", run)
 
     def random_weights(self, m: dict, rec: dict) -> Path:
         """A transformers random init, converted here by our converter to the library's layout."""
