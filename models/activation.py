@@ -40,9 +40,9 @@ def swiglu(inter: int, dtype: str):
     """out [m, inter] = silu(gate[:, :inter]) * up[:, inter:]; the model passes the fused
     gate/up output as both inputs. (Two used inputs also keep relax's RewriteDataflowReshape
     from probing the kernel as a possible reshape, which it cannot do without blocks.)"""
-    ch = _chunk(inter)
-    lanes, per_row = min(16, ch), inter // ch
     cpu = building_for_cpu()
+    ch = _chunk(inter) if cpu else 1  # GPUs: one thread per element
+    lanes, per_row = min(16, ch), inter // ch
 
     @T.macro
     def chunk(gate, up, out, c):

@@ -44,6 +44,9 @@ SERIAL_BELOW = 8
 
 def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half)."""
+    if not building_for_cpu():
+        from .attention_gpu import rope_q_gpu
+        return rope_q_gpu(num_heads, num_kv, head_dim, theta, dtype)
     half = head_dim // 2
     scratch, cpu = scratch_scope(), building_for_cpu()
 
@@ -88,6 +91,9 @@ def _rope_elem(buf, t, h, i, cs, half, dtype):
 
 def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] (in place)."""
+    if not building_for_cpu():
+        from .attention_gpu import append_kv_gpu
+        return append_kv_gpu(num_layers, num_heads, num_kv, head_dim, theta, dtype)
     half = head_dim // 2
     scratch, cpu = scratch_scope(), building_for_cpu()
 
@@ -126,8 +132,12 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
 
     One task per (token, KV head) serves the ``group`` query heads that share it, so each
     K/V row is fetched once for all of them and their independent dot products overlap.
-    Each head's arithmetic is still one fixed sequence over its rows.
+    Each head's arithmetic is still one fixed sequence over its rows. GPUs get
+    models/attention_gpu.py's version (a warp per token and query head).
     """
+    if not building_for_cpu():
+        from .attention_gpu import attention_gpu
+        return attention_gpu(num_layers, num_heads, num_kv, head_dim, dtype)
     group = num_heads // num_kv
     scratch = scratch_scope()
     lanes = 16 if head_dim % 16 == 0 else 8

@@ -56,10 +56,11 @@ DEFINITIONS = {
                       "weight_bytes_per_token (every parameter a decode step reads: all but an untied embedding)",
     "prefill_tok_s": "prefill_prompt_tokens / the wall time of their prefill into a fresh sequence (best of 3 "
                      "after a warm-up; prompts longer than the library's chunk run as consecutive forwards)",
-    "host_ms_per_step": "wall time of a plain decode step minus the time the host was blocked waiting for the "
-                        "device (a device sync placed before the step's first read of results): Python, TVM VM "
-                        "dispatch and kernel launches. On the CPU the kernels run inside the VM calls, so there "
-                        "it is the whole step (see timings: vm_call_ms_per_step, device_wait_ms_per_step)",
+    "host_ms_per_step": "wall time of a plain engine step (propose, forward, accept, commit) at a 128-token "
+                        "context less the device's busy time in it (the sum of its kernels' CUPTI times; "
+                        "kernel_profile.engine_step_ctx128): Python, TVM VM dispatch, launches and copies the "
+                        "device waits for. On the CPU (no profile) it is the wall time of a step less the time "
+                        "blocked in a device sync before its first read of results (timings)",
     "forward_cost_vs_rows": "runtime/costs.measure_target: one target forward plus greedy verification over r "
                             "rows of a scratch sequence (best of 3 after a warm-up), relative to r = 1",
     "logits_max_abs_diff_vs_torch": "max |ours - torch float32| over the logits of a prefill (last position), a "
@@ -335,7 +336,8 @@ class Check:
             return self.skip(rec, "kernel_profile", "CUPTI profiles CUDA devices only")
         if self.left() < 60:
             return self.skip(rec, "kernel_profile", f"{self.left():.0f} s of the check's budget left")
-        task = json.dumps({"model_dir": str(model_dir), "lib": str(lib), "prefill_tokens": 512})
+        task = json.dumps({"model_dir": str(model_dir), "lib": str(lib), "prefill_tokens": 512,
+                           "prompt": DECODE_PROMPT})
 
         def run():
             done = subprocess.run([sys.executable, "-m", "speccompile.gpu_profile", task], capture_output=True,
@@ -343,6 +345,9 @@ class Check:
             if done.returncode != 0:
                 raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-1200:]}")
             rec["kernel_profile"] = json.loads(done.stdout.strip().splitlines()[-1])
+            step = rec["kernel_profile"].get("engine_step_ctx128")
+            if step:
+                rec["host_ms_per_step"] = round(step["wall_ms"] - step["device_busy_ms"], 3)
             for phase, p in rec["kernel_profile"].items():
                 top = ", ".join(f"{t['kernel'][:40]} {t['share']}" for t in p["top"][:3])
                 self.log(f"  profile {phase}: wall {p['wall_ms']} ms, device {p['device_busy_ms']} ms, "

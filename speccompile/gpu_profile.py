@@ -10,7 +10,9 @@ It runs in a process of its own (``python -m speccompile.gpu_profile TASK_JSON``
 and TVM's runtime share the process only here, and a crash or a hang costs this one
 measurement, not the check.
 
-Output (one JSON line): per phase (``decode`` 1 row, ``rows8``, ``rows32``, ``prefill512``)
+Output (one JSON line): per phase (``decode`` 1 row, ``rows8``, ``rows32``, ``prefill512``
+forwards after a 16-token prefix, and ``engine_step_ctx128``: plain engine steps at a
+128-token context, whose wall less device time is the host's share of a step)
 the wall ms per forward, the device-busy ms per forward (the sum of its kernels' times),
 the kernel launches per forward, and the top kernels by total time with their share.
 """
@@ -60,20 +62,35 @@ def _phases(model, kv, prefill_tokens: int):
     return out
 
 
-def profile(model_dir: str, lib: str, prefill_tokens: int = 512) -> dict:
+def _engine_steps(engine, prompt: str, context: int):
+    """(one plain greedy engine step -- propose, forward, accept, commit -- of a sequence
+    already ``context`` tokens long, repetitions): the host's share of a step is its wall
+    time less the device's busy time."""
+    seq = engine.new_sequence(engine.encode_prompt(prompt), 4096, ignore_eos=True)
+    engine.attach(seq)
+    while seq.prefilling:
+        engine.prefill([seq], engine.model.prefill_chunk_size)
+    while engine.kv.length(seq.seq_id) < context:
+        engine.step([seq])
+    return (lambda: engine.step([seq])), 32
+
+
+def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "Hello") -> dict:
     from speccompile.runtime.tvm_import import import_runtime_only
 
     import_runtime_only()
-    from speccompile.runtime.model import Model
+    from speccompile.runtime.engine import Engine
 
-    model = Model(Path(model_dir), Path(lib))
-    kv = model.create_kv_cache(4096)
+    engine = Engine(Path(model_dir), Path(lib), max_num_sequence=4)  # the engine's sequence and two scratch ones
+    model, kv = engine.model, engine.kv
     import torch  # after TVM: torch's own CUDA libraries must not replace the ones TVM loaded
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     result = {}
-    for name, (fn, reps) in _phases(model, kv, prefill_tokens).items():
+    phases = _phases(model, kv, prefill_tokens)
+    phases["engine_step_ctx128"] = _engine_steps(engine, prompt, 128)
+    for name, (fn, reps) in phases.items():
         fn()  # warm-up: first-launch module loading stays out of the figures
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
@@ -98,7 +115,7 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     task = json.loads((argv or sys.argv[1:])[0])
-    out = profile(task["model_dir"], task["lib"], int(task.get("prefill_tokens", 512)))
+    out = profile(task["model_dir"], task["lib"], int(task.get("prefill_tokens", 512)), task.get("prompt", "Hello"))
     print(json.dumps(out), flush=True)
     return 0
 
