@@ -64,14 +64,14 @@ def _phases(model, kv, prefill_tokens: int):
 
 def _engine_steps(engine, prompt: str, context: int):
     """(one plain greedy engine step -- propose, forward, accept, commit -- of a sequence
-    already ``context`` tokens long, repetitions): the host's share of a step is its wall
-    time less the device's busy time."""
-    seq = engine.new_sequence(engine.encode_prompt(prompt), 4096, ignore_eos=True)
+    ``context`` tokens long, repetitions): the host's share of a step is its wall time less
+    the device's busy time. The prompt is repeated up to ``context`` tokens (prefilled)."""
+    ids = engine.encode_prompt(prompt)
+    ids = (ids * (context // len(ids) + 1))[:context]
+    seq = engine.new_sequence(ids, 64, ignore_eos=True)  # 1 warm-up + 32 timed steps
     engine.attach(seq)
     while seq.prefilling:
         engine.prefill([seq], engine.model.prefill_chunk_size)
-    while engine.kv.length(seq.seq_id) < context:
-        engine.step([seq])
     return (lambda: engine.step([seq])), 32
 
 
@@ -90,6 +90,8 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     result = {}
     phases = _phases(model, kv, prefill_tokens)
     phases["engine_step_ctx128"] = _engine_steps(engine, prompt, 128)
+    if model.context_window_size >= 2048 + 64:
+        phases["engine_step_ctx2048"] = _engine_steps(engine, prompt, 2048)
     for name, (fn, reps) in phases.items():
         fn()  # warm-up: first-launch module loading stays out of the figures
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
