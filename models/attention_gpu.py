@@ -6,23 +6,24 @@ GPU idle: a decode step ran 2 attention threads per layer, and the first GPU che
 (H200) measured attention at 50-94% of every forward -- 0.78 ms per layer per decoded
 token on Qwen2.5-1.5B with a 16-token context, 94% of a 512-token prefill.
 
-Attention: one warp (a 32-item work-group) per (token, query head). The rows the token
-may see (the same list as the portable kernel: the sequence's positions ``0..prefix-1``
-through its page table, then its extra slots) are walked in blocks of 32, block ``b``
-holding rows ``32b..32b+31``. Lane j scores row ``32b + j`` (a full dot product over
+Attention: a work-group of 8 warps per (token, query head). The rows the token may see
+(the same list as the portable kernel: the sequence's positions ``0..prefix-1`` through
+its page table, then its extra slots) are cut into blocks of 32, block ``b`` holding rows
+``32b..32b+31``; warp ``w`` walks blocks ``w, w + 8, w + 16, ...`` with its own online
+softmax state. Inside a block, lane j scores row ``32b + j`` (a full dot product over
 head_dim in a fixed order); the block's maximum, exp weights and their fixed pairwise sum
-are formed from shared memory identically by every lane; then each lane updates its
-head_dim / 32 output elements over the block's rows in increasing order. Every quantity
-depends only on the token's own row list, never on how many tokens, sequences or which
-entry point share the launch: prefill, decode, chain and tree verify give the same bits
-per token on the GPU, as the portable kernel does on the CPU (the two differ from each
-other; a library is built for one device). Rows past the end of the list are skipped, not
-masked with arithmetic, so a partial block adds exactly nothing.
+are formed from shared memory identically by every lane of the warp; then each lane
+updates its head_dim / 32 output elements over the block's rows in increasing order. At
+the end warp 0 merges the 8 states in warp order. Every quantity depends only on the
+token's own row list (and the constants 32 and 8), never on how many tokens, sequences or
+which entry point share the launch: prefill, decode, chain and tree verify give the same
+bits per token on the GPU, as the portable kernel does on the CPU (the two differ from
+each other; a library is built for one device). Rows past the end of the list are
+skipped, not masked with arithmetic, and a warp with no rows merges as exactly zero.
 
-Decode parallelism is (query heads) warps per token and rows are walked serially per
-warp: fine for the contexts measured so far (hundreds of rows); a fixed-position split of
-long contexts (flash-decoding with segment boundaries at fixed row indices, merged in
-order) keeps the invariance and is the next step for long contexts.
+Why 8 warps: a decode step has one token, so its parallelism is heads x warps; one warp
+per head walked a 2,048-token context in 64 serial blocks (93% of a SmolLM2 step on an
+H200). With 8 the walk is 8 blocks deep, and a 512-token prefill still fills the GPU.
 
 RoPE and the KV append: one work item per output element (token, head, dim), its angle
 computed by the same expression as the portable kernel's per-token table.
@@ -35,7 +36,8 @@ from tvm.script import tirx as T
 
 from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
 
-WARP = 32  # lanes per (token, head) work-group; also rows per block of the walk
+WARP = 32  # lanes per warp; also rows per block of the walk
+WARPS = 8  # warps per (token, query head): warp w walks row blocks w, w + 8, w + 16, ...
 NEG = -3.0e38  # the running maximum before any row
 
 
@@ -93,10 +95,10 @@ def append_kv_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, t
 
 
 @T.macro
-def _pair_sum(red, out):
-    """out[0] = red[0] + ... + red[31] in one fixed pairwise order (every lane runs it alike)."""
+def _pair_sum(red, out, base):
+    """out[0] = red[base] + ... + red[base + 31] in one fixed pairwise order (every lane runs it alike)."""
     for t in T.unroll(16):
-        out[t] = red[t] + red[t + 16]
+        out[t] = red[base + t] + red[base + t + 16]
     for t in T.unroll(8):
         out[t] = out[t] + out[t + 8]
     for t in T.unroll(4):
@@ -132,61 +134,86 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
         out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
         for t in T.thread_binding(n, thread="blockIdx.x"):
             for hq in T.thread_binding(num_heads, thread="blockIdx.y"):
-                for tx in T.thread_binding(WARP, thread="threadIdx.x"):
-                    q_s = T.decl_buffer((head_dim,), "float32", scope="shared")
-                    red = T.decl_buffer((WARP,), "float32", scope="shared")  # scores, then weights
-                    slot_s = T.decl_buffer((WARP,), "int32", scope="shared")
-                    tmp = T.decl_buffer((16,), "float32", scope="local")
-                    o = T.decl_buffer((per_lane,), "float32", scope="local")  # dims v * 32 + tx
-                    kl = T.decl_buffer((vec,), dtype, scope="local")
-                    st = T.decl_buffer((5,), "float32", scope="local")  # m, l, score, alpha, new m
-                    for v in T.unroll(per_lane):
-                        if v * WARP + tx < head_dim:
-                            q_s[v * WARP + tx] = T.Cast("float32", q[t, hq, v * WARP + tx])
-                        o[v] = T.float32(0)
-                    st[0] = T.float32(NEG)
-                    st[1] = T.float32(0)
-                    T.tvm_storage_sync("shared")
-                    hk: T.let[T.int32] = T.Cast("int32", hq) // group
-                    pre: T.let[T.int32] = prefix[t]
-                    rows: T.let[T.int32] = prefix[t] + extra_len[t]
-                    for blk in range((rows + WARP - 1) // WARP):
-                        r: T.let[T.int32] = blk * WARP + T.Cast("int32", tx)
-                        s: T.let[T.int32] = T.if_then_else(r >= rows, 0, T.if_then_else(
-                            r < pre, pt[seq[t], T.min(r // PAGE, T.Cast("int32", pages) - 1)] * PAGE + r % PAGE,
-                            extra[t, T.max(r - pre, 0)]))
-                        st[2] = T.float32(NEG)
-                        if r < rows:
-                            for a in T.unroll(4):
-                                tmp[a] = T.float32(0)
-                            for c in range(head_dim // vec):
-                                for u in T.vectorized(vec):
-                                    kl[u] = kv[layer, 0, s, hk, c * vec + u]
-                                for u in T.unroll(vec):
-                                    tmp[u % 4] = tmp[u % 4] + q_s[c * vec + u] * T.Cast("float32", kl[u])
-                            st[2] = ((tmp[0] + tmp[1]) + (tmp[2] + tmp[3])) * T.float32(scale)
-                        red[tx] = st[2]
-                        slot_s[tx] = s
-                        T.tvm_storage_sync("shared")
-                        st[4] = st[0]  # the block's new maximum, read by every lane alike
-                        for j in range(WARP):
-                            st[4] = T.max(st[4], red[j])
-                        T.tvm_storage_sync("shared")
-                        red[tx] = T.if_then_else(r < rows, T.exp(st[2] - st[4]), T.float32(0))
-                        T.tvm_storage_sync("shared")
-                        _pair_sum(red, tmp)
-                        st[3] = T.exp(st[0] - st[4])
-                        st[1] = st[1] * st[3] + tmp[0]
-                        st[0] = st[4]
+                for w in T.thread_binding(WARPS, thread="threadIdx.y"):
+                    for tx in T.thread_binding(WARP, thread="threadIdx.x"):
+                        q_s = T.decl_buffer((head_dim,), "float32", scope="shared")
+                        red = T.decl_buffer((WARPS * WARP,), "float32", scope="shared")  # [w, j]: scores, weights
+                        slot_s = T.decl_buffer((WARPS * WARP,), "int32", scope="shared")
+                        part = T.decl_buffer((WARPS * (head_dim + 2),), "float32", scope="shared")  # [w]: m, l, o
+                        tmp = T.decl_buffer((16,), "float32", scope="local")
+                        o = T.decl_buffer((per_lane,), "float32", scope="local")  # dims v * 32 + tx
+                        kl = T.decl_buffer((vec,), dtype, scope="local")
+                        st = T.decl_buffer((5,), "float32", scope="local")  # m, l, score, alpha, new m
                         for v in T.unroll(per_lane):
-                            o[v] = o[v] * st[3]
-                        for j in range(T.min(rows - blk * WARP, WARP)):
+                            if w == 0 and v * WARP + tx < head_dim:
+                                q_s[v * WARP + tx] = T.Cast("float32", q[t, hq, v * WARP + tx])
+                            o[v] = T.float32(0)
+                        st[0] = T.float32(NEG)
+                        st[1] = T.float32(0)
+                        T.tvm_storage_sync("shared")
+                        hk: T.let[T.int32] = T.Cast("int32", hq) // group
+                        pre: T.let[T.int32] = prefix[t]
+                        rows: T.let[T.int32] = prefix[t] + extra_len[t]
+                        for it in range(((rows + WARP - 1) // WARP + WARPS - 1) // WARPS):
+                            blk: T.let[T.int32] = it * WARPS + T.Cast("int32", w)  # this warp's block of rows
+                            r: T.let[T.int32] = blk * WARP + T.Cast("int32", tx)
+                            s: T.let[T.int32] = T.if_then_else(r >= rows, 0, T.if_then_else(
+                                r < pre, pt[seq[t], T.min(r // PAGE, T.Cast("int32", pages) - 1)] * PAGE + r % PAGE,
+                                extra[t, T.max(r - pre, 0)]))
+                            st[2] = T.float32(NEG)
+                            if r < rows:
+                                for a in T.unroll(4):
+                                    tmp[a] = T.float32(0)
+                                for c in range(head_dim // vec):
+                                    for u in T.vectorized(vec):
+                                        kl[u] = kv[layer, 0, s, hk, c * vec + u]
+                                    for u in T.unroll(vec):
+                                        tmp[u % 4] = tmp[u % 4] + q_s[c * vec + u] * T.Cast("float32", kl[u])
+                                st[2] = ((tmp[0] + tmp[1]) + (tmp[2] + tmp[3])) * T.float32(scale)
+                            red[w * WARP + tx] = st[2]
+                            slot_s[w * WARP + tx] = s
+                            T.tvm_storage_sync("shared")
+                            st[4] = st[0]  # the block's new maximum, read by every lane of the warp alike
+                            for j in range(WARP):
+                                st[4] = T.max(st[4], red[w * WARP + j])
+                            T.tvm_storage_sync("shared")
+                            red[w * WARP + tx] = T.if_then_else(r < rows, T.exp(st[2] - st[4]), T.float32(0))
+                            T.tvm_storage_sync("shared")
+                            _pair_sum(red, tmp, w * WARP)
+                            st[3] = T.exp(st[0] - st[4])
+                            st[1] = st[1] * st[3] + tmp[0]
+                            st[0] = st[4]
+                            for v in T.unroll(per_lane):
+                                o[v] = o[v] * st[3]
+                            for j in range(T.max(T.min(rows - blk * WARP, WARP), 0)):
+                                for v in T.unroll(per_lane):
+                                    if v * WARP + tx < head_dim:
+                                        o[v] = o[v] + red[w * WARP + j] * T.Cast(
+                                            "float32", kv[layer, 1, slot_s[w * WARP + j], hk, v * WARP + tx])
+                            T.tvm_storage_sync("shared")
+                        # each warp's (m, l, o) into shared; warp 0 merges them in warp order
+                        if tx == 0:
+                            part[w * (head_dim + 2)] = st[0]
+                            part[w * (head_dim + 2) + 1] = st[1]
+                        for v in T.unroll(per_lane):
+                            if v * WARP + tx < head_dim:
+                                part[w * (head_dim + 2) + 2 + v * WARP + tx] = o[v]
+                        T.tvm_storage_sync("shared")
+                        if w == 0:
+                            st[4] = part[0]
+                            for u in range(1, WARPS):
+                                st[4] = T.max(st[4], part[u * (head_dim + 2)])
+                            st[1] = T.float32(0)
+                            for v in T.unroll(per_lane):
+                                o[v] = T.float32(0)
+                            for u in range(WARPS):
+                                st[3] = T.exp(part[u * (head_dim + 2)] - st[4])
+                                st[1] = st[1] + part[u * (head_dim + 2) + 1] * st[3]
+                                for v in T.unroll(per_lane):
+                                    if v * WARP + tx < head_dim:
+                                        o[v] = o[v] + part[u * (head_dim + 2) + 2 + v * WARP + tx] * st[3]
                             for v in T.unroll(per_lane):
                                 if v * WARP + tx < head_dim:
-                                    o[v] = o[v] + red[j] * T.Cast("float32", kv[layer, 1, slot_s[j], hk, v * WARP + tx])
-                        T.tvm_storage_sync("shared")
-                    for v in T.unroll(per_lane):
-                        if v * WARP + tx < head_dim:
-                            out[t, hq, v * WARP + tx] = T.Cast(dtype, o[v] / st[1])
+                                    out[t, hq, v * WARP + tx] = T.Cast(dtype, o[v] / st[1])
 
     return kernel
