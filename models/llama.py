@@ -17,6 +17,8 @@ from speccompile.runtime.contract import FORWARD_META, TARGET
 
 from . import attention as A
 from .activation import swiglu
+from .attention import building_for_cpu
+from .norm_gpu import add_rms_norm_gpu
 from .config import LlamaConfig, hf_source_map  # noqa: F401 - re-exported (lives with the config: no TVM)
 from .exports import contract_spec, forward_meta_specs
 from .quantization import QEmbedding, QLinear, Quantization
@@ -111,6 +113,8 @@ class LlamaForCausalLM(nn.Module):
     def _body(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], capture: list[int] | None = None):
         # x: [n, hidden] -> final-normed hidden states [n, hidden]; with ``capture``, also the
         # outputs of those layers concatenated [n, len(capture) * hidden] (EAGLE-3 features)
+        if not building_for_cpu():
+            return self._body_gpu(x, kv, meta, capture)
         taken = {}
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, kv, meta, i)
@@ -119,6 +123,26 @@ class LlamaForCausalLM(nn.Module):
         if capture is None:
             return self.norm(x)
         return self.norm(x), op.concat([taken[i] for i in capture], dim=-1)
+
+    def _body_gpu(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], capture: list[int] | None):
+        """The same layers, each residual add fused with the RMSNorm that reads its sum
+        (models/norm_gpu.py): on GPUs a step is bound by kernel launches."""
+        taken = {}
+        h = self.layers[0].input_layernorm(x)
+        for i, layer in enumerate(self.layers):
+            a, kv = layer.self_attn(h, kv, meta, i)
+            x, h2 = self._add_norm(x, a, layer.post_attention_layernorm)
+            following = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, h = self._add_norm(x, layer.mlp(h2), following)
+            if capture and i in capture:
+                taken[i] = x
+        return h if capture is None else (h, op.concat([taken[i] for i in capture], dim=-1))
+
+    def _add_norm(self, x: Tensor, a: Tensor, norm: nn.RMSNorm) -> tuple[Tensor, Tensor]:
+        # x, a: [n, hidden] -> (x + a, norm(x + a)), one kernel
+        out = [Tensor.placeholder(x.shape, x.dtype), Tensor.placeholder(x.shape, x.dtype)]
+        return op.tensor_ir_op(add_rms_norm_gpu(self.cfg.hidden_size, norm.epsilon, x.dtype), "add_rms_norm",
+                               [x, a, norm.weight], out)
 
     def _logits(self, h: Tensor) -> Tensor:
         logits = self.embed_tokens.lm_head_forward(h) if self.lm_head is None else self.lm_head(h)
