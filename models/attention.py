@@ -44,9 +44,6 @@ SERIAL_BELOW = 8
 
 def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half)."""
-    if not building_for_cpu():
-        from .attention_gpu import rope_q_gpu
-        return rope_q_gpu(num_heads, num_kv, head_dim, theta, dtype)
     half = head_dim // 2
     scratch, cpu = scratch_scope(), building_for_cpu()
 
@@ -91,9 +88,6 @@ def _rope_elem(buf, t, h, i, cs, half, dtype):
 
 def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] (in place)."""
-    if not building_for_cpu():
-        from .attention_gpu import append_kv_gpu
-        return append_kv_gpu(num_layers, num_heads, num_kv, head_dim, theta, dtype)
     half = head_dim // 2
     scratch, cpu = scratch_scope(), building_for_cpu()
 

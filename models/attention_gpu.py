@@ -25,8 +25,10 @@ Why 8 warps: a decode step has one token, so its parallelism is heads x warps; o
 per head walked a 2,048-token context in 64 serial blocks (93% of a SmolLM2 step on an
 H200). With 8 the walk is 8 blocks deep, and a 512-token prefill still fills the GPU.
 
-RoPE and the KV append: one work item per output element (token, head, dim), its angle
-computed by the same expression as the portable kernel's per-token table.
+After the QKV projection, one kernel adds the bias (Qwen2), rotates q and k and appends k
+and v to the cache: one work item per element (token, head, dim), its angle computed by the
+same expression as the portable kernel's per-token table -- one launch where the portable
+graph has three (a GPU decode step is bound by launches).
 """
 from __future__ import annotations
 
@@ -46,52 +48,65 @@ def _angle(pos, i, half: int, head_dim: int, theta: float):
     return T.Cast("float32", pos) / T.pow(T.float32(theta), T.Cast("float32", (i % half) * 2) / T.float32(head_dim))
 
 
-def _rope(buf, t, h, i, pos, half: int, head_dim: int, theta: float, dtype: str):
-    x = T.Cast("float32", buf[t, h, i])
-    rot = T.if_then_else(i < half, -T.Cast("float32", buf[t, h, i + half]), T.Cast("float32", buf[t, h, i - half]))
-    a = _angle(pos, i, half, head_dim, theta)
-    return T.Cast(dtype, x * T.cos(a) + rot * T.sin(a))
+def qkv_rope_append_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str,
+                        bias: bool):
+    """One kernel for what follows the QKV projection: (+ bias), q_rot [n, H, d] = RoPE(q),
+    kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] in place -- one launch where the portable
+    graph has two or three (bias add, rope_q, append_kv). One work item per element of qkv;
+    each element rotated by the portable kernels' formula, after the same bias add."""
+    half, heads = head_dim // 2, num_heads + 2 * num_kv
+    per_tok = heads * head_dim
 
+    def val(qkv, b, t, h, i):
+        return qkv[t, h, i] if b is None else qkv[t, h, i] + b[h * head_dim + i]
 
-def rope_q_gpu(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
-    """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]); one work item per element."""
-    half, per_tok = head_dim // 2, num_heads * head_dim
+    def rope(qkv, b, t, h, i, p):
+        x = T.Cast("float32", val(qkv, b, t, h, i))
+        rot = T.if_then_else(i < half, -T.Cast("float32", val(qkv, b, t, h, i + half)),
+                             T.Cast("float32", val(qkv, b, t, h, i - half)))
+        a = _angle(p, i, half, head_dim, theta)
+        return T.Cast(dtype, x * T.cos(a) + rot * T.sin(a))
 
-    @T.prim_func(private=True)
-    def kernel(var_qkv: T.handle, var_pos: T.handle, var_out: T.handle):
-        T.func_attr({"tir.noalias": True, "op_pattern": 8})
-        n = T.int64()
-        qkv = T.match_buffer(var_qkv, (n, num_heads + 2 * num_kv, head_dim), dtype)
-        pos = T.match_buffer(var_pos, (n,), "int32")
-        out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
+    @T.macro
+    def body(kv, qkv, b, pos, slot, layer, q, n):
         for e in T.parallel(n * per_tok):
-            out[e // per_tok, e % per_tok // head_dim, e % head_dim] = _rope(
-                qkv, e // per_tok, e % per_tok // head_dim, e % head_dim, pos[e // per_tok], half, head_dim, theta, dtype)
-
-    return kernel
-
-
-def append_kv_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
-    """kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] (in place); one work item per element."""
-    half, per_tok = head_dim // 2, num_kv * head_dim
+            t: T.let[T.int64] = e // per_tok
+            h: T.let[T.int64] = e % per_tok // head_dim
+            i: T.let[T.int64] = e % head_dim
+            if h < num_heads:
+                q[t, h, i] = rope(qkv, b, t, h, i, pos[t])
+            elif h < num_heads + num_kv:
+                kv[layer, 0, slot[t], h - num_heads, i] = rope(qkv, b, t, h, i, pos[t])
+            else:
+                kv[layer, 1, slot[t], h - num_heads - num_kv, i] = val(qkv, b, t, h, i)
 
     @T.prim_func(private=True)
-    def kernel(var_kv: T.handle, var_qkv: T.handle, var_pos: T.handle, var_slot: T.handle, layer: T.int64):
+    def with_bias(var_kv: T.handle, var_qkv: T.handle, b: T.Buffer((per_tok,), dtype), var_pos: T.handle,
+                  var_slot: T.handle, layer: T.int64, var_q: T.handle):
         T.func_attr({"tir.noalias": True, "op_pattern": 8})
         n = T.int64()
         slots = T.int64()
         kv = T.match_buffer(var_kv, (num_layers, 2, slots, num_kv, head_dim), dtype)
-        qkv = T.match_buffer(var_qkv, (n, num_heads + 2 * num_kv, head_dim), dtype)
+        qkv = T.match_buffer(var_qkv, (n, heads, head_dim), dtype)
         pos = T.match_buffer(var_pos, (n,), "int32")
         slot = T.match_buffer(var_slot, (n,), "int32")
-        for e in T.parallel(n * per_tok):
-            kv[layer, 0, slot[e // per_tok], e % per_tok // head_dim, e % head_dim] = _rope(
-                qkv, e // per_tok, num_heads + e % per_tok // head_dim, e % head_dim, pos[e // per_tok], half,
-                head_dim, theta, dtype)
-            kv[layer, 1, slot[e // per_tok], e % per_tok // head_dim, e % head_dim] = \
-                qkv[e // per_tok, num_heads + num_kv + e % per_tok // head_dim, e % head_dim]
+        q = T.match_buffer(var_q, (n, num_heads, head_dim), dtype)
+        body(kv, qkv, b, pos, slot, layer, q, n)
 
-    return kernel
+    @T.prim_func(private=True)
+    def without_bias(var_kv: T.handle, var_qkv: T.handle, var_pos: T.handle, var_slot: T.handle, layer: T.int64,
+                     var_q: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        n = T.int64()
+        slots = T.int64()
+        kv = T.match_buffer(var_kv, (num_layers, 2, slots, num_kv, head_dim), dtype)
+        qkv = T.match_buffer(var_qkv, (n, heads, head_dim), dtype)
+        pos = T.match_buffer(var_pos, (n,), "int32")
+        slot = T.match_buffer(var_slot, (n,), "int32")
+        q = T.match_buffer(var_q, (n, num_heads, head_dim), dtype)
+        body(kv, qkv, None, pos, slot, layer, q, n)
+
+    return with_bias if bias else without_bias
 
 
 @T.macro

@@ -18,6 +18,7 @@ from speccompile.runtime.contract import FORWARD_META, TARGET
 from . import attention as A
 from .activation import swiglu
 from .attention import building_for_cpu
+from .attention_gpu import qkv_rope_append_gpu
 from .norm_gpu import add_rms_norm_gpu
 from .config import LlamaConfig, hf_source_map  # noqa: F401 - re-exported (lives with the config: no TVM)
 from .exports import contract_spec, forward_meta_specs
@@ -43,6 +44,15 @@ class Attention(nn.Module):
         cfg, dtype = self.cfg, x.dtype
         n = x.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if not building_for_cpu():  # one kernel for bias, RoPE and the KV append (launches bound GPU steps)
+            qkv = op.reshape(self.qkv_proj.project(x), (n, h + 2 * hkv, d))
+            bias = [] if self.qkv_proj.bias is None else [self.qkv_proj.bias]
+            kv, q = op.tensor_ir_inplace_op(
+                qkv_rope_append_gpu(cfg.num_hidden_layers, h, hkv, d, cfg.rope_theta, dtype, bool(bias)),
+                "qkv_rope_append", [kv, qkv, *bias, meta["positions"], meta["write_slots"],
+                                    tirx.IntImm("int64", layer_id)], inplace_indices=[0, -1],
+                out=[Tensor.placeholder(kv.shape, dtype), Tensor.placeholder((n, h, d), dtype)])
+            return self._attend(q, kv, meta, layer_id)
         qkv = op.reshape(self.qkv_proj(x), (n, h + 2 * hkv, d))
         q = op.tensor_ir_op(A.rope_q(h, hkv, d, cfg.rope_theta, dtype), "rope_q", [qkv, meta["positions"]],
                             Tensor.placeholder((n, h, d), dtype))
@@ -50,6 +60,12 @@ class Attention(nn.Module):
             A.append_kv(cfg.num_hidden_layers, h, hkv, d, cfg.rope_theta, dtype), "append_kv",
             [kv, qkv, meta["positions"], meta["write_slots"], tirx.IntImm("int64", layer_id)], inplace_indices=[0],
             out=Tensor.placeholder(kv.shape, dtype))
+        return self._attend(q, kv, meta, layer_id)
+
+    def _attend(self, q: Tensor, kv: Tensor, meta: dict[str, Tensor], layer_id: int) -> tuple[Tensor, Tensor]:
+        # q: [n, heads, head_dim] (rotated; this token's K/V already in kv) -> (o_proj output [n, hidden], kv)
+        cfg, dtype, n = self.cfg, q.dtype, q.shape[0]
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         out = op.tensor_ir_op(
             A.attention(cfg.num_hidden_layers, h, hkv, d, dtype), "attention",
             [q, kv, meta["page_table"], meta["token_seq"], meta["token_prefix"], meta["extra_slots"],

@@ -89,8 +89,12 @@ class QLinear(nn.Module):
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         # x: [..., in] -> [..., out]
-        y = _project(self, x, self.in_features, self.out_features)
+        y = self.project(x)
         return y if self.bias is None else y + self.bias
+
+    def project(self, x: nn.Tensor) -> nn.Tensor:
+        """x @ W^T without the bias (a caller that fuses the bias add into its next kernel)."""
+        return _project(self, x, self.in_features, self.out_features)
 
 
 def embedding_rows(storage: list[nn.Tensor], ids: nn.Tensor, quant: Quantization) -> nn.Tensor:
