@@ -18,6 +18,24 @@ def pytest_configure(config):
     configure_threads()
 
 
+def opencl_missing() -> str | None:
+    """Why the OpenCL tests cannot run here, or None when a device is there. Under ``make test``
+    (SPECCOMPILE_REQUIRE_OPENCL=1, where make install set PoCL up) a missing runtime or device
+    is an error, not a skip."""
+    import os
+
+    from speccompile.runtime.device_runtime import DeviceRuntimeError, opencl_device_names
+
+    try:
+        why = None if opencl_device_names() else \
+            "no OpenCL device on this machine (PoCL gives a CPU one: apt-get install pocl-opencl-icd)"
+    except DeviceRuntimeError as err:
+        why = f"no OpenCL runtime to test with: {err}"
+    if why and os.environ.get("SPECCOMPILE_REQUIRE_OPENCL") == "1":
+        raise RuntimeError(f"SPECCOMPILE_REQUIRE_OPENCL=1 but the OpenCL tests cannot run: {why}")
+    return why
+
+
 def make_byte_tokenizer(path: Path) -> None:
     """A 256-byte BPE tokenizer (no merges) plus chat specials: enough for tiny models."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers

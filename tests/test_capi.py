@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import opencl_missing
 
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.sampling import SamplingParams
@@ -188,17 +189,12 @@ OPENCL_PROMPTS = ["What is the capital of France?", "Repeat: abc abc abc abc abc
 @pytest.fixture(scope="module")
 def opencl_device() -> list[str]:
     """The OpenCL devices our runtime sees; skips (with why) where there are none."""
-    from speccompile.runtime.device_runtime import DeviceRuntimeError, opencl_device_names
+    from speccompile.runtime.device_runtime import opencl_device_names
 
-    try:
-        names, why = opencl_device_names(), "no OpenCL device on this machine (PoCL gives a CPU one: apt-get install pocl-opencl-icd)"
-    except DeviceRuntimeError as err:
-        names, why = [], f"no OpenCL runtime to test with: {err}"
-    if not names:
-        if os.environ.get("SPECCOMPILE_REQUIRE_OPENCL") == "1":  # `make test`: the device is part of the setup
-            pytest.fail(why)
+    why = opencl_missing()  # raises under `make test`: the device is part of the setup
+    if why:
         pytest.skip(why)
-    return names
+    return opencl_device_names()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ Without an OpenCL device the device tests skip, unless SPECCOMPILE_REQUIRE_OPENC
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -22,21 +21,10 @@ import numpy as np
 import pytest
 
 from speccompile.passes import gpu_kernels as K
-from speccompile.runtime.device_runtime import DeviceRuntimeError, opencl_device_names
+from conftest import opencl_missing
 
 
-def _opencl_devices() -> list[str]:
-    try:
-        return opencl_device_names()
-    except DeviceRuntimeError as err:
-        return [f"! {err}"]
-
-
-_DEVICES = _opencl_devices()
-_MISSING = (_DEVICES[0][2:] if _DEVICES and _DEVICES[0].startswith("! ") else
-            "no OpenCL device (apt-get install pocl-opencl-icd)" if not _DEVICES else None)
-if _MISSING and os.environ.get("SPECCOMPILE_REQUIRE_OPENCL") == "1":
-    raise RuntimeError(f"SPECCOMPILE_REQUIRE_OPENCL=1 but the OpenCL tests cannot run: {_MISSING}")
+_MISSING = opencl_missing()
 needs_opencl = pytest.mark.skipif(_MISSING is not None, reason=f"OpenCL unavailable: {_MISSING}")
 
 OPENCL = {"kind": "opencl", "host": {"kind": "llvm"}}
