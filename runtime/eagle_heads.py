@@ -17,11 +17,10 @@ lower draft id.
 from __future__ import annotations
 
 import numpy as np
-from tvm.runtime import tensor as to_device
 
 from .contract import EAGLE, EAGLE3
 from .kv_cache import ForwardBatch
-from .model import Model, stage
+from .model import Model
 from .proposers import HeadMismatch
 
 
@@ -109,8 +108,8 @@ class EagleHeadModel(HostDraftCalls, Model):
         if not self.on_device:
             return super().catch_up(target, kv, batch, tokens, feats, last, width)
         target.check_token_ids(tokens)  # committed tokens; the embedding gather does not bounds-check
-        ids, feats, last, *meta = stage([np.asarray(tokens, np.int32), np.asarray(feats, self.dtype),
-                                         np.asarray(last, np.int32), *batch.arrays], self.device)
+        ids, feats, last, *meta = self.stage("catch_up", [np.asarray(tokens, np.int32), np.asarray(feats, self.dtype),
+                                                          np.asarray(last, np.int32), *batch.arrays])
         out = self._fn["draft_catch_up"](ids, feats, last, self.target_embed, kv.tensor, *meta, self.params)
         return self._result(out, width)
 
@@ -121,8 +120,8 @@ class EagleHeadModel(HostDraftCalls, Model):
         # tokens: drafts of this head, mapped to target ids through d2t (checked at load); hidden: the
         # features the last call left on the device (or host ones, staged with the rest)
         host = [np.asarray(hidden, self.dtype)] if isinstance(hidden, np.ndarray) else []
-        ids, rows, *meta = stage([np.asarray(tokens, np.int32), np.asarray(rows, np.int32), *batch.arrays, *host],
-                                 self.device)
+        ids, rows, *meta = self.stage("step", [np.asarray(tokens, np.int32), np.asarray(rows, np.int32),
+                                               *batch.arrays, *host])
         hidden = meta.pop() if host else hidden
         out = self._fn["draft_step"](ids, hidden, rows, self.target_embed, kv.tensor, *meta, self.params)
         return self._result(out, width)
@@ -139,7 +138,7 @@ class EagleHeadModel(HostDraftCalls, Model):
         if self.vocab_ids is None:
             return target.get_logits(feats).numpy()
         if isinstance(feats, np.ndarray):
-            feats = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+            feats = self.uploads.put("logits.feats", np.asarray(feats, self.dtype))
         self.check_rows(int(feats.shape[0]), "rows")
         return self._fn["draft_logits"](feats, self.params).numpy()
 
@@ -148,8 +147,8 @@ class EagleHeadModel(HostDraftCalls, Model):
         on the host or the device."""
         self.check_rows(len(tokens))
         emb = target.embed(tokens)  # the target's embedding: the head owns none
-        hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device) if isinstance(feats, np.ndarray) else feats
-        meta = [to_device(a, self.device) for a in batch.arrays]
+        hid = self.uploads.put("forward.feats", np.asarray(feats, self.dtype)) if isinstance(feats, np.ndarray) else feats
+        meta = [self.uploads.put(f"forward.{i}", a) for i, a in enumerate(batch.arrays)]
         return self._fn["eagle_forward"](emb, hid, kv.tensor, *meta, self.params)
 
     def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
@@ -181,7 +180,7 @@ class Eagle3HeadModel(EagleHeadModel):
     def forward_target(self, target: Model, kv, batch: ForwardBatch, tokens: np.ndarray, feats: np.ndarray):
         """Rows built from the target's layer features feats [n, 3 * hidden]: fc fuses them first."""
         self.check_rows(len(feats))
-        fused = self._fn["fuse_features"](to_device(np.ascontiguousarray(feats, self.dtype), self.device), self.params)
+        fused = self._fn["fuse_features"](self.uploads.put("fuse.feats", np.asarray(feats, self.dtype)), self.params)
         return self.forward(target, kv, batch, tokens, fused)
 
 

@@ -19,7 +19,6 @@ import heapq
 import time
 
 import numpy as np
-from tvm.runtime import tensor as to_device
 
 from .contract import MEDUSA
 from .eagle import MAX_TREE_NODES, VocabCoverage, check_draft_vocab, draft_vocab_ids, top_tokens
@@ -45,7 +44,7 @@ class MedusaHeadsModel(Model):
     def forward(self, feats: np.ndarray) -> np.ndarray:
         """feats [b, hidden] -> logits [K, b, vocab] (or [K, b, draft_vocab], see ``vocab_ids``)."""
         self.check_rows(len(feats), "rows")
-        hid = to_device(np.ascontiguousarray(feats, self.dtype), self.device)
+        hid = self.uploads.put("feats", np.asarray(feats, self.dtype))
         return self._fn["medusa_heads"](hid, self.params).numpy()
 
 

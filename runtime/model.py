@@ -143,28 +143,6 @@ class Uploads:
         return t
 
 
-def stage(arrays: list[np.ndarray], device) -> list:
-    """Host arrays as the device tensors of one call.
-
-    On the CPU they become zero-copy views (DLPack) of one fresh 64-byte aligned buffer:
-    ``tvm.runtime.tensor`` allocates and copies at ~15 us an array, and a draft depth
-    passes ten small ones (its tokens, rows and FORWARD_META), which made the uploads cost
-    more than the proposer's own bookkeeping. The views live as long as the tensors (the
-    buffer is not reused). Other devices get copies."""
-    if device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
-        return [to_device(np.ascontiguousarray(a), device) for a in arrays]
-    sizes = [-(-a.nbytes // 64) * 64 for a in arrays]
-    buf = np.empty(sum(sizes) + 64, np.uint8)
-    at = -buf.ctypes.data % 64
-    out = []
-    for a, size in zip(arrays, sizes):
-        view = buf[at: at + a.nbytes].view(a.dtype).reshape(a.shape)
-        view[...] = a
-        out.append(tvm.runtime.from_dlpack(view))
-        at += size
-    return out
-
-
 def tile_rows(arr: np.ndarray, tile: int) -> np.ndarray:
     """[N, C] -> the same buffer holding [N/tile, C, tile] (see passes/cpu_kernels.py)."""
     n, c = arr.shape
@@ -267,7 +245,28 @@ class Model:
         ids = np.asarray(ids, dtype=np.int32)
         self.check_rows(ids.size)
         self.check_token_ids(ids)
-        return self._fn["embed"](to_device(ids, self.device), self.params)
+        return self._fn["embed"](self.uploads.put("embed", ids), self.params)
+
+    def stage(self, site: str, arrays: list[np.ndarray]) -> list:
+        """Host arrays as the device tensors of one call from ``site``.
+
+        On the CPU they become zero-copy views (DLPack) of one fresh 64-byte aligned buffer:
+        ``tvm.runtime.tensor`` allocates and copies at ~15 us an array, and a draft depth
+        passes ten small ones (its tokens, rows and FORWARD_META), which made the uploads cost
+        more than the proposer's own bookkeeping. The views live as long as the tensors (the
+        buffer is not reused). Other devices copy into the site's reused tensors (Uploads)."""
+        if self.device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
+            return [self.uploads.put(f"{site}.{i}", a) for i, a in enumerate(arrays)]
+        sizes = [-(-a.nbytes // 64) * 64 for a in arrays]
+        buf = np.empty(sum(sizes) + 64, np.uint8)
+        at = -buf.ctypes.data % 64
+        out = []
+        for a, size in zip(arrays, sizes):
+            view = buf[at: at + a.nbytes].view(a.dtype).reshape(a.shape)
+            view[...] = a
+            out.append(tvm.runtime.from_dlpack(view))
+            at += size
+        return out
 
     def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra, on_device: bool = False):
         # ids were range-checked (and counted: check_rows) by the caller before the KV cache was touched
@@ -302,7 +301,7 @@ class Model:
     def _prefill(self, kv: PagedKV, seq_ids: list[int], counts: list[int], flat: np.ndarray) -> np.ndarray:
         self.check_rows(flat.size)
         batch = kv.plan_chain(seq_ids, counts)
-        last = to_device((np.cumsum(batch.counts) - 1).astype(np.int32), self.device)
+        last = self.uploads.put("prefill.last", (np.cumsum(batch.counts) - 1).astype(np.int32))
         return self._run("prefill", flat, kv, batch, last)
 
     def decode(self, kv: PagedKV, seq_ids: list[int], tokens: list[int], on_device: bool = False):
@@ -359,7 +358,7 @@ class Model:
     def get_logits(self, hidden):
         """Device hidden states [n, hidden] (device tensor or numpy) -> device logits [n, vocab]."""
         if isinstance(hidden, np.ndarray):
-            hidden = to_device(np.ascontiguousarray(hidden, self.dtype), self.device)
+            hidden = self.uploads.put("get_logits", np.asarray(hidden, self.dtype))
         self.check_rows(int(hidden.shape[0]), "rows")
         return self._fn["get_logits"](hidden, self.params)
 
@@ -386,9 +385,10 @@ class Model:
         one-hot of the argmax. Apply it to target and draft logits alike."""
         n = len(temps)
         self.check_rows(n, "rows")
-        return self._fn["sampling_probs"](logits, to_device(np.asarray(temps, np.float32).reshape(n), self.device),
-                                          to_device(np.asarray(top_ks, np.int32).reshape(n), self.device),
-                                          to_device(np.asarray(top_ps, np.float32).reshape(n), self.device))
+        up = self.uploads.put
+        return self._fn["sampling_probs"](logits, up("probs.temp", np.asarray(temps, np.float32).reshape(n)),
+                                          up("probs.top_k", np.asarray(top_ks, np.int32).reshape(n)),
+                                          up("probs.top_p", np.asarray(top_ps, np.float32).reshape(n)))
 
     def accept_sampled(self, p, q, one_hot, token_lists: list[list[int]], parents: list[list[int]],
                         uniforms: list) -> list[tuple[list[int], int]]:
@@ -419,13 +419,13 @@ class Model:
         if q is None:
             q = np.zeros((1, self.vocab_size), np.float32)
         if isinstance(q, np.ndarray):
-            q = to_device(np.ascontiguousarray(q, np.float32), self.device)
-        dev = [to_device(a, self.device) for a in (flags, tokens, par, indptr, flat_u)]
+            q = self.uploads.put("accept_sampled.q", np.asarray(q, np.float32))
+        dev = [self.uploads.put(f"accept_sampled.{i}", a) for i, a in enumerate((flags, tokens, par, indptr, flat_u))]
         out = self._fn["accept_sampled"](p, q, *dev).numpy()
         return [(out[i, 2: 2 + out[i, 0]].tolist(), int(out[i, 1])) for i in range(b)]
 
     def commit_tree(self, kv: PagedKV, seq_id: int, path: list[int]) -> None:
         src, dst = kv.tree_commit_moves(seq_id, path)
         if src:
-            self._fn["copy_kv_slots"](kv.tensor, to_device(np.asarray(src, np.int32), self.device),
-                                      to_device(np.asarray(dst, np.int32), self.device))
+            self._fn["copy_kv_slots"](kv.tensor, self.uploads.put("commit.src", np.asarray(src, np.int32)),
+                                      self.uploads.put("commit.dst", np.asarray(dst, np.int32)))
