@@ -75,6 +75,8 @@ DEFINITIONS = {
                    "spec / plain at temperature 0; speedup = plain / spec decode seconds over all prompts; "
                    "acceptance = accepted / drafted tokens; mean_accepted_length = tokens per verify step "
                    "(bonus included); identical = [prompts whose four outputs are token-identical, prompts]",
+    "kernel_profile": "speccompile/gpu_profile.py: per phase, wall ms per call, device_busy_ms (the sum of its "
+                      "kernels' CUPTI times), launches per call and the top kernels by device time",
     "capi": "the payload's prebuilt C API (spc_generate) on the same library, 2 prompts x 32 greedy tokens, plain "
             "and --ngram: identical = [runs whose token ids equal the Python engine's greedy ids, runs]; tok_s / "
             "ngram_tok_s = its decode tok/s (median), python_tok_s the engine's; libraries = the file the dynamic "
