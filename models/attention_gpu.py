@@ -110,10 +110,14 @@ def qkv_rope_append_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: 
 
 
 @T.macro
-def _pair_sum(red, out, base):
-    """out[0] = red[base] + ... + red[base + 31] in one fixed pairwise order (every lane runs it alike)."""
+def tree_sum32(src, base, out):
+    """out[0] = src[base] + ... + src[base + 31] in one fixed pairwise order: out[t] = src[base + t]
+    + src[base + t + 16], then lanes 0..h-1 add lane t + h, h = 8, 4, 2, 1 -- the tree a warp
+    would run across its lanes, run by one thread over partials in shared memory or registers
+    (``out`` may be ``src`` itself at base 0). Every GPU reduction whose bits must not depend on
+    the launch uses it: the projections (passes/gpu_kernels.py), attention and the norm."""
     for t in T.unroll(16):
-        out[t] = red[base + t] + red[base + t + 16]
+        out[t] = src[base + t] + src[base + t + 16]
     for t in T.unroll(8):
         out[t] = out[t] + out[t + 8]
     for t in T.unroll(4):
@@ -194,7 +198,7 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
                             T.tvm_storage_sync("shared")
                             red[w * WARP + tx] = T.if_then_else(r < rows, T.exp(st[2] - st[4]), T.float32(0))
                             T.tvm_storage_sync("shared")
-                            _pair_sum(red, tmp, w * WARP)
+                            tree_sum32(red, w * WARP, tmp)
                             st[3] = T.exp(st[0] - st[4])
                             st[1] = st[1] * st[3] + tmp[0]
                             st[0] = st[4]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from .attention_gpu import tree_sum32
+
 THREADS = 128
 
 
@@ -26,15 +28,7 @@ def _tree(part, out):
         out[t] = part[t] + part[t + 64]
     for t in T.unroll(32):
         out[t] = out[t] + out[t + 32]
-    for t in T.unroll(16):
-        out[t] = out[t] + out[t + 16]
-    for t in T.unroll(8):
-        out[t] = out[t] + out[t + 8]
-    for t in T.unroll(4):
-        out[t] = out[t] + out[t + 4]
-    for t in T.unroll(2):
-        out[t] = out[t] + out[t + 2]
-    out[0] = out[0] + out[1]
+    tree_sum32(out, 0, out)
 
 
 def add_rms_norm_gpu(hidden: int, eps: float, dtype: str):

@@ -54,6 +54,8 @@ from __future__ import annotations
 import numpy as np
 from tvm.script import tirx as T
 
+from speccompile.models.attention_gpu import tree_sum32
+
 ROWS = 4  # warps per block
 NR = 2  # output rows per warp: a block owns ROWS * NR output rows
 LANES = 32  # threads per warp, striding over k
@@ -71,25 +73,6 @@ def _vec(dtype: str, max_lanes: int) -> int:
 
 
 @T.macro
-def _lane_tree_sum(part):
-    """part[0] = sum of part[0:32], the 32 lane partials of one output, in one fixed pairwise order.
-
-    Halving: lanes 0..h-1 add lane t + h into lane t, h = 16, 8, 4, 2, 1 -- the tree a warp
-    would run across its lanes, run here by the one thread that owns the output after the
-    partials went through shared memory: one barrier instead of ten, and work only for the
-    token rows that exist (an M = 1 forward reduces 1 row, not MC)."""
-    for t in T.unroll(16):
-        part[t] = part[t] + part[t + 16]
-    for t in T.unroll(8):
-        part[t] = part[t] + part[t + 8]
-    for t in T.unroll(4):
-        part[t] = part[t] + part[t + 4]
-    for t in T.unroll(2):
-        part[t] = part[t] + part[t + 2]
-    part[0] = part[0] + part[1]
-
-
-@T.macro
 def _reduce_and_store(red, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, nr):
     """Every lane's nr * mc partials into shared memory; then lane p = o * mc + r gathers the
     32 partials of (output row row0 + o, token row c * mc + r), sums them and writes y."""
@@ -99,7 +82,7 @@ def _reduce_and_store(red, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, n
     if tx < nr * mc and c * mc + tx % mc < m_dim and row0 + tx // mc < n:
         for lane in T.unroll(LANES):
             part[lane] = red[(ty * nr * mc + tx) * PITCH + lane]
-        _lane_tree_sum(part)
+        tree_sum32(part, 0, part)  # the lanes' partials in one fixed order: one barrier, not ten
         y[c * mc + tx % mc, row0 + tx // mc] = T.Cast(dtype, part[0])
 
 
