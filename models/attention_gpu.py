@@ -43,6 +43,15 @@ WARPS = 8  # warps per (token, query head): warp w walks row blocks w, w + 8, w 
 NEG = -3.0e38  # the running maximum before any row
 
 
+def max_vector_lanes() -> int:
+    """Widest vector of the GPU target being built: Metal has no vector types over 4 lanes (no
+    half8); cuda and opencl load 16 bytes (8 halves)."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    return 4 if target is not None and target.kind.name == "metal" else 8
+
+
 def _angle(pos, i, half: int, head_dim: int, theta: float):
     """The rotation angle of pair element ``i % half`` at position ``pos`` (models/attention.py's table)."""
     return T.Cast("float32", pos) / T.pow(T.float32(theta), T.Cast("float32", (i % half) * 2) / T.float32(head_dim))
@@ -131,7 +140,8 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
     """out[t, h] = softmax(q k^T / sqrt(d)) v over the rows token t may see; the arguments of
     models/attention.py's ``attention``. Grid: (token, query head) x 32 lanes."""
     group, per_lane = num_heads // num_kv, (head_dim + WARP - 1) // WARP  # lane tx owns dims v * 32 + tx
-    vec = 8 if head_dim % 8 == 0 else 1  # 16-byte K-row loads at fp16
+    vec = max_vector_lanes()  # K-row loads of 16 bytes at fp16 (8 on Metal)
+    vec = vec if head_dim % vec == 0 else 1
     scale = 1.0 / math.sqrt(head_dim)
 
     @T.prim_func(private=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from speccompile.models.attention_gpu import max_vector_lanes
 from speccompile.models.sampling_kernels import sampling_probs_gpu
 from speccompile.models.verification import accept_greedy_gpu
 
@@ -20,20 +21,14 @@ from . import gpu_kernels as K
 from .tagged_kernels import kernel_tag, param_dtype, param_shape, replace_tagged
 
 
-def _max_vector_lanes() -> int:
-    """Metal has no vector types over 4 lanes (no half8); cuda and opencl load 16 bytes."""
-    target = tvm.target.Target.current(allow_none=True)
-    return 4 if target is not None and target.kind.name == "metal" else 8
-
-
 def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     kind = kernel_tag(func)
     if kind == "matmul":
         n, k = param_shape(func, 1)
-        return K.dense_gemv(n, k, param_dtype(func, 1), max_lanes=_max_vector_lanes())
+        return K.dense_gemv(n, k, param_dtype(func, 1), max_lanes=max_vector_lanes())
     if kind == "q4_matmul":
         n, kw = param_shape(func, 1)
-        return K.q4_gemv(n, kw * 8, param_dtype(func, 2), max_lanes=_max_vector_lanes())
+        return K.q4_gemv(n, kw * 8, param_dtype(func, 2), max_lanes=max_vector_lanes())
     if kind == "accept_greedy":
         return accept_greedy_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
     if kind == "sampling_probs":

@@ -84,7 +84,7 @@ def test_archives(tiny, tmp_path, device, host):
     for kernel in ("accept_greedy1_kernel", "accept_sampled1_kernel"):
         pattern = (rb"__kernel void \w*" if device == "android" else rb"kernel void \w*") + kernel.encode() + rb"\("
         assert re.search(pattern, data), kernel
-    assert f"m_{device}_append_kv".encode() in data  # system-library symbols carry the prefix
+    assert f"m_{device}_qkv_rope_append".encode() in data  # system-library symbols carry the prefix
     _refused(model_dir, lib, "archive of objects")
 
 
