@@ -73,6 +73,18 @@ def _vec(dtype: str, max_lanes: int) -> int:
 
 
 @T.macro
+def _chunk_rows(add_row, x, acc, wl, xl, c, mc, m_dim, nrows, guarded, word):
+    """add_row for each of the chunk's ``nrows`` token rows at one k-step (the weights decoded
+    once for all of them); ``guarded``: rows past m_dim are skipped, uniformly per row."""
+    for r in T.unroll(nrows):
+        if guarded:
+            if c * mc + r < m_dim:
+                add_row(x, acc, wl, xl, c * mc + r, r, word)
+        else:
+            add_row(x, acc, wl, xl, c * mc + r, r, word)
+
+
+@T.macro
 def _reduce_and_store(red, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, nr):
     """Every lane's nr * mc partials into shared memory; then lane p = o * mc + r gathers the
     32 partials of (output row row0 + o, token row c * mc + r), sums them and writes y."""
@@ -126,12 +138,7 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
         for i in range(steps):
             if i * LANES + tx < kw:
                 load_weights(qw, qs, wl, row0, i * LANES + tx)  # once for all rows of the chunk
-                for r in T.unroll(nrows):
-                    if guarded:
-                        if c * mc + r < m_dim:
-                            add_row(x, acc, wl, xl, c * mc + r, r, i * LANES + tx)
-                    else:
-                        add_row(x, acc, wl, xl, c * mc + r, r, i * LANES + tx)
+                _chunk_rows(add_row, x, acc, wl, xl, c, mc, m_dim, nrows, guarded, i * LANES + tx)
 
     @T.prim_func(private=True)
     def kernel(var_x: T.handle, qw: T.Buffer((n, kw), "uint32"), qs: T.Buffer((n, kg), dtype), var_y: T.handle):
@@ -197,12 +204,7 @@ def dense_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int
         for i in range(steps):
             if i * LANES + tx < kv:
                 load_weights(w, wl, row0, i * LANES + tx)
-                for r in T.unroll(nrows):
-                    if guarded:
-                        if c * mc + r < m_dim:
-                            add_row(x, acc, wl, xl, c * mc + r, r, i * LANES + tx)
-                    else:
-                        add_row(x, acc, wl, xl, c * mc + r, r, i * LANES + tx)
+                _chunk_rows(add_row, x, acc, wl, xl, c, mc, m_dim, nrows, guarded, i * LANES + tx)
 
     @T.prim_func(private=True)
     def kernel(var_x: T.handle, w: T.Buffer((n, k), dtype), var_y: T.handle):
