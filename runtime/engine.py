@@ -39,6 +39,7 @@ from .model import Model
 from .sampling import SamplingParams, sample
 from .sequence import GenerationError, GenerationResult, Sequence, Stats
 from .speculative import SpeculativeConfig
+from .threads import PoolTuner, thread_count
 from .tokenizer import StreamDecoder, load_tokenizer, render_chat
 
 
@@ -90,6 +91,8 @@ class Engine:
         self.tokenizer = load_tokenizer(self.model_dir)
         # ---- load
         self.model = Model(self.model_dir, Path(model_lib), device)
+        # CPU kernels: the pool size that decodes fastest beside whatever else runs here
+        self.pool = PoolTuner(thread_count()) if self.model.cpu_kernels else None
         if self.model.meta["model_type"] != self.config["model_type"]:
             raise GenerationError("model library and config disagree on the model type")
         if prefill_chunk_size is not None and prefill_chunk_size > self.model.prefill_chunk_size:
@@ -325,6 +328,8 @@ class Engine:
     def step(self, active: list[Sequence]) -> StepRecord:
         """One decode step for these prefilled, unfinished sequences: propose, verify all
         of them in one target forward, accept, commit, emit; the record is accounted once."""
+        if self.pool is not None:
+            self.pool.begin()
         t0 = time.perf_counter()
         drafts, draft_forwards, plan = self._propose(active)
         t1 = time.perf_counter()
@@ -343,6 +348,8 @@ class Engine:
         if self.policy is not None:  # plain steps too: they keep the target's pace current
             self.policy.observe(step, plan)
         record_step(step, [s.result.stats for s in active], self.totals)
+        if self.pool is not None:
+            self.pool.end((step.rows, draft_forwards), step.seconds)
         return step
 
     def _propose(self, active: list[Sequence]) -> tuple[list[Draft], int, StepPlan | None]:

@@ -255,7 +255,7 @@ class Model:
         passes ten small ones (its tokens, rows and FORWARD_META), which made the uploads cost
         more than the proposer's own bookkeeping. The views live as long as the tensors (the
         buffer is not reused). Other devices copy into the site's reused tensors (Uploads)."""
-        if self.device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
+        if not self.cpu_kernels:
             return [self.uploads.put(f"{site}.{i}", a) for i, a in enumerate(arrays)]
         sizes = [-(-a.nbytes // 64) * 64 for a in arrays]
         buf = np.empty(sum(sizes) + 64, np.uint8)
@@ -339,6 +339,11 @@ class Model:
         out = self._run("forward_tokens_features", *self._plan(kv, seq_ids, token_lists, tree_parents),
                         on_device=True)
         return out[0], out[1]
+
+    @property
+    def cpu_kernels(self) -> bool:
+        """Whether this model's kernels run on this thread's TVM CPU thread pool."""
+        return self.device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
 
     @property
     def feature_layers(self) -> list[int] | None:

@@ -37,6 +37,8 @@ def next_token(a: int, b: int, c: int, position: int) -> int:
 class FakeModel:
     """The calls the engine and the cost profile make of a Model, on host arrays."""
 
+    cpu_kernels = False  # no TVM kernels: no thread pool to size
+
     def __init__(self, model_dir, lib_path, device="auto"):
         self.meta = {"model_type": "llama"}
         self.vocab_size, self.prefill_chunk_size = VOCAB, 64
