@@ -306,10 +306,13 @@ class Engine:
         else:
             logits = self.model.prefill(self.kv, ids, chunks)
         # a draft model prefills along -- if the batch about to decode (every sequence
-        # holding pages) would draft: otherwise that prefill is pure loss, and a sequence
-        # catches up later, priced by its proposer, when drafting pays again
-        drafted = [i for i, s in enumerate(batch) if s.speculative]
-        if self.proposer and drafted and self.policy.expects_drafting(len(self.kv.seqs)):
+        # holding pages) would draft, and drafting can win back what the prefill costs over
+        # what the sequence may still emit: otherwise that prefill is pure loss, and a
+        # sequence catches up later, priced by its proposer, when drafting pays again
+        n = len(self.kv.seqs)
+        drafted = [i for i, s in enumerate(batch) if s.speculative and self.proposer and self.policy.draft_prefill_pays(
+            len(s.history), s.budget - len(s.result.token_ids), n)]
+        if drafted and self.policy.expects_drafting(n):
             self.proposer.prefill([ids[i] for i in drafted], [chunks[i] for i in drafted], [starts[i] for i in drafted])
         dt, total = time.perf_counter() - t0, sum(len(c) for c in chunks)
         done = []

@@ -35,6 +35,9 @@ class Stats:
             "decode_tokens": self.decode_tokens,
             "prefill_tokens_per_s": self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0,
             "decode_tokens_per_s": self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0,
+            "prefill_seconds": self.prefill_seconds,  # the time to the first token
+            "decode_seconds": self.decode_seconds,
+            "request_seconds": self.prefill_seconds + self.decode_seconds,  # what the caller waited, end to end
         }
         if self.spec is not None:
             out.update(self.spec.to_dict())

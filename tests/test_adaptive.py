@@ -322,3 +322,20 @@ def test_guard_off_is_per_batch_size():
     _steps(policy, 4, 0.7, 20)
     assert policy.guard_off(4) and not policy.guard_off(1)
     assert policy.plan(4).select([Draft([1], conf=[0.99])] * 4) == [Draft()] * 4
+
+
+def test_a_draft_model_prefills_a_prompt_only_when_drafting_can_win_its_cost_back():
+    """Qwen2.5-Coder-1.5B-like costs: 40 ms a step, a 0.5B draft at 12 ms a token and 4 ms a
+    prompt token. A 683-token document with little left to emit is decoded plainly; a short
+    prompt, or a long answer, gets the draft's prefill; a head (no prefill cost) always does."""
+    policy = Policy(_model({1: 40, 2: 42, 4: 45, 8: 52}, draft_ms=12, catch_up_ms=4), AcceptanceModel())
+    saving = policy.saving_per_token(1)
+    assert 0 < saving < 0.040  # drafting helps at the prior's acceptance, and never by a whole step
+    assert not policy.draft_prefill_pays(683, 9, 1)
+    assert not policy.draft_prefill_pays(683, 96, 1)  # 2.7 s of prefill against ~96 * saving
+    assert policy.draft_prefill_pays(40, 96, 1)
+    assert policy.draft_prefill_pays(683, 4096, 1)
+    head = Policy(_model({1: 40, 2: 42, 4: 45, 8: 52}, draft_ms=3), AcceptanceModel())
+    assert head.draft_prefill_pays(683, 9, 1)
+    hopeless = Policy(_model({1: 40, 2: 80, 4: 160, 8: 320}, draft_ms=12, catch_up_ms=4), AcceptanceModel())
+    assert hopeless.saving_per_token(1) == 0.0 and not hopeless.draft_prefill_pays(40, 4096, 1)

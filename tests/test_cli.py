@@ -102,5 +102,9 @@ def test_one_shot_bench_repeats_fresh_generate_processes(build_tiny, tmp_path):
     assert report["repeat"] == 2 and row["runs"] == 8 and row["identical_output"]
     assert row["verify_steps"] + row["plain_steps"] <= 10 and row["plain_seconds"] > 0 and row["spec_seconds"] > 0
     assert report["overall"]["identical_outputs"] == 1
+    # end to end: each request's prefill plus decode, which the decode-only figure leaves out
+    assert row["plain_request_seconds"] > row["plain_seconds"] and row["spec_request_seconds"] > row["spec_seconds"]
+    assert row["request_speedup"] == pytest.approx(row["plain_request_seconds"] / row["spec_request_seconds"])
+    assert report["overall"]["request_speedup"] > 0
     with pytest.raises(ValueError, match="--repeat must be >= 1"):
         run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, repeat=0)
