@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 USER_VARIABLES = ("TVM_NUM_THREADS", "OMP_NUM_THREADS")  # TVM's pool honours the first one set

@@ -127,9 +127,9 @@ def test_loading_a_model_sets_the_threads_tvms_pool_runs_on(build_tiny):
 class FakeHost:
     """Step seconds by pool size: ``cost(size, step) -> seconds``; records what was applied."""
 
-    def __init__(self, threads: int = 2):
+    def __init__(self, size: int = 2):
         self.applied: list[int] = []
-        self.tuner = threads_module().PoolTuner(threads, apply=self.applied.append)
+        self.tuner = threads.PoolTuner(size, apply=self.applied.append)
         self.sizes: list[int] = []
 
     def run(self, cost, steps: int) -> list[int]:
@@ -140,10 +140,6 @@ class FakeHost:
             self.tuner.end((1, 0), cost(size, len(self.sizes)))
             self.sizes.append(size)
         return sizes
-
-
-def threads_module():
-    return threads
 
 
 def idle(size: int, step: int) -> float:
