@@ -5,11 +5,14 @@
 - ``AcceptanceModel``: P(a draft token is accepted | its parent was), predicted from the
   draft's own confidence (the draft model's or head's probability of the token, or an
   n-gram match's strength) through a calibration curve -- confidence bins -> measured
-  acceptance -- that starts from a prior and learns from every verified node.
+  acceptance -- that starts from a prior and learns from every verified node, corrected
+  per sequence by how that sequence's own drafts fared (so a batch's predictions are as
+  good as one stream's: tests/test_acceptance_replay.py replays a concurrent workload).
 - ``StepPlan`` (one per decode step): every drafted node has a path probability P (the
   product of its and its ancestors' predicted acceptances), and a step's expected output
   is ``batch + sum(P)``. Its time is the draft forwards already run plus the target forward
-  over all rows. A proposer asks before each draft forward whether the nodes it would add
+  over all rows: the nodes of every sequence compete for the batch's rows, so a batch
+  verifies the few drafts that pay (a code sequence's long chain) and none of the others. A proposer asks before each draft forward whether the nodes it would add
   can raise the step's rate above what the step has (or plain decoding would give); the
   engine then verifies only the nodes whose P pays for their row. This is the per-token
   stopping of llama.cpp's ``p_min``, EAGLE-2's confidence-driven expansion and
@@ -69,86 +72,119 @@ COOLDOWN_MIN, COOLDOWN_MAX = 32, 1024  # plain steps after the guard trips (doub
 SAVE_EVERY = 256  # steps between writes of what was learned (a server never ends a generate)
 
 
+class PromptState:
+    """What one sequence's own drafts have shown, beside the shared calibration: its
+    first-token evidence (and the backoff of its retries) and its prompt's scaling. Kept per
+    sequence so that in a batch a translation whose drafts miss is silenced while a code
+    sequence beside it drafts long: with one state for the engine, every arrival reset the
+    scaling of all, and one sequence's hits raised another's estimate."""
+
+    __slots__ = ("first_hits", "first_trials", "backoff", "local_hits", "local_expected")
+
+    def __init__(self, first_hits: float = 0.0, first_trials: float = 0.0):
+        self.first_hits, self.first_trials = first_hits, first_trials
+        self.backoff = 1.0  # how much slower plain steps relax the first-token evidence
+        self.local_hits = self.local_expected = 0.0  # decayed, of the last tried nodes (LOCAL_DECAY)
+
+
 class AcceptanceModel:
-    """Calibration of draft confidence to acceptance, plus the first-token estimate used
-    before a draft forward has produced any confidence."""
+    """Calibration of draft confidence to acceptance (shared: a property of the draft and
+    the target), the first-token estimate used before a draft forward has produced any
+    confidence, and each sequence's corrections (``PromptState``). Methods take the
+    sequence's id; ``None`` is a default sequence (one stream, tests)."""
 
     def __init__(self, first_prior: float = 0.7):
         self.prior = np.clip((np.arange(BINS) + 0.5) / BINS, 0.01, 0.99)  # confidence is acceptance
         self.hits = np.zeros(BINS)
         self.trials = np.zeros(BINS)
         self.first_prior = first_prior
+        # first-token evidence pooled over every sequence: what a new sequence starts from
         self.first_hits = self.first_trials = 0.0
-        self.backoff = 1.0  # how much slower plain steps relax the first-token evidence
-        self.local_hits = self.local_expected = 0.0  # decayed, of the last tried nodes (LOCAL_DECAY)
+        self.prompts: dict = {}
 
     @staticmethod
     def _bin(conf: float) -> int:
         return min(BINS - 1, max(0, int(conf * BINS)))
+
+    def state_of(self, seq=None) -> PromptState:
+        state = self.prompts.get(seq)
+        if state is None:
+            state = self.prompts[seq] = self._seeded()
+        return state
+
+    def _seeded(self) -> PromptState:
+        """A new sequence's state: the pooled first-token evidence worth at most the prior."""
+        keep = min(1.0, FIRST_PRIOR_TRIALS / max(self.first_trials, 1e-9))
+        return PromptState(self.first_hits * keep, self.first_trials * keep)
 
     def calibrated(self, conf: float) -> float:
         """Acceptance of a draft token of this confidence, by the calibration curve alone."""
         b = self._bin(conf)
         return float((self.prior[b] * PRIOR_TRIALS + self.hits[b]) / (PRIOR_TRIALS + self.trials[b]))
 
-    @property
-    def local(self) -> float:
-        """How this prompt's recent drafts fared against their calibrated predictions (1: as
+    def local(self, seq=None) -> float:
+        """How this sequence's recent drafts fared against their calibrated predictions (1: as
         predicted; LOCAL_PRIOR pseudo-nodes keep a single miss from silencing a draft)."""
-        return min(LOCAL_MAX, (self.local_hits + LOCAL_PRIOR) / (self.local_expected + LOCAL_PRIOR))
+        st = self.state_of(seq)
+        return min(LOCAL_MAX, (st.local_hits + LOCAL_PRIOR) / (st.local_expected + LOCAL_PRIOR))
 
-    def predict(self, conf: float) -> float:
-        return min(0.99, self.calibrated(conf) * self.local)
+    def predict(self, conf: float, seq=None) -> float:
+        return min(0.99, self.calibrated(conf) * self.local(seq))
 
-    def observe(self, conf: list[float], parents: list[int], path: list[int]) -> None:
-        """One verified draft: node j was *tried* if its parent was accepted (or it hangs
-        off the root), and accepted if it is on the accepted path."""
+    def observe(self, conf: list[float], parents: list[int], path: list[int], seq=None) -> None:
+        """One verified draft of sequence ``seq``: node j was *tried* if its parent was
+        accepted (or it hangs off the root), and accepted if it is on the accepted path."""
+        st = self.state_of(seq)
         on_path = set(path)
         for j, (c, p) in enumerate(zip(conf, parents)):
             if p < 0 or p in on_path:
-                self.local_hits = LOCAL_DECAY * self.local_hits + (j in on_path)
-                self.local_expected = LOCAL_DECAY * self.local_expected + self.calibrated(c)
+                st.local_hits = LOCAL_DECAY * st.local_hits + (j in on_path)
+                st.local_expected = LOCAL_DECAY * st.local_expected + self.calibrated(c)
                 b = self._bin(c)
                 self.hits *= DECAY
                 self.trials *= DECAY
                 self.hits[b] += j in on_path
                 self.trials[b] += 1.0
-        self.first_hits = FIRST_DECAY * self.first_hits + (1.0 if path else 0.0)
-        self.first_trials = FIRST_DECAY * self.first_trials + 1.0
-        self.backoff = 1.0 if path else min(2 * self.backoff, MAX_BACKOFF)
+        self._first(st, 1.0 if path else 0.0)
+        st.backoff = 1.0 if path else min(2 * st.backoff, MAX_BACKOFF)
 
-    def observe_unverified(self, p: float) -> None:
+    def _first(self, st: PromptState, hit: float) -> None:
+        for owner in (st, self):
+            owner.first_hits = FIRST_DECAY * owner.first_hits + hit
+            owner.first_trials = FIRST_DECAY * owner.first_trials + 1.0
+
+    def observe_unverified(self, p: float, seq=None) -> None:
         """A first draft token the plan found not worth its row (``p``: its predicted
         acceptance) counts as a trial worth ``p``: otherwise a head whose drafts keep being
         dropped is asked again every step, and each ask costs a catch-up and a draft forward
         (translation with the Qwen EAGLE-3 head: 20 of 32 asks dropped, each ~1.3 ms)."""
-        self.first_hits = FIRST_DECAY * self.first_hits + p
-        self.first_trials = FIRST_DECAY * self.first_trials + 1.0
-        self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+        st = self.state_of(seq)
+        self._first(st, p)
+        st.backoff = min(2 * st.backoff, MAX_BACKOFF)
 
-    def new_prompt(self) -> None:
-        """A sequence joined: new content. The first-token evidence keeps at most the prior's
-        weight and the backoff resets (a head silenced by a translation request is asked again
-        on the next request at once), and the prompt's scaling starts over."""
-        keep = min(1.0, FIRST_PRIOR_TRIALS / max(self.first_trials, 1e-9))
-        self.first_hits *= keep
-        self.first_trials *= keep
-        self.backoff = 1.0
-        self.local_hits = self.local_expected = 0.0
+    def new_prompt(self, seq=None) -> None:
+        """Sequence ``seq`` joined: new content. It starts from the pooled first-token
+        evidence, worth at most the prior (a head silenced by a translation request is asked
+        again on the next request at once), with no backoff and no scaling of its own."""
+        self.prompts[seq] = self._seeded()
 
-    @property
-    def first(self) -> float:
-        """Predicted acceptance of the next first draft token."""
-        return ((self.first_prior * FIRST_PRIOR_TRIALS + self.first_hits) /
-                (FIRST_PRIOR_TRIALS + self.first_trials))
+    def forget(self, seq) -> None:
+        self.prompts.pop(seq, None)
 
-    def relax(self) -> None:
-        """A plain step: the first-token evidence fades (slower after failed retries)."""
-        decay = FIRST_PLAIN_DECAY ** (1 / self.backoff)
-        self.first_hits *= decay
-        self.first_trials *= decay
-        self.local_hits *= decay  # and so does the prompt's scaling: the next drafts are a retry
-        self.local_expected *= decay
+    def first(self, seq=None) -> float:
+        """Predicted acceptance of sequence ``seq``'s next first draft token."""
+        st = self.state_of(seq)
+        return (self.first_prior * FIRST_PRIOR_TRIALS + st.first_hits) / (FIRST_PRIOR_TRIALS + st.first_trials)
+
+    def relax(self, seq=None) -> None:
+        """A plain step of sequence ``seq``: its first-token evidence fades (slower after
+        failed retries), and so does its scaling: the next drafts are a retry."""
+        st = self.state_of(seq)
+        decay = FIRST_PLAIN_DECAY ** (1 / st.backoff)
+        st.first_hits *= decay
+        st.first_trials *= decay
+        st.local_hits *= decay
+        st.local_expected *= decay
 
     def state(self) -> dict:
         return {"hits": self.hits.tolist(), "trials": self.trials.tolist(),
@@ -167,17 +203,18 @@ class AcceptanceModel:
                 self.hits, self.trials = hits * keep, trials * keep
                 self.first_hits = 0.5 * float(state["first_hits"])
                 self.first_trials = 0.5 * float(state["first_trials"])
+                self.prompts.clear()
         except (TypeError, KeyError, ValueError):
             pass
         return self
 
 
-
 class StepPlan:
     """The drafting budget of one decode step for ``batch`` sequences (see module doc)."""
 
-    def __init__(self, policy: "Policy", batch: int):
+    def __init__(self, policy: "Policy", batch: int, seq_ids: list | None = None):
         self.policy, self.cost, self.batch = policy, policy.cost, batch
+        self.seq_ids = list(seq_ids) if seq_ids is not None else [None] * batch  # batch order
         self.fixed = policy.fixed_k is not None
         self.off = not self.fixed and policy.guard_off(batch)
         self.sunk = 0.0  # seconds of draft forwards run this step
@@ -185,13 +222,14 @@ class StepPlan:
         self.probs: list[float] = []  # path probability of every node drafted so far
         self.plain_rate = batch / policy.plain_step_time(batch)
 
-    def p(self, conf: float) -> float:
-        """Predicted acceptance of a token drafted with this confidence."""
-        return self.policy.acceptance.predict(conf)
+    def p(self, conf: float, seq=None) -> float:
+        """Predicted acceptance of a token that sequence ``seq`` (its id) drafted with this
+        confidence."""
+        return self.policy.acceptance.predict(conf, seq)
 
-    @property
-    def first(self) -> float:
-        return self.policy.acceptance.first
+    def first(self, seq=None) -> float:
+        """Predicted acceptance of sequence ``seq``'s next first draft token."""
+        return self.policy.acceptance.first(seq)
 
     def _best(self, probs: list[float], extra: float = 0.0) -> tuple[float, float, int]:
         """(expected tokens, seconds, rows) of the best node set among ``probs``: nodes in
@@ -205,10 +243,10 @@ class StepPlan:
             e, rows, t = e + p, rows + 1, t + dt
         return e, t, rows
 
-    def should_draft(self, rows: int, expansions: list[tuple[float, float | None]], catch_up_tokens: int = 0) -> bool:
+    def should_draft(self, rows: int, expansions: list[tuple[float, float]], catch_up_tokens: int = 0) -> bool:
         """Whether to run a draft forward over ``rows`` rows that extends these nodes:
-        (P of the node, predicted acceptance of its best child or None for the first-token
-        estimate). True if some number of such forwards (up to LOOKAHEAD) raises the step's
+        (P of the node, predicted acceptance of its best child -- for a sequence's first
+        token, ``first(seq)``). True if some number of such forwards (up to LOOKAHEAD) raises the step's
         expected rate above both what it has and plain decoding. ``catch_up_tokens``: rows the
         draft must build first, inside the first forward (a prompt, a plain stretch); the
         decision charges CATCH_UP_AMORTIZED of them, what the plan prices is all of them."""
@@ -220,7 +258,7 @@ class StepPlan:
         bar = max(e0 / t0, self.plain_rate)
         probs = list(self.probs)
         extra_seconds = CATCH_UP_AMORTIZED * self.cost.catch_up(catch_up_tokens)
-        runs = [(p, self.first if a is None else a) for p, a in expansions]
+        runs = list(expansions)
         for j in range(1, LOOKAHEAD + 1):
             runs = [(p * a, a) for p, a in runs]
             probs.extend(p for p, _ in runs if p >= 1e-3)
@@ -243,9 +281,9 @@ class StepPlan:
             return drafts
         if self.off:
             return [Draft() for _ in drafts]
-        nodes = []  # (P, depth, sequence, node)
+        nodes = []  # (P, depth, sequence, node): every sequence's nodes compete for the batch's rows
         for i, d in enumerate(drafts):
-            probs, depths = node_probs(d, self.p)
+            probs, depths = node_probs(d, lambda c: self.p(c, self.seq_ids[i]))
             nodes.extend((probs[j], depths[j], i, j) for j in range(len(d)))
         nodes.sort(key=lambda n: (-n[0], n[1]))
         keep: list[set[int]] = [set() for _ in drafts]
@@ -261,7 +299,8 @@ class StepPlan:
             e, rows, t = e + p, rows + 1, t + dt
         for i, d in enumerate(drafts):
             if len(d) and not keep[i]:  # drafted, none worth a row: evidence for the first-token estimate
-                self.policy.acceptance.observe_unverified(max(p for p, depth, s, _ in nodes if s == i and depth == 1))
+                self.policy.acceptance.observe_unverified(max(p for p, depth, s, _ in nodes if s == i and depth == 1),
+                                                          self.seq_ids[i])
         return [_subset(d, sorted(k)) for d, k in zip(drafts, keep)]
 
 
@@ -278,8 +317,8 @@ class Policy:
         self.cooldown: dict[int, int] = {}
         self._hopeless: dict[tuple[int, int], bool] = {}
 
-    def plan(self, batch: int) -> StepPlan:
-        return StepPlan(self, batch)
+    def plan(self, batch: int, seq_ids: list | None = None) -> StepPlan:
+        return StepPlan(self, batch, seq_ids)
 
     def hopeless(self, batch: int) -> bool:
         """Not even drafts accepted every time could pay at this batch size (a draft slower
@@ -305,18 +344,19 @@ class Policy:
     def guard_off(self, batch: int) -> bool:
         return self.steps < self.off_until.get(batch, 0)
 
-    def expects_drafting(self, batch: int) -> bool:
-        """Would a step of this batch size draft now? (A draft model prefills new prompts
+    def expects_drafting(self, seq_ids: list) -> bool:
+        """Would a step of these sequences draft now? (A draft model prefills new prompts
         only then: at batch sizes where drafting does not pay, that prefill is pure loss.)"""
+        batch = len(seq_ids)
         if self.hopeless(batch):
             return False
-        return self.plan(batch).should_draft(batch, [(1.0, None)] * batch)
+        return self.plan(batch, seq_ids).should_draft(batch, [(1.0, self.acceptance.first(s)) for s in seq_ids])
 
-    def saving_per_token(self, batch: int) -> float:
-        """Seconds per output token of one sequence that drafting is expected to save at this
-        batch size, by the plan's own costs: the best chain, each token accepted with the
-        first-token estimate, against a plain step (0 when no chain beats it)."""
-        a, plain = self.acceptance.first, self.plain_step_time(batch)
+    def saving_per_token(self, batch: int, seq=None) -> float:
+        """Seconds per output token of sequence ``seq`` that drafting is expected to save at
+        this batch size, by the plan's own costs: the best chain, each token accepted with
+        its first-token estimate, against a plain step (0 when no chain beats it)."""
+        a, plain = self.acceptance.first(seq), self.plain_step_time(batch)
         best, tokens = plain, 1.0
         for depth in range(1, MAX_DEPTH + 1):
             tokens += a ** depth
@@ -324,7 +364,7 @@ class Policy:
             best = min(best, step / tokens)
         return plain - best
 
-    def draft_prefill_pays(self, prompt_tokens: int, output_tokens: int, batch: int) -> bool:
+    def draft_prefill_pays(self, prompt_tokens: int, output_tokens: int, batch: int, seq=None) -> bool:
         """Whether a draft model should prefill a new prompt of ``prompt_tokens`` for a sequence
         that may emit ``output_tokens`` more: what drafting is expected to save over them must
         exceed what the draft's prefill costs. A long document with a short answer is decoded
@@ -332,7 +372,7 @@ class Policy:
         12.8 s plain, 13.5-16.7 s with the draft prefilling). Proposers without a prefill cost
         (n-gram, heads) always pay."""
         cost = self.cost.catch_up(prompt_tokens)
-        return cost <= 0.0 or self.fixed_k is not None or output_tokens * self.saving_per_token(batch) > cost
+        return cost <= 0.0 or self.fixed_k is not None or output_tokens * self.saving_per_token(batch, seq) > cost
 
     def observe(self, step, plan: StepPlan | None = None) -> None:
         """Everything one decode step (a metrics.StepRecord) teaches: the target forward's
@@ -341,15 +381,19 @@ class Policy:
         self.cost.observe_target(step.rows, step.target_seconds)
         if plan is not None and step.draft_forwards:
             self.cost.observe_draft(step.draft_seconds, plan.priced)
-        for d, v, on in zip(step.drafts, step.verdicts, step.speculative):
-            if on:
-                self.observe_verdict(d, v.path)
+        for seq, d, v, on in zip(step.seq_ids, step.drafts, step.verdicts, step.speculative):
+            if not on:
+                continue
+            if len(d):
+                self.observe_verdict(d, v.path, seq)
+            else:  # a plain step for this sequence: its evidence fades, drafting is retried
+                self.acceptance.relax(seq)
         if any(step.speculative):
             self.observe_step(step.batch, step.drafted, sum(step.emitted), step.seconds, step.forward_seconds)
 
-    def observe_verdict(self, draft: Draft, path: list[int]) -> None:
+    def observe_verdict(self, draft: Draft, path: list[int], seq=None) -> None:
         if len(draft) and draft.conf is not None:
-            self.acceptance.observe(draft.conf, draft.parent_list(), path)
+            self.acceptance.observe(draft.conf, draft.parent_list(), path, seq)
 
     def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float, forward_seconds: float) -> None:
         """A whole decode step: ``forward_seconds`` of it in target and draft forwards."""
@@ -357,10 +401,7 @@ class Policy:
         if self.steps % SAVE_EVERY == 0:
             self.save()
         self.host += 0.1 * (max(seconds - forward_seconds, 0.0) - self.host)
-        if not drafted:
-            self.acceptance.relax()
-            return
-        if self.fixed_k is not None:
+        if not drafted or self.fixed_k is not None:
             return
         window = self.speedups.setdefault(batch, [])
         window.append(tokens * self.plain_step_time(batch) / (batch * max(seconds, 1e-9)))

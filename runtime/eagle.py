@@ -70,8 +70,8 @@ class DraftTree:
     FLOAT = ("conf", "P")  # the head's probability of the token; path probability (the plan's
     # acceptance of conf times the parent's P)
 
-    def __init__(self, plan, capacity: int = 64):
-        self.plan, self.n = plan, 0
+    def __init__(self, plan, seq_ids: list[int], capacity: int = 64):
+        self.plan, self.seq_ids, self.n = plan, seq_ids, 0  # seq_ids: the batch's, for the plan
         self._int = np.zeros((len(self.INT), capacity), np.int64)
         self._float = np.zeros((len(self.FLOAT), capacity))
         self._views()
@@ -103,7 +103,9 @@ class DraftTree:
         at = np.where(known, parents, 0)
         depth[:] = np.where(known, self._int[3, at] + 1, 1)[:, None]
         up = np.where(known, self._float[1, at], 1.0)
-        P[:] = np.asarray([self.plan.p(c) for c in conf.reshape(-1).tolist()]).reshape(rows, width) * up[:, None]
+        owner = [self.seq_ids[i] for i in np.repeat(seqs, width).tolist()]
+        P[:] = np.asarray([self.plan.p(c, s) for c, s in zip(conf.reshape(-1).tolist(), owner)]).reshape(
+            rows, width) * up[:, None]
         self.n = n1
         self._views()
         return np.arange(n0, n1)
@@ -345,7 +347,7 @@ class EagleProposer:
         most probable frontier nodes of each sequence still growing, in one head call, while
         the plan says the next call pays."""
         feats, top_ids, top_logp = root  # [b, h] (device or host), [b, width], [b, width]
-        tree = DraftTree(plan)
+        tree = DraftTree(plan, ids)
         frontier = tree.add(np.full(len(ids), -1), np.arange(len(ids)), top_ids, top_logp)
         plan.spent(time.perf_counter() - t0)
         plan.drafted(tree.P.tolist())
@@ -353,7 +355,8 @@ class EagleProposer:
         depths = np.asarray(depths)
         for depth in range(1, int(depths.max())):
             expand = tree.expand(frontier[depths[tree.seq[frontier]] > depth], self.width)
-            nodes = [(P, plan.p(c)) for P, c in zip(tree.P[expand].tolist(), tree.conf[expand].tolist())]
+            nodes = [(P, plan.p(c, ids[i])) for P, c, i in
+                     zip(tree.P[expand].tolist(), tree.conf[expand].tolist(), tree.seq[expand].tolist())]
             if not plan.should_draft(len(nodes), nodes):
                 break
             t0 = time.perf_counter()

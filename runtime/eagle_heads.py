@@ -241,13 +241,13 @@ class VocabCoverage:
         self.rate[seq_id], self.seen[seq_id] = rate, len(history)
         return rate
 
-    def first_tokens(self, seq_ids: list[int], histories: list[list[int]], plan) -> list[tuple[float, float | None]]:
-        """The expansions a plan's first ``should_draft`` weighs: (1, the first-token estimate
-        times each sequence's coverage); a head over the full vocabulary leaves the estimate as it is."""
+    def first_tokens(self, seq_ids: list[int], histories: list[list[int]], plan) -> list[tuple[float, float]]:
+        """The expansions a plan's first ``should_draft`` weighs: (1, each sequence's first-token
+        estimate times its coverage); a head over the full vocabulary leaves the estimate as it is."""
         rates = [self.update(s, h) for s, h in zip(seq_ids, histories)]
         if self.mask is None:
-            return [(1.0, None)] * len(seq_ids)
-        return [(1.0, plan.first * r) for r in rates]
+            rates = [1.0] * len(seq_ids)
+        return [(1.0, plan.first(s) * r) for s, r in zip(seq_ids, rates)]
 
 
 def top_tokens(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:

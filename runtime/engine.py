@@ -269,8 +269,8 @@ class Engine:
         self.kv.add_sequence(seq.seq_id)
         if self.proposer:
             self.proposer.add_sequence(seq.seq_id, seq.history)
-            if self.policy is not None and not seq.result.token_ids:
-                self.policy.acceptance.new_prompt()
+            if self.policy is not None:
+                self.policy.acceptance.new_prompt(seq.seq_id)
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
 
     def detach(self, seq: Sequence) -> None:
@@ -278,6 +278,8 @@ class Engine:
         self.kv.remove_sequence(seq.seq_id)
         if self.proposer:
             self.proposer.remove_sequence(seq.seq_id)
+            if self.policy is not None:
+                self.policy.acceptance.forget(seq.seq_id)
         seq.to_prefill = []
 
     def prefill(self, seqs: list[Sequence], budget: int) -> list[Sequence]:
@@ -311,8 +313,8 @@ class Engine:
         # sequence catches up later, priced by its proposer, when drafting pays again
         n = len(self.kv.seqs)
         drafted = [i for i, s in enumerate(batch) if s.speculative and self.proposer and self.policy.draft_prefill_pays(
-            len(s.history), s.budget - len(s.result.token_ids), n)]
-        if drafted and self.policy.expects_drafting(n):
+            len(s.history), s.budget - len(s.result.token_ids), n, s.seq_id)]
+        if drafted and self.policy.expects_drafting(list(self.kv.seqs)):
             self.proposer.prefill([ids[i] for i in drafted], [chunks[i] for i in drafted], [starts[i] for i in drafted])
         dt, total = time.perf_counter() - t0, sum(len(c) for c in chunks)
         done = []
@@ -347,7 +349,7 @@ class Engine:
                     self.proposer.on_commit(s.seq_id, s.history)
         speculative = [s.speculative and self.proposer is not None for s in active]
         step = StepRecord(drafts, verdicts, emitted, speculative, draft_forwards, t1 - t0, t2 - t1,
-                          time.perf_counter() - t2)
+                          time.perf_counter() - t2, [s.seq_id for s in active])
         if self.policy is not None:  # plain steps too: they keep the target's pace current
             self.policy.observe(step, plan)
         record_step(step, [s.result.stats for s in active], self.totals)
@@ -369,7 +371,7 @@ class Engine:
         cap = min(self.policy.fixed_k or MAX_DEPTH, limit, room - 1)
         if cap <= 0 or self.policy.hopeless(b):
             return plain, 0, None
-        plan, before = self.policy.plan(b), self.proposer.forwards
+        plan, before = self.policy.plan(b, [s.seq_id for s in active]), self.proposer.forwards
         try:
             drafts = plan.select(self.proposer.propose(
                 [s.seq_id for s in active], [s.history for s in active], [cap if s.speculative else 0 for s in active],

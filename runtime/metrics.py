@@ -29,6 +29,7 @@ class StepRecord:
     draft_seconds: float  # proposing
     target_seconds: float  # the target forward and the acceptance kernel
     other_seconds: float  # commit or rollback, emission, proposer bookkeeping
+    seq_ids: list[int]  # the sequences, in batch order (whose evidence each verdict is)
 
     @property
     def batch(self) -> int:

@@ -301,7 +301,7 @@ class SmallDraftProposer:
             return drafts
         pending = [histories[i][len(self.cached[seq_ids[i]]):] for i in active]
         fed = sum(len(p) for p in pending)
-        if not plan.should_draft(len(active), [(1.0, None)] * len(active), fed - len(active)):
+        if not plan.should_draft(len(active), [(1.0, plan.first(seq_ids[i])) for i in active], fed - len(active)):
             return drafts
         ids = [seq_ids[i] for i in active]
         t0 = time.perf_counter()
@@ -321,12 +321,13 @@ class SmallDraftProposer:
                 drafts[i].conf.append(conf)
                 if q is not None:
                     probs[i].append(q)
-                path[i] *= plan.p(conf)
+                path[i] *= plan.p(conf, seq_ids[i])
                 new.append(path[i])
             plan.spent(time.perf_counter() - t0)
             plan.drafted(new)
             live = [i for i in live if len(drafts[i].tokens) < ks[i]]
-            if not live or not plan.should_draft(len(live), [(path[i], plan.p(drafts[i].conf[-1])) for i in live]):
+            if not live or not plan.should_draft(len(live), [(path[i], plan.p(drafts[i].conf[-1], seq_ids[i]))
+                                                             for i in live]):
                 break
             t0 = time.perf_counter()
             logits = self.model.decode(self.kv, [seq_ids[i] for i in live], [drafts[i].tokens[-1] for i in live])

@@ -87,12 +87,13 @@ def test_real_draft_work_is_learned_in_the_process():
 def test_the_plan_prices_what_it_allows_and_the_policy_learns_from_it():
     policy = Policy(_model(QWEN, draft_ms=1.0, catch_up_ms=0.1), AcceptanceModel(first_prior=0.9))
     plan = policy.plan(1)
-    assert plan.should_draft(1, [(1.0, None)], catch_up_tokens=5)
+    assert plan.should_draft(1, [(1.0, policy.acceptance.first())], catch_up_tokens=5)
     assert plan.priced == pytest.approx(1.5 * MS)  # the forward and the whole catch-up inside it (5 x 0.1 ms)
 
     class Step:  # what a decode step records (metrics.StepRecord's fields the policy reads)
         rows, batch, target_seconds, draft_forwards, draft_seconds = 2, 1, 44 * MS, 1, 4.5 * MS
-        drafts, verdicts, speculative, drafted, emitted, seconds, forward_seconds = [], [], [], True, [1], 49 * MS, 48 * MS
+        drafts, verdicts, speculative, seq_ids, drafted, emitted = [], [], [], [], True, [1]
+        seconds, forward_seconds = 49 * MS, 48 * MS
 
     for _ in range(5):
         policy.observe(Step(), plan)
@@ -149,6 +150,23 @@ def test_a_prompt_where_confident_drafts_miss_scales_predictions_down_then_recov
     assert acc.predict(0.65) == pytest.approx(acc.calibrated(0.65))
 
 
+def test_each_sequence_of_a_batch_keeps_its_own_corrections():
+    """A translation whose confident drafts miss beside a code sequence whose drafts land:
+    each is predicted by its own record, and a third joining resets neither."""
+    acc = AcceptanceModel()
+    for _ in range(8):
+        acc.observe([0.65], [-1], [], seq=1)  # translation: nothing accepted
+        acc.observe([0.65], [-1], [0], seq=2)  # code: everything accepted
+    assert acc.predict(0.65, 1) < 0.5 * acc.predict(0.65, 2)
+    assert acc.first(1) < 0.5 < acc.first(2)
+    low, high = acc.predict(0.65, 1), acc.predict(0.65, 2)
+    acc.new_prompt(3)
+    assert acc.predict(0.65, 1) == low and acc.predict(0.65, 2) == high
+    assert acc.predict(0.65, 3) == pytest.approx(acc.calibrated(0.65))  # the newcomer: calibration alone
+    acc.forget(1)
+    assert 1 not in acc.prompts
+
+
 def test_only_nodes_whose_parent_was_accepted_are_evidence():
     acc = AcceptanceModel()
     acc.observe([0.95, 0.95, 0.15], [-1, 0, 1], [0])  # node 1 rejected, node 2 never reached
@@ -162,30 +180,30 @@ def test_first_token_estimate_falls_with_misses_and_recovers_slower_after_each()
     acc.observe([0.5], [-1], [])
     for _ in range(80):
         acc.relax()
-    fast = acc.first  # one miss: back near the prior after a plain stretch
+    fast = acc.first()  # one miss: back near the prior after a plain stretch
     assert fast > 0.5
     for _ in range(20):
         acc.observe([0.5], [-1], [])
-    low = acc.first
+    low = acc.first()
     assert low < 0.1  # a weak prior (FIRST_PRIOR_TRIALS): 20 misses say this prompt is hopeless
-    assert acc.backoff == MAX_BACKOFF
+    assert acc.state_of().backoff == MAX_BACKOFF
     for _ in range(80):
         acc.relax()
-    assert acc.first < 0.15  # every miss slowed the drift: not asked again within 80 tokens
+    assert acc.first() < 0.15  # every miss slowed the drift: not asked again within 80 tokens
     for _ in range(80 * MAX_BACKOFF):
         acc.relax()
-    assert acc.first > 0.35  # ... but retried in the end
+    assert acc.first() > 0.35  # ... but retried in the end
     acc.observe([0.5], [-1], [0])  # a retry that hits resets the wait
-    assert acc.backoff == 1
+    assert acc.state_of().backoff == 1
 
 
 def test_dropped_drafts_back_off_and_a_new_prompt_asks_again_at_once():
     acc = AcceptanceModel(first_prior=0.7)
     for _ in range(12):
         acc.observe_unverified(0.05)  # asked, nothing worth a row
-    assert acc.first < 0.2 and acc.backoff == MAX_BACKOFF
+    assert acc.first() < 0.2 and acc.state_of().backoff == MAX_BACKOFF
     acc.new_prompt()  # new content: the old prompt weighs no more than the prior
-    assert acc.first > 0.35 and acc.backoff == 1
+    assert acc.first() > 0.35 and acc.state_of().backoff == 1
 
 
 def test_learned_calibration_survives_the_process():
@@ -205,7 +223,7 @@ def test_a_draft_model_drafts_long_when_verify_is_cheap_and_stops_where_confiden
     policy = Policy(_model(FLAT, draft_ms=1.0), AcceptanceModel())
     plan = policy.plan(1)
     confs = [0.97, 0.95, 0.96, 0.1, 0.9, 0.9]
-    assert plan.should_draft(1, [(1.0, None)])
+    assert plan.should_draft(1, [(1.0, policy.acceptance.first())])
     drafted, p = [], 1.0
     for c in confs:
         drafted.append(c)
@@ -232,8 +250,8 @@ def test_a_draft_slower_than_its_target_never_drafts():
     """Qwen2.5-Coder-0.5B as target and the 1.5B as its draft: a draft step costs more
     than a target step, so no acceptance can pay for it."""
     policy = Policy(_model({1: 13, 2: 15, 4: 17, 8: 22}, draft_ms=38), AcceptanceModel(first_prior=1.0))
-    assert not policy.plan(1).should_draft(1, [(1.0, None)])
-    assert not policy.expects_drafting(1)
+    assert not policy.plan(1).should_draft(1, [(1.0, policy.acceptance.first())])
+    assert not policy.expects_drafting([None])
     assert policy.hopeless(1) and policy.hopeless(4)  # the step does not even ask the proposer
     assert not Policy(_model(QWEN, draft_ms=13), AcceptanceModel()).hopeless(1)
 
@@ -243,15 +261,15 @@ def test_measured_qwen_costs_draft_at_good_acceptance_and_not_at_poor():
     draft forward of 0.34 steps, one accepted 30% of the time is not."""
     good = Policy(_model(QWEN, draft_ms=13), AcceptanceModel(first_prior=0.8))
     poor = Policy(_model(QWEN, draft_ms=13), AcceptanceModel(first_prior=0.3))
-    assert good.plan(1).should_draft(1, [(1.0, None)])
-    assert not poor.plan(1).should_draft(1, [(1.0, None)])
+    assert good.plan(1).should_draft(1, [(1.0, good.acceptance.first())])
+    assert not poor.plan(1).should_draft(1, [(1.0, poor.acceptance.first())])
 
 
 def test_batch_sizes_use_the_costs_of_their_row_counts():
     """A batch of 8 drafting one token each forwards 16 rows, which costs 2x a plain step
     of 8 here: drafting pays at batch 1 and not at batch 8."""
     policy = Policy(_model(QWEN), AcceptanceModel(first_prior=0.7))
-    assert policy.plan(1).should_draft(1, [(1.0, None)])
+    assert policy.plan(1).should_draft(1, [(1.0, policy.acceptance.first())])
     plan8 = policy.plan(8)
     drafts = plan8.select([Draft([1, 2], conf=[0.7, 0.7]) for _ in range(8)])
     assert sum(len(d) for d in drafts) <= 8  # at most one extra row per sequence is worth its cost
@@ -272,11 +290,11 @@ def test_drafts_found_not_worth_a_row_teach_the_first_token_estimate():
     asks = 0
     for _ in range(40):  # a head that is asked (its catch-up and forward run), then drafts at 5% confidence
         plan = policy.plan(1)
-        if not plan.should_draft(1, [(1.0, None)]):
+        if not plan.should_draft(1, [(1.0, policy.acceptance.first())]):
             break
         asks += 1
         assert plan.select([Draft([5], conf=[0.03])])[0].tokens == []  # nothing worth verifying
-    assert asks < 40 and policy.acceptance.first < 0.3  # it stops being asked (plain steps retry it later)
+    assert asks < 40 and policy.acceptance.first() < 0.3  # it stops being asked (plain steps retry it later)
 
 
 def test_fixed_length_is_left_alone():

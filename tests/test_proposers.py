@@ -29,7 +29,7 @@ class Plan:
     """A StepPlan stand-in: ``should_draft`` answers from a script (yes once it runs out,
     or always), predicted acceptance is the confidence itself, and what was asked is kept."""
 
-    first = 0.6  # the first-token estimate
+    FIRST = 0.6  # every sequence's first-token estimate
 
     def __init__(self, answers: list[bool] | None = None):
         self.answers = list(answers or [])
@@ -42,8 +42,11 @@ class Plan:
         self.expansions.append(list(expansions))
         return self.answers.pop(0) if self.answers else True
 
-    def p(self, conf: float) -> float:
+    def p(self, conf: float, seq=None) -> float:
         return conf
+
+    def first(self, seq=None) -> float:
+        return self.FIRST
 
     def spent(self, seconds: float) -> None:
         pass
@@ -288,14 +291,14 @@ def test_vocab_coverage_scales_the_first_token_estimate_by_recent_in_vocabulary_
 
     full = VocabCoverage(None)  # a head over the whole vocabulary: the estimate stays the plan's
     full.add(0, [1, 2])
-    assert full.first_tokens([0], [[1, 2, 3]], Plan()) == [(1.0, None)]
+    assert full.first_tokens([0], [[1, 2, 3]], Plan()) == [(1.0, Plan.FIRST)]
     cov = VocabCoverage(np.array([2, 5, 7]))
     cov.add(0, [100, 200, 300])  # the prompt's tokens do not count, even out of the vocabulary
-    assert cov.first_tokens([0], [[100, 200, 300]], Plan()) == [(1.0, Plan.first)]
+    assert cov.first_tokens([0], [[100, 200, 300]], Plan()) == [(1.0, Plan.FIRST)]
     d = COVERAGE_DECAY
     # two new tokens out of the vocabulary (one past its largest id), then one in it
     [(_, a)] = cov.first_tokens([0], [[100, 200, 300, 9, 10**6]], Plan())
-    assert a == pytest.approx(Plan.first * d * d)
+    assert a == pytest.approx(Plan.FIRST * d * d)
     assert cov.update(0, [100, 200, 300, 9, 10**6, 5]) == pytest.approx(d ** 3 + (1 - d))
     assert cov.update(0, [100, 200, 300, 9, 10**6, 5]) == pytest.approx(d ** 3 + (1 - d))  # counted once
     cov.remove(0)
@@ -316,7 +319,7 @@ def test_eagle_asks_the_plan_with_its_vocabulary_coverage():
     assert len(d) == 0
     from speccompile.runtime.eagle_heads import COVERAGE_DECAY
 
-    assert plan.expansions[0] == [(1.0, pytest.approx(Plan.first * COVERAGE_DECAY ** 3))] and head.calls == []
+    assert plan.expansions[0] == [(1.0, pytest.approx(Plan.FIRST * COVERAGE_DECAY ** 3))] and head.calls == []
 
 
 def test_eagle_catch_up_over_more_rows_than_one_head_call_is_split():
