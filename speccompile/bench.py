@@ -293,9 +293,10 @@ def _percentiles(values: list[float]) -> dict:
 
 
 def _stream_one(client, url: str, body: dict) -> dict:
-    """One streamed chat completion; times of the first and every later content chunk."""
+    """One streamed chat completion: its text, and the times of its first and every later
+    content chunk."""
     t0 = time.perf_counter()
-    chunk_times, usage, finish = [], None, None
+    chunk_times, usage, finish, text = [], None, None, []
     with client.stream("POST", url, json=body) as r:
         if r.status_code != 200:
             return {"error": f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:200]}"}
@@ -310,10 +311,11 @@ def _stream_one(client, url: str, body: dict) -> dict:
             for ch in msg.get("choices", []):
                 if ch["delta"].get("content"):
                     chunk_times.append(time.perf_counter())
+                    text.append(ch["delta"]["content"])
                 finish = ch.get("finish_reason") or finish
     end = time.perf_counter()
     tokens = usage["completion_tokens"] if usage else len(chunk_times)
-    out = {"tokens": tokens, "seconds": end - t0, "finish_reason": finish,
+    out = {"tokens": tokens, "seconds": end - t0, "finish_reason": finish, "text": "".join(text),
            "ttft": chunk_times[0] - t0 if chunk_times else None,
            "chunk_gaps": [b - a for a, b in itertools.pairwise(chunk_times)]}
     if chunk_times and tokens > 1:
@@ -405,6 +407,11 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
             if ab:
                 level["plain"] = plain
                 level["speedup"] = level["output_tokens_per_s"] / max(plain["output_tokens_per_s"], 1e-9)
+                # greedy: every prompt ran both ways, and must read the same
+                pairs = list(zip(rows, plain_rows))  # both in the order halves[0] + halves[1]
+                level["identical"] = sum("error" not in a and "error" not in b and a["text"] == b["text"]
+                                         for a, b in pairs)
+                level["compared"] = len(pairs)
             drafted = after.get("speccompile_draft_tokens_total", 0) - before.get("speccompile_draft_tokens_total", 0)
             if before:
                 accepted = (after.get("speccompile_accepted_tokens_total", 0)
@@ -420,7 +427,8 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
                       f"ITL p50 {level['itl_s']['p50'] or 0:.4f}s p99 {level['itl_s']['p99'] or 0:.4f}s"
                       + (f", {level['errors']} errors" if level["errors"] else "")
                       + (f" | plain {level['plain']['output_tokens_per_s']:7.1f} tok/s -> x{level['speedup']:.2f}, "
-                         f"accept {level.get('acceptance_rate', 0):.2f}" if ab else ""), flush=True)
+                         f"accept {level.get('acceptance_rate', 0):.2f}, identical {level['identical']}/"
+                         f"{level['compared']}" if ab else ""), flush=True)
     report = {"endpoint": base, "model": model, "settings": {"max_tokens": max_tokens, "num_prompts": len(prompts),
               "prompts": str(prompts_file or DEFAULT_PROMPTS), "greedy": True, "ignore_eos": True, "ab": ab},
               "levels": levels}

@@ -356,6 +356,9 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
 @click.option("--ab", is_flag=True, default=False,
               help="with --endpoint on a speculative server: each level also runs half the prompts without "
                    "speculation (per-request opt-out), ABBA-interleaved, and reports the speedup")
+@click.option("--soak", type=float, default=None, metavar="MINUTES",
+              help="with --endpoint: MINUTES of mixed requests at 1-8 streams, with and without speculation; "
+                   "reports errors, resident memory, TTFT/ITL percentiles and greedy spec = plain")
 @click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path), default=None,
               help="also run llama.cpp's llama-bench binary in the same run, on --gguf (or --model's GGUF)")
 @click.option("--gguf", type=click.Path(path_type=Path), default=None,
@@ -375,7 +378,7 @@ def serve_cmd(model_dir, model_lib, spec, host, port, api_key, max_num_sequence,
               help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP + "; not with --endpoint")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              per_category, spec, endpoint, concurrency, api_key, compare, ab, llama_bench, gguf, llama_spec, draft_gguf,
+              per_category, spec, endpoint, concurrency, api_key, compare, ab, soak, llama_bench, gguf, llama_spec, draft_gguf,
               one_shot, repeat, llama_modes, llama_draft_max, overrides):
     """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
     --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
@@ -388,6 +391,13 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             if overrides:
                 raise ValueError("--overrides configures a local engine; with --endpoint the server's settings apply "
                                  "(give them to `speccompile serve`)")
+            if soak is not None:
+                from speccompile.bench import DEFAULT_PROMPTS, load_prompts, select_prompts
+                from speccompile.bench_soak import run_soak
+
+                run_soak(endpoint, select_prompts(load_prompts(prompts or DEFAULT_PROMPTS), list(categories) or None,
+                                                  per_category, num_prompts), soak, out_json, api_key)
+                return
             levels = [int(c) for c in concurrency.split(",") if c.strip()]
             if not levels or min(levels) < 1:
                 raise ValueError("--concurrency takes positive integers, e.g. 1,4,8,16")
@@ -398,6 +408,8 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             fail(err)
         return
     try:
+        if soak is not None:
+            raise ValueError("--soak drives a running server: give its --endpoint")
         cli_spec = dict(spec)  # as typed: --one-shot hands it to each generate process
         spec, _, _ = _runtime_settings("bench", overrides, None, model_dir, model_lib, spec)
         model_dir, model_lib = resolve_target(model_dir, model_lib, model_name, quantization)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from speccompile.runtime.scheduler import Event, Request, Scheduler
@@ -38,6 +38,7 @@ class ServerMetrics:
         self.e2e = Histogram(f"{PREFIX}_request_latency_seconds", "Arrival to last token",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_EngineCollector(scheduler))
+        ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open fds (Linux)
         self._last: dict[int, float] = {}  # request id -> time of its last token event
 
     def observe(self, req: Request, event: Event) -> None:

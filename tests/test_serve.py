@@ -488,6 +488,29 @@ def test_bench_endpoint_reports_throughput_and_percentiles(socket_server, tmp_pa
     (lv,) = json.loads(out.read_text())["levels"]
     assert lv["output_tokens"] == lv["plain"]["output_tokens"] == 32 and lv["errors"] == lv["plain"]["errors"] == 0
     assert lv["speedup"] > 0 and "| plain" in res.output  # the printed line carries the plain side
+    assert lv["identical"] == lv["compared"] == 4  # greedy: each prompt reads the same both ways
+
+
+def test_soak_mixes_loads_and_reports_errors_memory_latency_and_identity(socket_server, tmp_path):
+    """A short soak (the real one runs for minutes): streams rising and falling each second,
+    requests with and without speculation, streamed and not; resident memory sampled."""
+    from click.testing import CliRunner
+
+    from speccompile.bench_soak import run_soak
+    from speccompile.cli import main
+
+    prompts = [{"prompt": p} for p in BASE_PROMPTS]
+    report = run_soak(socket_server.url, prompts, minutes=0.25, out_json=tmp_path / "soak.json", api_key=API_KEY,
+                      segment=1.0, quiet=True)
+    s = report["summary"]
+    assert s["requests"] >= 8 and s["errors"] == 0, s["error_messages"]
+    assert report["speculative"]["requests"] and report["plain"]["requests"]
+    assert {r["streams"] for r in report["requests"]} > {1}  # the load changed while it ran
+    assert s["compared_pairs"] >= 1 and s["identical_pairs"] == s["compared_pairs"]
+    assert s["rss_start_mib"] > 10 and s["rss_end_mib"] > 10 and len(report["memory"]) >= 2
+    assert json.loads((tmp_path / "soak.json").read_text())["summary"] == s
+    res = CliRunner().invoke(main, ["bench", "--soak", "1"])
+    assert res.exit_code == 2 and "--endpoint" in res.output
 
 
 def test_a_request_can_opt_out_of_speculation(ngram_app, reference):
