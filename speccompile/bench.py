@@ -386,6 +386,8 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
             t0 = time.perf_counter()
             with ThreadPoolExecutor(c) as pool:
                 rows = list(pool.map(lambda p: _stream_one(client, url, body(p, speculative)), batch))
+            for p, r in zip(batch, rows):
+                r.update(id=p["id"], category=p["category"], speculative=speculative)
             return rows, time.perf_counter() - t0
 
         _stream_one(client, url, {**body(prompts[0]), "max_tokens": 8})  # warm up
@@ -403,7 +405,10 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
             else:
                 rows, wall = run_pass(prompts, c)
             after = _scrape(client, base)
-            level = {"concurrency": c, **_level_stats(rows, wall)}
+            level = {"concurrency": c, **_level_stats(rows, wall),
+                     "per_request": [{k: r.get(k) for k in ("id", "category", "speculative", "tokens", "seconds", "ttft",
+                                                            "tpot", "error")}
+                                     for r in (rows + plain_rows if ab else rows)]}
             if ab:
                 level["plain"] = plain
                 level["speedup"] = level["output_tokens_per_s"] / max(plain["output_tokens_per_s"], 1e-9)
