@@ -308,18 +308,14 @@ class Engine:
         else:
             logits = self.model.prefill(self.kv, ids, chunks)
         # a draft model prefills along -- if the batch about to decode (every sequence
-        # holding pages) would draft -- as much of the prompt's tail as drafting can win back
-        # over what the sequence may still emit: a longer prefill is pure loss, and a
+        # holding pages) would draft, and drafting can win back what the prefill costs over
+        # what the sequence may still emit: otherwise that prefill is pure loss, and a
         # sequence catches up later, priced by its proposer, when drafting pays again
-        n, drafted = len(self.kv.seqs), []  # (row, offset in its chunk where the draft's part starts)
-        for i, s in enumerate(batch if self.proposer else []):
-            first = len(s.history) - self.policy.draft_prefill_tokens(len(s.history), s.budget - len(s.result.token_ids),
-                                                                      n, s.seq_id)
-            if s.speculative and starts[i] + len(chunks[i]) > first:
-                drafted.append((i, max(first - starts[i], 0)))
+        n = len(self.kv.seqs)
+        drafted = [i for i, s in enumerate(batch) if s.speculative and self.proposer and self.policy.draft_prefill_pays(
+            len(s.history), s.budget - len(s.result.token_ids), n, s.seq_id)]
         if drafted and self.policy.expects_drafting(list(self.kv.seqs)):
-            self.proposer.prefill([ids[i] for i, _ in drafted], [chunks[i][o:] for i, o in drafted],
-                                  [starts[i] + o for i, o in drafted])
+            self.proposer.prefill([ids[i] for i in drafted], [chunks[i] for i in drafted], [starts[i] for i in drafted])
         dt, total = time.perf_counter() - t0, sum(len(c) for c in chunks)
         done = []
         for row, (s, c) in enumerate(zip(batch, chunks)):

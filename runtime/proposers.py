@@ -177,9 +177,8 @@ class NGramProposer:
 class SmallDraftProposer:
     """A smaller compiled model with the target's vocabulary drafts autoregressively.
 
-    Its KV cache holds a stretch of the committed history from ``start`` on (0, or where a
-    long prompt's tail began: the engine prefills the draft with only as much of a prompt as
-    drafting can win back); ``propose`` first feeds whatever it has not seen (1 token normally, 2 after a fully accepted chain, more after a plain
+    Its KV cache holds a prefix of the committed history; ``propose`` first feeds whatever
+    it has not seen (1 token normally, 2 after a fully accepted chain, more after a plain
     stretch: the catch-up, priced per token in the plan), then drafts token by token while
     the plan says the next one pays, returning q for rejection sampling.
 
@@ -222,7 +221,6 @@ class SmallDraftProposer:
         self.model = model
         self.kv = model.create_kv_cache(max_total_tokens)
         self.cached: dict[int, list[int]] = {}  # tokens in the draft's KV cache, per sequence
-        self.start: dict[int, int] = {}  # the history position of cached[0]
         self.forwards = 0
         self.last_catch_up = 0  # most tokens one sequence had to catch up on in the last propose
 
@@ -256,42 +254,37 @@ class SmallDraftProposer:
     def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
         self.kv.add_sequence(seq_id)
         self.cached[seq_id] = []
-        self.start[seq_id] = 0
 
     def remove_sequence(self, seq_id: int) -> None:
         self.kv.remove_sequence(seq_id)
         self.cached.pop(seq_id, None)
-        self.start.pop(seq_id, None)
 
     def on_commit(self, seq_id: int, history: list[int]) -> None:
         # keep the longest prefix of the cache that agrees with the committed history
-        cached, start = self.cached[seq_id], self.start[seq_id]
+        cached = self.cached[seq_id]
         agreed = 0
-        limit = min(len(cached), len(history) - start)
-        while agreed < limit and cached[agreed] == history[start + agreed]:
+        limit = min(len(cached), len(history))
+        while agreed < limit and cached[agreed] == history[agreed]:
             agreed += 1
         self.kv.popn(seq_id, len(cached) - agreed)
         del cached[agreed:]
 
     def backlog(self, seq_id: int, history: list[int]) -> int:
         """Committed tokens the draft must catch up on before drafting for this sequence."""
-        return len(history) - self.start.get(seq_id, 0) - len(self.cached.get(seq_id, ()))
+        return len(history) - len(self.cached.get(seq_id, ()))
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
-        # a chunk that continues the draft's cache, or the first one it is given (a prompt's
-        # tail: the draft starts there); after a gap (a chunk skipped since) the sequence
-        # catches up when it drafts
-        pairs = [(s, c, st) for s, c, st in zip(seq_ids, chunks, starts)
-                 if s in self.cached and (not self.cached[s] or self.start[s] + len(self.cached[s]) == st)]
+        # only sequences whose draft cache holds everything before the chunk (attached while
+        # speculation was enabled, no earlier chunk skipped): the rest catch up when they draft
+        pairs = [(s, c) for s, c, st in zip(seq_ids, chunks, starts) if len(self.cached.get(s, (None,))) == st]
         if not pairs:
             return
+        seq_ids, chunks = [s for s, _ in pairs], [c for _, c in pairs]
         try:
-            self.model.prefill(self.kv, [s for s, _, _ in pairs], [c for _, c, _ in pairs])
+            self.model.prefill(self.kv, seq_ids, chunks)
         except KVCacheFull:
             return  # nothing was written; propose catches up later
-        for sid, chunk, st in pairs:
-            if not self.cached[sid]:
-                self.start[sid] = st
+        for sid, chunk in zip(seq_ids, chunks):
             self.cached[sid].extend(chunk)
 
     def observe_hidden(self, seq_id: int, position: int, hidden: np.ndarray) -> None:
@@ -306,7 +299,7 @@ class SmallDraftProposer:
         active = [i for i, k in enumerate(ks) if k > 0 and self.backlog(seq_ids[i], histories[i]) <= most]
         if not active:
             return drafts
-        pending = [histories[i][self.start[seq_ids[i]] + len(self.cached[seq_ids[i]]):] for i in active]
+        pending = [histories[i][len(self.cached[seq_ids[i]]):] for i in active]
         fed = sum(len(p) for p in pending)
         if not plan.should_draft(len(active), [(1.0, plan.first(seq_ids[i])) for i in active], fed - len(active)):
             return drafts

@@ -5,7 +5,7 @@ Nothing here is timed: every cost is given, every acceptance drawn from a seeded
 import numpy as np
 import pytest
 
-from speccompile.runtime.adaptive import MAX_BACKOFF, MIN_TAIL, AcceptanceModel, Policy, node_probs
+from speccompile.runtime.adaptive import MAX_BACKOFF, AcceptanceModel, Policy, node_probs
 from speccompile.runtime.costs import CostModel, CostTable, profile_path
 from speccompile.runtime.acceptance import Draft
 
@@ -342,23 +342,21 @@ def test_guard_off_is_per_batch_size():
     assert policy.plan(4).select([Draft([1], conf=[0.99])] * 4) == [Draft()] * 4
 
 
-def test_a_draft_model_prefills_as_much_of_a_prompt_as_drafting_can_win_back():
+def test_a_draft_model_prefills_a_prompt_only_when_drafting_can_win_its_cost_back():
     """Qwen2.5-Coder-1.5B-like costs: 40 ms a step, a 0.5B draft at 12 ms a token and 4 ms a
-    prompt token. A short prompt, or a long answer, gets the draft's whole prefill; a 683-token
-    document gets the tail its answer can pay for, none when that is too short to draft from;
-    a head (no prefill cost) always takes all."""
+    prompt token. A 683-token document with little left to emit is decoded plainly; a short
+    prompt, or a long answer, gets the draft's prefill; a head (no prefill cost) always does."""
     policy = Policy(_model({1: 40, 2: 42, 4: 45, 8: 52}, draft_ms=12, catch_up_ms=4), AcceptanceModel())
     saving = policy.saving_per_token(1)
     assert 0 < saving < 0.040  # drafting helps at the prior's acceptance, and never by a whole step
-    assert policy.draft_prefill_tokens(40, 96, 1) == 40
-    assert policy.draft_prefill_tokens(683, 4096, 1) == 683
-    tail = policy.draft_prefill_tokens(683, 96, 1)  # ~96 * saving of 2.7 s of prefill
-    assert MIN_TAIL <= tail < 683 and tail * 0.004 <= 96 * saving < (tail + 1) * 0.004
-    assert policy.draft_prefill_tokens(683, 9, 1) == 0  # a 9-token answer: a tail of ~3 tokens, none
+    assert not policy.draft_prefill_pays(683, 9, 1)
+    assert not policy.draft_prefill_pays(683, 96, 1)  # 2.7 s of prefill against ~96 * saving
+    assert policy.draft_prefill_pays(40, 96, 1)
+    assert policy.draft_prefill_pays(683, 4096, 1)
     head = Policy(_model({1: 40, 2: 42, 4: 45, 8: 52}, draft_ms=3), AcceptanceModel())
-    assert head.draft_prefill_tokens(683, 9, 1) == 683
+    assert head.draft_prefill_pays(683, 9, 1)
     hopeless = Policy(_model({1: 40, 2: 80, 4: 160, 8: 320}, draft_ms=12, catch_up_ms=4), AcceptanceModel())
-    assert hopeless.saving_per_token(1) == 0.0 and hopeless.draft_prefill_tokens(40, 4096, 1) == 0
+    assert hopeless.saving_per_token(1) == 0.0 and not hopeless.draft_prefill_pays(40, 4096, 1)
 
 
 def test_realized_savings_replace_the_cautious_model_and_outlive_the_process(tmp_path, monkeypatch):

@@ -163,12 +163,14 @@ def test_small_draft_runs_only_the_forwards_the_plan_allows(smol):
 
 @pytest.mark.real_model
 def test_small_draft_catch_up_and_its_backlog_limit(smol, monkeypatch):
-    """A sequence the draft never saw (attached while drafting was off, or its prompt too long
-    to be worth the draft's prefill) must catch up on its whole history before drafting; over
-    MAX_BACKLOG / batch tokens it is left out of the step instead, and the others still draft."""
+    """A sequence the draft never saw (attached while drafting was off, its prefill chunks
+    skipped) must catch up on its whole history before drafting; over MAX_BACKLOG / batch
+    tokens it is left out of the step instead, and the others still draft."""
     model, prompt, ref = smol
     prop = _prefilled(model, prompt)
     prop.add_sequence(1, prompt)
+    prop.prefill([1], [prompt[7:14]], [7])  # a chunk after one the draft skipped: not taken
+    assert prop.cached[1] == []
     history = prompt + ref[:1]
     monkeypatch.setattr(SmallDraftProposer, "MAX_BACKLOG", 2 * (len(history) - 1))
     a, b = prop.propose([0, 1], [history, history], [2, 2], [GREEDY] * 2, [None] * 2, Plan())
@@ -177,29 +179,6 @@ def test_small_draft_catch_up_and_its_backlog_limit(smol, monkeypatch):
     prop.on_commit(0, prompt)  # (rolled back to before the pending token, as in the first step)
     a, b = prop.propose([0, 1], [history, history], [2, 2], [GREEDY] * 2, [None] * 2, Plan())
     assert prop.last_catch_up == len(history) and a.tokens == b.tokens == ref[1:3]
-
-
-@pytest.mark.real_model
-def test_small_draft_given_a_prompts_tail_starts_there(smol):
-    """The engine prefills the draft with a long prompt's tail only: the draft's cache holds
-    history[start:], catches up and rolls back against that stretch, and drafts from it. A
-    chunk after a gap is not taken (the sequence catches up when it drafts)."""
-    model, prompt, ref = smol
-    prop = SmallDraftProposer(model, 1024)
-    prop.add_sequence(0, prompt)
-    prop.prefill([0], [prompt[5:9]], [5])  # the tail begins at 5, in two chunks
-    prop.prefill([0], [prompt[9:]], [9])
-    assert prop.start[0] == 5 and prop.cached[0] == prompt[5:] and prop.kv.length(0) == len(prompt) - 5
-    history = prompt + ref[:1]
-    assert prop.backlog(0, history) == 1
-    [d] = prop.propose([0], [history], [3], [GREEDY], [None], Plan())
-    assert len(d.tokens) == 3 and prop.last_catch_up == 1
-    prop.on_commit(0, history + [d.tokens[0], (d.tokens[1] + 1) % model.vocab_size])
-    assert prop.cached[0] == history[5:] + d.tokens[:1]  # the rejected draft rolled back
-    prop.add_sequence(1, prompt)
-    prop.prefill([1], [prompt[:3]], [0])
-    prop.prefill([1], [prompt[7:]], [7])  # a gap: not taken
-    assert prop.start[1] == 0 and prop.cached[1] == prompt[:3]
 
 
 @pytest.mark.real_model
