@@ -70,8 +70,10 @@ MAX_DEPTH = 8  # the longest chain / deepest tree an adaptive step drafts
 LOOKAHEAD = 8  # draft forwards a plan looks ahead when deciding whether to run the next one
 GUARD_WINDOW, GUARD_MIN = 24, 8  # realized drafting steps kept / needed per batch size
 # What drafting steps realized: seconds saved per output token against plain steps, decayed
-# per drafting step (~50 steps remembered), used once SAVED_MIN tokens' worth is known, and
-# carried to the next process worth at most that much.
+# per step at that batch size (~50 steps remembered), used once SAVED_MIN tokens' worth is
+# known, and carried to the next process worth at most that much. Plain steps decay it too:
+# kept, a saving measured low in a busy moment stopped every draft prefill, so no drafting
+# step ever measured it again (a server on Zen 3, restarted, never drafted).
 SAVED_DECAY, SAVED_MIN = 0.98, 8.0
 COOLDOWN_MIN, COOLDOWN_MAX = 32, 1024  # plain steps after the guard trips (doubling)
 SAVE_EVERY = 256  # steps between writes of what was learned (a server never ends a generate)
@@ -423,6 +425,8 @@ class Policy:
             self.save()
         self.host += 0.1 * (max(seconds - forward_seconds, 0.0) - self.host)
         if not drafted or self.fixed_k is not None:
+            if batch in self.saved:  # the evidence fades: a saving measured low is tested again
+                self.saved[batch] = [SAVED_DECAY * v for v in self.saved[batch]]
             return
         saved = self.saved.setdefault(batch, [0.0, 0.0])  # a plain engine: tokens / batch steps
         saved[0] = SAVED_DECAY * saved[0] + tokens / batch * self.plain_step_time(batch) - seconds

@@ -373,3 +373,7 @@ def test_realized_savings_replace_the_cautious_model_and_outlive_the_process(tmp
     policy.save()
     again = Policy(policy.cost, AcceptanceModel())
     assert again.saving_per_token(1) == pytest.approx(plain / 3, rel=1e-6)
+    _steps(policy, 1, 1.5, 12)
+    for _ in range(100):  # a plain stretch: the measurement fades and the model prices again
+        policy.observe_step(1, False, 1, plain, plain)
+    assert policy.saving_per_token(1) == pytest.approx(modelled)
