@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -342,6 +343,25 @@ def _level_stats(rows: list[dict], wall: float) -> dict:
             "tpot_s": _percentiles([r["tpot"] for r in ok if "tpot" in r])}
 
 
+def connect(endpoint: str, api_key: str | None, model: str | None, timeout: float):
+    """(the server's base URL, an open HTTP client for it -- the caller closes it -- the model
+    id to send: ``model`` or the first it lists), or a ValueError saying why the server cannot
+    be used."""
+    import httpx
+
+    base = endpoint.rstrip("/").removesuffix("/v1")
+    client = httpx.Client(headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=timeout)
+    try:
+        listed = client.get(base + "/v1/models")
+    except httpx.TransportError as err:
+        client.close()
+        raise ValueError(f"cannot reach {base}: {err}") from err
+    if listed.status_code != 200:
+        client.close()
+        raise ValueError(f"{base}/v1/models answered HTTP {listed.status_code}: {listed.text[:200]}")
+    return base, client, model or listed.json()["data"][0]["id"]
+
+
 def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path | None = None, max_tokens: int = 128,
                        limit: int | None = None, out_json: Path | None = None, api_key: str | None = None,
                        model: str | None = None, compare: Path | None = None, quiet: bool = False,
@@ -361,20 +381,9 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
     that report as ``compare`` to the run against the speculative one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import httpx
-
-    base = endpoint.rstrip("/")
-    base = base.removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
-    with httpx.Client(headers=headers, timeout=600) as client:
-        try:
-            models = client.get(base + "/v1/models")
-        except httpx.TransportError as err:
-            raise ValueError(f"cannot reach {base}: {err}") from err
-        if models.status_code != 200:
-            raise ValueError(f"{base}/v1/models answered HTTP {models.status_code}: {models.text[:200]}")
-        model = model or models.json()["data"][0]["id"]
+    base, client, model = connect(endpoint, api_key, model, timeout=600)
+    with closing(client):  # already open: httpx refuses a second __enter__
         url = base + "/v1/chat/completions"
 
         def body(p: dict, speculative: bool = True) -> dict:

@@ -15,9 +15,10 @@ import json
 import random
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
-from speccompile.bench import _percentiles, _scrape, _stream_one
+from speccompile.bench import _percentiles, _scrape, _stream_one, connect
 
 LEVELS = (1, 2, 4, 8, 6, 3, 5, 7)  # streams per segment, cycled: every level 1..8, up and down
 LENGTHS = (16, 32, 64, 96, 128)  # max_tokens drawn per request
@@ -28,20 +29,10 @@ def run_soak(endpoint: str, prompts: list[dict], minutes: float, out_json: Path 
              api_key: str | None = None, model: str | None = None, segment: float = 60.0, seed: int = 0,
              quiet: bool = False) -> dict:
     """Drive ``endpoint`` for ``minutes`` (see module doc); returns the report."""
-    import httpx
-
     if minutes <= 0:
         raise ValueError("--soak takes a positive number of minutes")
-    base = endpoint.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(headers=headers, timeout=900) as client:
-        try:
-            listed = client.get(base + "/v1/models")
-        except httpx.TransportError as err:
-            raise ValueError(f"cannot reach {base}: {err}") from err
-        if listed.status_code != 200:
-            raise ValueError(f"{base}/v1/models answered HTTP {listed.status_code}: {listed.text[:200]}")
-        model = model or listed.json()["data"][0]["id"]
+    base, client, model = connect(endpoint, api_key, model, timeout=900)
+    with closing(client):  # already open: httpx refuses a second __enter__
         if "process_resident_memory_bytes" not in _scrape(client, base):
             raise ValueError(f"{base}/metrics exports no process_resident_memory_bytes: the soak needs the "
                              "server's resident memory (speccompile serve exports it)")
