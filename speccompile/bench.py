@@ -285,7 +285,7 @@ def write_chart(report: dict, path: Path) -> Path:
 
 
 # ------------------------------------------------------------ a running server
-def _percentiles(values: list[float]) -> dict:
+def percentiles(values: list[float]) -> dict:
     if not values:
         return {"p50": None, "p90": None, "p99": None, "mean": None}
     arr = np.asarray(values)
@@ -293,7 +293,7 @@ def _percentiles(values: list[float]) -> dict:
             "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean())}
 
 
-def _stream_one(client, url: str, body: dict) -> dict:
+def stream_one(client, url: str, body: dict) -> dict:
     """One streamed chat completion: its text, and the times of its first and every later
     content chunk."""
     t0 = time.perf_counter()
@@ -324,7 +324,7 @@ def _stream_one(client, url: str, body: dict) -> dict:
     return out
 
 
-def _scrape(client, base: str) -> dict[str, float]:
+def scrape_metrics(client, base: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     r = client.get(base + "/metrics")
@@ -338,9 +338,9 @@ def _level_stats(rows: list[dict], wall: float) -> dict:
     tokens = sum(r["tokens"] for r in ok)
     return {"requests": len(rows), "errors": len(rows) - len(ok), "seconds": wall,
             "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
-            "ttft_s": _percentiles([r["ttft"] for r in ok if r["ttft"] is not None]),
-            "itl_s": _percentiles([g for r in ok for g in r["chunk_gaps"]]),
-            "tpot_s": _percentiles([r["tpot"] for r in ok if "tpot" in r])}
+            "ttft_s": percentiles([r["ttft"] for r in ok if r["ttft"] is not None]),
+            "itl_s": percentiles([g for r in ok for g in r["chunk_gaps"]]),
+            "tpot_s": percentiles([r["tpot"] for r in ok if "tpot" in r])}
 
 
 def connect(endpoint: str, api_key: str | None, model: str | None, timeout: float):
@@ -394,15 +394,15 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
         def run_pass(batch: list[dict], c: int, speculative: bool = True) -> tuple[list[dict], float]:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(c) as pool:
-                rows = list(pool.map(lambda p: _stream_one(client, url, body(p, speculative)), batch))
+                rows = list(pool.map(lambda p: stream_one(client, url, body(p, speculative)), batch))
             for p, r in zip(batch, rows):
                 r.update(id=p["id"], category=p["category"], speculative=speculative)
             return rows, time.perf_counter() - t0
 
-        _stream_one(client, url, {**body(prompts[0]), "max_tokens": 8})  # warm up
+        stream_one(client, url, {**body(prompts[0]), "max_tokens": 8})  # warm up
         levels = []
         for c in concurrency:
-            before = _scrape(client, base)
+            before = scrape_metrics(client, base)
             if ab:  # ABBA: the halves of the set, plain/spec/spec/plain, cancel a linear drift
                 halves = (prompts[0::2], prompts[1::2])
                 runs = [(halves[0], False), (halves[0], True), (halves[1], True), (halves[1], False)]
@@ -413,7 +413,7 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
                 plain = _level_stats(plain_rows, sum(w for spec_on, _, w in done if not spec_on))
             else:
                 rows, wall = run_pass(prompts, c)
-            after = _scrape(client, base)
+            after = scrape_metrics(client, base)
             level = {"concurrency": c, **_level_stats(rows, wall),
                      "per_request": [{k: r.get(k) for k in ("id", "category", "speculative", "tokens", "seconds", "ttft",
                                                             "tpot", "error")}

@@ -18,7 +18,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from speccompile.bench import _percentiles, _scrape, _stream_one, connect
+from speccompile.bench import percentiles, scrape_metrics, stream_one, connect
 
 LEVELS = (1, 2, 4, 8, 6, 3, 5, 7)  # streams per segment, cycled: every level 1..8, up and down
 LENGTHS = (16, 32, 64, 96, 128)  # max_tokens drawn per request
@@ -33,7 +33,7 @@ def run_soak(endpoint: str, prompts: list[dict], minutes: float, out_json: Path 
         raise ValueError("--soak takes a positive number of minutes")
     base, client, model = connect(endpoint, api_key, model, timeout=900)
     with closing(client):  # already open: httpx refuses a second __enter__
-        if "process_resident_memory_bytes" not in _scrape(client, base):
+        if "process_resident_memory_bytes" not in scrape_metrics(client, base):
             raise ValueError(f"{base}/metrics exports no process_resident_memory_bytes: the soak needs the "
                              "server's resident memory (speccompile serve exports it)")
         rows, memory, lock, rng = [], [], threading.Lock(), random.Random(seed)
@@ -63,7 +63,7 @@ def run_soak(endpoint: str, prompts: list[dict], minutes: float, out_json: Path 
         last_print = 0.0
         while any(t.is_alive() for t in threads):
             now = time.perf_counter() - t0
-            rss = _scrape(client, base).get("process_resident_memory_bytes")
+            rss = scrape_metrics(client, base).get("process_resident_memory_bytes")
             memory.append((now, rss))
             if not quiet and now - last_print >= 30:
                 last_print = now
@@ -73,7 +73,7 @@ def run_soak(endpoint: str, prompts: list[dict], minutes: float, out_json: Path 
                 print(f"soak {now / 60:5.1f}/{minutes:g} min (ETA {left / 60:.1f} min): {level()} streams, "
                       f"{done} requests, {errors} errors, RSS {rss / 2**20 if rss else 0:.0f} MiB", flush=True)
             time.sleep(10)
-        memory.append((time.perf_counter() - t0, _scrape(client, base).get("process_resident_memory_bytes")))
+        memory.append((time.perf_counter() - t0, scrape_metrics(client, base).get("process_resident_memory_bytes")))
     report = soak_report(rows, memory, minutes, segment, model, base)
     if out_json:
         Path(out_json).parent.mkdir(parents=True, exist_ok=True)
@@ -93,13 +93,13 @@ def run_soak(endpoint: str, prompts: list[dict], minutes: float, out_json: Path 
 
 
 def _request(client, base: str, model: str, prompt: str, max_tokens: int, speculative: bool, stream: bool) -> dict:
-    """One chat completion, greedy; streamed ones are timed per chunk (bench._stream_one)."""
+    """One chat completion, greedy; streamed ones are timed per chunk (bench.stream_one)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, **({} if speculative else {"speculative": False})}
     url = base + "/v1/chat/completions"
     try:
         if stream:
-            return _stream_one(client, url, {**body, "stream": True, "stream_options": {"include_usage": True}})
+            return stream_one(client, url, {**body, "stream": True, "stream_options": {"include_usage": True}})
         t0 = time.perf_counter()
         r = client.post(url, json=body)
         if r.status_code != 200:
@@ -120,9 +120,9 @@ def soak_report(rows: list[dict], memory: list[tuple[float, float | None]], minu
     for name, on in (("speculative", True), ("plain", False)):
         side = [r for r in ok if r["speculative"] == on]
         sides[name] = {"requests": len(side), "output_tokens": sum(r["tokens"] for r in side),
-                       "ttft_s": _percentiles([r["ttft"] for r in side if r.get("ttft") is not None]),
-                       "itl_s": _percentiles([g for r in side for g in r["chunk_gaps"]]),
-                       "request_s": _percentiles([r["seconds"] for r in side])}
+                       "ttft_s": percentiles([r["ttft"] for r in side if r.get("ttft") is not None]),
+                       "itl_s": percentiles([g for r in side for g in r["chunk_gaps"]]),
+                       "request_s": percentiles([r["seconds"] for r in side])}
     texts: dict[tuple, dict[bool, str]] = {}
     for r in ok:  # a request cut by its length is the prefix of a longer one: compare equal lengths only
         texts.setdefault((r["prompt"], r["max_tokens"]), {})[r["speculative"]] = r["text"]
