@@ -76,6 +76,10 @@ GUARD_WINDOW, GUARD_MIN = 24, 8  # realized drafting steps kept / needed per bat
 # step ever measured it again (a server on Zen 3, restarted, never drafted).
 SAVED_DECAY, SAVED_MIN = 0.98, 8.0
 COOLDOWN_MIN, COOLDOWN_MAX = 32, 1024  # plain steps after the guard trips (doubling)
+# ... and at most this many seconds of decoding: 1,024 steps of 8 rows took 150 s on a 2-core
+# Zen 3, far too long to notice that the load which made drafting lose has gone. A retry
+# costs GUARD_MIN drafting steps, so on that host it loses at most ~1.2 s in 10 of the loss.
+COOLDOWN_SECONDS = 10.0
 SAVE_EVERY = 256  # steps between writes of what was learned (a server never ends a generate)
 
 
@@ -319,8 +323,9 @@ class Policy:
         self.cost, self.acceptance, self.fixed_k = cost, acceptance, fixed_k
         self.host = 0.0  # seconds of a step outside its forwards (sampling, bookkeeping)
         self.steps = 0
+        self.clock = 0.0  # seconds of decode steps observed: the guard's cooldowns end on it too
         self.speedups: dict[int, list[float]] = {}  # batch -> realized speedups of drafting steps
-        self.off_until: dict[int, int] = {}
+        self.off_until: dict[int, tuple[int, float]] = {}  # batch -> (step, clock) drafting resumes at
         self.cooldown: dict[int, int] = {}
         self._hopeless: dict[tuple[int, int], bool] = {}
         # batch -> [decayed seconds saved, decayed per-sequence tokens] of drafting steps
@@ -357,7 +362,8 @@ class Policy:
         return self.host + self.cost.target(batch)
 
     def guard_off(self, batch: int) -> bool:
-        return self.steps < self.off_until.get(batch, 0)
+        step, clock = self.off_until.get(batch, (0, 0.0))
+        return self.steps < step and self.clock < clock
 
     def expects_drafting(self, seq_ids: list) -> bool:
         """Would a step of these sequences draft now? (A draft model prefills new prompts
@@ -421,6 +427,7 @@ class Policy:
     def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float, forward_seconds: float) -> None:
         """A whole decode step: ``forward_seconds`` of it in target and draft forwards."""
         self.steps += 1
+        self.clock += seconds
         if self.steps % SAVE_EVERY == 0:
             self.save()
         self.host += 0.1 * (max(seconds - forward_seconds, 0.0) - self.host)
@@ -441,7 +448,7 @@ class Policy:
         if mean + 2.0 * sd / math.sqrt(len(window)) < 1.0:  # measurably slower than plain
             wait = self.cooldown.get(batch, COOLDOWN_MIN // 2) * 2
             self.cooldown[batch] = min(wait, COOLDOWN_MAX)
-            self.off_until[batch] = self.steps + self.cooldown[batch]
+            self.off_until[batch] = (self.steps + self.cooldown[batch], self.clock + COOLDOWN_SECONDS)
             window.clear()
         elif len(window) >= GUARD_WINDOW and mean >= 1.0:
             self.cooldown.pop(batch, None)  # drafting pays again: a later trip starts short

@@ -5,7 +5,7 @@ Nothing here is timed: every cost is given, every acceptance drawn from a seeded
 import numpy as np
 import pytest
 
-from speccompile.runtime.adaptive import MAX_BACKOFF, AcceptanceModel, Policy, node_probs
+from speccompile.runtime.adaptive import COOLDOWN_MAX, MAX_BACKOFF, AcceptanceModel, Policy, node_probs
 from speccompile.runtime.costs import CostModel, CostTable, profile_path
 from speccompile.runtime.acceptance import Draft
 
@@ -340,6 +340,27 @@ def test_guard_off_is_per_batch_size():
     _steps(policy, 4, 0.7, 20)
     assert policy.guard_off(4) and not policy.guard_off(1)
     assert policy.plan(4).select([Draft([1], conf=[0.99])] * 4) == [Draft()] * 4
+
+
+def test_guard_reacts_within_seconds_and_recovers_when_the_load_falls():
+    """A server where drafting paid at 4 streams until another process took a core: the guard
+    switches drafting off within a second or two of decoding, keeps it off (retries cost little)
+    while the loss lasts, drafts at once at a batch size where it still pays, and drafts
+    again at 4 streams within seconds once the other process is gone -- also after the loss
+    lasted long enough for the step cooldown to reach its ceiling."""
+    policy = Policy(_model(QWEN), AcceptanceModel())
+    assert all(_steps(policy, 4, 1.2, 100))
+    lossy = _steps(policy, 4, 0.7, 1500)  # 0.7x for 1,500 steps: another process took a core
+    first_off = lossy.index(False)  # the drafting steps it took to see the loss: 2 plain steps each
+    assert first_off * 2 * policy.plain_step_time(4) / 0.7 < 2.0
+    assert sum(lossy) / len(lossy) < 0.1  # mostly plain: retries cost little
+    while policy.cooldown[4] < COOLDOWN_MAX or not policy.guard_off(4):  # the loss lasts until a
+        lossy += _steps(policy, 4, 0.7, 1)  # trip at the longest cooldown, then it ends
+    assert all(_steps(policy, 1, 1.3, 20))  # one stream left: drafts at once
+    recovered = _steps(policy, 4, 1.2, 2000)
+    resumed = recovered.index(True)
+    assert resumed * policy.plain_step_time(4) <= 10.5  # within seconds, not 1,024 steps (47 s here)
+    assert all(recovered[resumed:])  # and stays on: drafting pays again
 
 
 def test_a_draft_model_prefills_a_prompt_only_when_drafting_can_win_its_cost_back():

@@ -234,7 +234,7 @@ def test_a_draft_model_catch_up_is_priced(target, reference):
     prompts, expected = reference
     for catch_up_ms, drafts_after in ((50.0, False), (0.01, True)):
         eng = _adaptive(_engine(target, "self"), _costs(CHEAP, 0.5, catch_up_ms))
-        eng.policy.off_until[1] = 8  # as if the guard had switched drafting off for 8 steps ...
+        eng.policy.off_until[1] = (8, 1e9)  # as if the guard had switched drafting off for 8 steps ...
         seq = _prefilled(eng, prompts[4], 7)  # ... so the draft model skips the prompt
         proposer = eng.proposer
         assert proposer.cached[seq.seq_id] == []
