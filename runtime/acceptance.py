@@ -50,6 +50,18 @@ class Draft:
             depth.append(1 if p < 0 else depth[p] + 1)
         return depth
 
+    def subset(self, nodes: list[int]) -> "Draft":
+        """The draft restricted to ``nodes`` (a parent-closed set, ascending), renumbered in
+        order (of a chain, a prefix: it stays a chain)."""
+        if len(nodes) == len(self):
+            return self
+        local = {n: i for i, n in enumerate(nodes)}
+        parents = self.parent_list()
+        return Draft([self.tokens[n] for n in nodes],
+                     None if self.parents is None else [local[parents[n]] if parents[n] >= 0 else -1 for n in nodes],
+                     None if self.probs is None else self.probs[nodes],
+                     None if self.conf is None else [self.conf[n] for n in nodes])
+
     def verify_parents(self) -> list[int]:
         """Parents for the verify forward of [last] + nodes (node j -> row j + 1)."""
         return [-1] + [p + 1 for p in self.parent_list()]

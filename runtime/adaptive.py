@@ -312,7 +312,7 @@ class StepPlan:
             if len(d) and not keep[i]:  # drafted, none worth a row: evidence for the first-token estimate
                 self.policy.acceptance.observe_unverified(max(p for p, depth, s, _ in nodes if s == i and depth == 1),
                                                           self.seq_ids[i])
-        return [_subset(d, sorted(k)) for d, k in zip(drafts, keep)]
+        return [d.subset(sorted(k)) for d, k in zip(drafts, keep)]
 
 
 class Policy:
@@ -464,15 +464,3 @@ def node_probs(draft: Draft, predict: Callable[[float], float]) -> tuple[list[fl
         probs.append(a if p < 0 else probs[p] * a)
         depths.append(1 if p < 0 else depths[p] + 1)
     return probs, depths
-
-
-def _subset(d: Draft, nodes: list[int]) -> Draft:
-    """The draft restricted to ``nodes`` (a parent-closed set), renumbered in order."""
-    if len(nodes) == len(d):
-        return d
-    local = {n: i for i, n in enumerate(nodes)}
-    parents = d.parent_list()
-    return Draft([d.tokens[n] for n in nodes],
-                 None if d.parents is None else [local[parents[n]] if parents[n] >= 0 else -1 for n in nodes],
-                 None if d.probs is None else d.probs[nodes],
-                 None if d.conf is None else [d.conf[n] for n in nodes])

@@ -33,6 +33,7 @@ from .adaptive import MAX_DEPTH, AcceptanceModel, Policy, StepPlan
 from .contract import read_model_config
 from .costs import load_or_measure, weights_key
 from .device import DeviceError, parse_device
+from .grammar import Grammars, apply_masks
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics, StepRecord, record_step
 from .model import Model
@@ -102,6 +103,7 @@ class Engine:
         total = max_total_seq_len or min(self.context_window * max_num_sequence, 32768)  # shared by all sequences
         self.kv = self.model.create_kv_cache(total)
         self.stop_token_ids = set(self.config.get("stop_token_ids", []))
+        self.grammars = Grammars(self.model_dir / "tokenizer.json", self.model.vocab_size, list(self.stop_token_ids))
         self.proposer = spec.build(self.model, total, max_num_sequence, device)
         self.cost = None
         if self.proposer is not None:
@@ -192,31 +194,37 @@ class Engine:
 
     # --------------------------------------------------------------- generate
     def generate(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop: list[str] | None = None, ignore_eos: bool = False) -> GenerationResult:
-        return self.generate_batch([prompt_ids], max_tokens, sampling, stop, ignore_eos)[0]
+                 stop: list[str] | None = None, ignore_eos: bool = False,
+                 response_format: dict | None = None) -> GenerationResult:
+        return self.generate_batch([prompt_ids], max_tokens, sampling, stop, ignore_eos, response_format)[0]
 
     def generate_stream(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                        stop: list[str] | None = None, ignore_eos: bool = False) -> Iterator[tuple[str, GenerationResult]]:
+                        stop: list[str] | None = None, ignore_eos: bool = False,
+                        response_format: dict | None = None) -> Iterator[tuple[str, GenerationResult]]:
         """Yields (text delta, result so far); the last result is final."""
-        for deltas, results in self._run([prompt_ids], max_tokens, [sampling or SamplingParams()], stop, ignore_eos):
+        for deltas, results in self._run([prompt_ids], max_tokens, [sampling or SamplingParams()], stop, ignore_eos,
+                                         response_format):
             yield deltas[0], results[0]
 
     def generate_batch(self, prompts: list[list[int]], max_tokens: int = 128,
                        sampling: list[SamplingParams] | SamplingParams | None = None,
-                       stop: list[str] | None = None, ignore_eos: bool = False) -> list[GenerationResult]:
-        """Decode several sequences together (one target forward per step for all)."""
+                       stop: list[str] | None = None, ignore_eos: bool = False,
+                       response_format: dict | None = None) -> list[GenerationResult]:
+        """Decode several sequences together (one target forward per step for all).
+        ``response_format``: OpenAI's (``json_object``, ``json_schema``), for every sequence."""
         if len(prompts) > self.max_num_sequence:
             raise GenerationError(f"{len(prompts)} sequences exceed max_num_sequence={self.max_num_sequence}")
         if not isinstance(sampling, list):
             sampling = [sampling or SamplingParams()] * len(prompts)
         results = None
-        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos):
+        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos, response_format):
             pass
         return results
 
-    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos):
+    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos, response_format=None):
         """Prefill every prompt, then step until all are done, yielding (deltas, results)."""
-        seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos) for ids, sp in zip(prompts, samplings)]
+        seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos,
+                                  grammar=self.grammars.constraint(response_format)) for ids, sp in zip(prompts, samplings)]
         try:
             for seq in seqs:
                 self.attach(seq)
@@ -243,9 +251,10 @@ class Engine:
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None,
-                     speculative: bool = True) -> Sequence:
+                     speculative: bool = True, grammar=None) -> Sequence:
         """A validated sequence, not yet holding KV pages. ``max_len`` caps prompt + output
-        (a server passes its KV capacity so that one sequence alone always fits)."""
+        (a server passes its KV capacity so that one sequence alone always fits); ``grammar``:
+        its own ``self.grammars.constraint(response_format)``, which every token obeys."""
         if max_tokens <= 0:
             raise GenerationError("max_tokens must be positive")
         self.check_prompt(prompt_ids)
@@ -256,7 +265,8 @@ class Engine:
         sp = sampling or SamplingParams()
         seq = Sequence(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
                        np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
-                       GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer), speculative=speculative)
+                       GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer), speculative=speculative,
+                       grammar=grammar)
         seq.result.stats.spec = SpecMetrics() if self.proposer and speculative else None
         self._next_seq += 1
         return seq
@@ -325,7 +335,9 @@ class Engine:
             if not s.to_prefill:
                 done.append(s)
                 if not s.result.token_ids:
-                    s.emit([sample(logits[row], s.sampling, s.rng)], self.stop_token_ids)
+                    row_logits = logits[row] if s.grammar is None else apply_masks(
+                        logits[row: row + 1].copy(), s.grammar.root_mask()[None])[0]
+                    self._emit(s, [sample(row_logits, s.sampling, s.rng)])
         self.totals.prefill_tokens += total
         self.totals.prefill_seconds += dt
         return done
@@ -337,12 +349,16 @@ class Engine:
             self.pool.begin()
         t0 = time.perf_counter()
         drafts, draft_forwards, plan = self._propose(active)
+        masks = None
+        if any(s.grammar is not None for s in active):  # drafts the grammar forbids go; rows get masks
+            drafts, masks = zip(*[s.grammar.plan(d) if s.grammar is not None else (d, None)
+                                  for s, d in zip(active, drafts)])
         t1 = time.perf_counter()
-        drafts, logits, hidden = self._forward(active, drafts)
-        verdicts = self._accept(active, drafts, logits)
+        drafts, logits, hidden = self._forward(active, list(drafts))
+        verdicts = self._accept(active, drafts, logits, masks)
         t2 = time.perf_counter()
         self._commit(active, drafts, verdicts, hidden)
-        emitted = [s.emit(v.tokens, self.stop_token_ids) for s, v in zip(active, verdicts)]
+        emitted = [self._emit(s, v.tokens) for s, v in zip(active, verdicts)]
         if self.proposer is not None:
             for s in active:
                 if not s.done:
@@ -428,11 +444,16 @@ class Engine:
         hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
         return hidden, (hidden.numpy(),)
 
-    def _accept(self, active: list[Sequence], drafts: list[Draft], logits) -> list[Verdict]:
+    def _accept(self, active: list[Sequence], drafts: list[Draft], logits, masks=None) -> list[Verdict]:
         """The one verification routine, on the device logits: greedy (argmax and tree walk)
         when every sequence is greedy, else temperature/top-k/top-p probabilities and
         recursive rejection sampling for the whole batch (a greedy row's probabilities are
-        one-hot at its argmax, so it follows the greedy rule there too)."""
+        one-hot at its argmax, so it follows the greedy rule there too). ``masks``: per
+        sequence, its grammar's token masks of its rows (None: free text), applied first."""
+        if masks is not None:
+            rows = [m[: len(d) + 1] if m is not None else np.full((len(d) + 1, self.grammars.words), -1, np.int32)
+                    for m, d in zip(masks, drafts)]  # a draft dropped for want of KV keeps row 0's mask
+            logits = self.model.uploads.put("grammar.logits", apply_masks(logits.numpy(), np.concatenate(rows)))
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
         parents = [d.verify_parents() for d in drafts]
         if all(s.sampling.greedy for s in active):
@@ -451,6 +472,13 @@ class Engine:
             uniforms = [s.rng.random(len(d) + 1) for s, d in zip(active, drafts)]  # each node's test, then the bonus
             res = self.model.accept_sampled(p, q, [d.probs is None for d in drafts], tokens, parents, uniforms)
         return [Verdict(path, [d.tokens[j] for j in path] + [last]) for (path, last), d in zip(res, drafts)]
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> int:
+        """Emit a step's tokens; the sequence's grammar takes what was emitted."""
+        n = seq.emit(tokens, self.stop_token_ids)
+        if seq.grammar is not None and not seq.done:
+            seq.grammar.commit(tokens[:n])
+        return n
 
     def _commit(self, active: list[Sequence], drafts: list[Draft], verdicts: list[Verdict], hidden) -> None:
         """Keep the accepted tokens' KV entries: a chain rolls back what was rejected, a tree

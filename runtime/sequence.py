@@ -8,6 +8,7 @@ engine's steps read and extend it; the scheduler only decides which sequences ta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -73,6 +74,7 @@ class Sequence:
     pending_text: str = ""  # text emitted since the caller last took it
     to_prefill: list[int] = field(default_factory=list)  # history not yet in the target's KV (besides history[-1])
     speculative: bool = True  # False: never drafted for (a server's per-request A/B)
+    grammar: Any = None  # runtime/grammar.py Constraint: the structure every token obeys, or None
 
     @property
     def done(self) -> bool:
