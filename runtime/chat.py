@@ -8,8 +8,11 @@ from .sampling import SamplingParams
 
 
 class ChatSession:
-    def __init__(self, engine: Engine, sampling: SamplingParams, max_tokens: int = 512):
+    def __init__(self, engine: Engine, sampling: SamplingParams, max_tokens: int = 512,
+                 response_format: dict | None = None):
+        """``response_format``: every answer obeys it (OpenAI's json_object / json_schema)."""
         self.engine, self.sampling, self.max_tokens = engine, sampling, max_tokens
+        self.response_format = response_format
         self.messages: list[dict[str, str]] = []
         self.last_stats: dict = {}
 
@@ -22,7 +25,8 @@ class ChatSession:
         ids = self.engine.tokenizer.encode(self.engine.render(self.messages), add_special_tokens=False).ids
         result = None
         try:
-            for delta, result in self.engine.generate_stream(ids, self.max_tokens, self.sampling):
+            for delta, result in self.engine.generate_stream(ids, self.max_tokens, self.sampling,
+                                                             response_format=self.response_format):
                 yield delta
         except Exception:
             self.messages.pop()

@@ -103,22 +103,32 @@ class Grammars:
     def constraint(self, response_format: dict | None) -> "Constraint | None":
         """A fresh matcher for one sequence, or None for free text. Raises GrammarError
         naming what is wrong before any forward runs."""
-        schema = schema_of(response_format)
-        if schema is None:
+        grammar = compile_format(response_format, self.tokenizer)
+        if grammar is None:
             return None
         from llguidance import LLMatcher
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        except (ValueError, TypeError) as err:
-            raise GrammarError(f"the JSON schema is not valid: {err}", "response_format.json_schema.schema") from err
-        problem = LLMatcher.validate_grammar(grammar, self.tokenizer())
-        if problem:
-            raise GrammarError(f"the JSON schema cannot be compiled: {problem}", "response_format.json_schema.schema")
         matcher = LLMatcher(self.tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}",
                                "response_format.json_schema.schema")
         return Constraint(matcher, self.words)
+
+
+def compile_format(response_format: dict | None, tokenizer=None) -> str | None:
+    """The llguidance grammar of a response format (None for free text), checked -- against
+    ``tokenizer()`` when given, else on its own (what a CLI can do before a model loads)."""
+    schema = schema_of(response_format)
+    if schema is None:
+        return None
+    from llguidance import LLMatcher
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except (ValueError, TypeError) as err:
+        raise GrammarError(f"the JSON schema is not valid: {err}", "response_format.json_schema.schema") from err
+    problem = LLMatcher.validate_grammar(grammar, tokenizer() if tokenizer else None)
+    if problem:
+        raise GrammarError(f"the JSON schema cannot be compiled: {problem}", "response_format.json_schema.schema")
+    return grammar
 
 
 class Constraint:

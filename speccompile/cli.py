@@ -191,6 +191,17 @@ def with_sampling(f):
     return f
 
 
+def _response_format(value: str | None) -> dict | None:
+    """--response-format, read and its schema checked before any model loads."""
+    if value is None:
+        return None
+    from speccompile.runtime.grammar import compile_format, load_response_format
+
+    fmt = load_response_format(value)
+    compile_format(fmt)
+    return fmt
+
+
 @main.command("generate")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--model-lib", required=True, type=click.Path(path_type=Path))
@@ -201,26 +212,30 @@ def with_sampling(f):
 @click.option("--raw", is_flag=True, help="skip the chat template")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
+@click.option("--response-format", "response_format", default=None,
+              help="structured output: 'json' (any JSON object) or a JSON schema file (or an OpenAI "
+                   "response_format object in a file); every token obeys it, speculation included")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP)
 @click.option("--device", default="auto", show_default=True,
               help="where to run: auto (the library's device), cpu, cuda, cuda:1, opencl, metal, vulkan, ...")
 def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, top_k, seed, spec, raw, as_json, stop,
-                 overrides, device):
+                 response_format, overrides, device):
     """Generate a completion for one prompt (optionally with speculative decoding)."""
     import_runtime_only()  # a one-off process: TVM without its compiler (runtime/tvm_import.py)
     try:
         sampling = _sampling(temperature, top_p, top_k, seed)
+        fmt = _response_format(response_format)
         kwargs, _, _ = _runtime_settings("generate", overrides, None, model_dir, model_lib, spec)
         from speccompile.runtime.engine import Engine
 
         engine = Engine(model_dir, model_lib, device=device, **kwargs)
         ids = engine.encode_prompt(prompt, raw=raw)
         if as_json:
-            res = engine.generate(ids, max_tokens, sampling, list(stop))
+            res = engine.generate(ids, max_tokens, sampling, list(stop), response_format=fmt)
             click.echo(json.dumps(res.to_dict()))
             return
         res = None
-        for delta, res in engine.generate_stream(ids, max_tokens, sampling, list(stop)):
+        for delta, res in engine.generate_stream(ids, max_tokens, sampling, list(stop), response_format=fmt):
             click.echo(delta, nl=False)
         click.echo()
     except USER_ERRORS as err:
@@ -236,20 +251,25 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, temperature, top_p, t
 @click.option("--mode", type=click.Choice(["interactive"]), default="interactive", show_default=True,
               help="chat holds one conversation: MLC-LLM's interactive preset (one sequence, KV for one "
                    "context window); local and server are serve's")
+@click.option("--response-format", "response_format", default=None,
+              help="structured output: 'json' (any JSON object) or a JSON schema file (or an OpenAI "
+                   "response_format object in a file); every token obeys it, speculation included")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP)
 @click.option("--device", default="auto", show_default=True,
               help="where to run: auto (the library's device), cpu, cuda, cuda:1, opencl, metal, vulkan, ...")
-def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec, mode, overrides, device):
+def chat_cmd(model_dir, model_lib, max_tokens, temperature, top_p, top_k, seed, spec, mode, response_format,
+             overrides, device):
     """Interactive chat. Commands: /stats, /reset, /exit."""
     import_runtime_only()
     from speccompile.runtime.chat import ChatSession
 
     try:
+        fmt = _response_format(response_format)
         kwargs, _, _ = _runtime_settings("chat", overrides, mode, model_dir, model_lib, spec)
         from speccompile.runtime.engine import Engine
 
         engine = Engine(model_dir, model_lib, device=device, **kwargs)
-        session = ChatSession(engine, _sampling(temperature, top_p, top_k, seed), max_tokens)
+        session = ChatSession(engine, _sampling(temperature, top_p, top_k, seed), max_tokens, fmt)
     except USER_ERRORS as err:
         fail(err)
     click.echo("speccompile chat: /stats, /reset, /exit")

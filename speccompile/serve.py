@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from speccompile import __version__
 from speccompile.runtime.engine import Engine
+from speccompile.runtime.grammar import GrammarError
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.scheduler import Event, QueueFull, Scheduler
 from speccompile.server_api import (APIError, ChatCompletionRequest, CompletionRequest, error_response,
@@ -170,6 +171,10 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
             except ValueError as err:
                 raise APIError(400, str(err), code="invalid_value") from err
             ids = prompt_ids(req, chat)
+            try:  # compiled here, off the event loop: a bad schema is the client's 400, before any queueing
+                grammar = await asyncio.to_thread(engine.grammars.constraint, req.response_format)
+            except GrammarError as err:
+                raise APIError(400, str(err), param=err.param, code="invalid_value") from err
             if not scheduler.alive:
                 raise APIError(503, "the engine thread is not running", "server_error", code="engine_unavailable")
             loop = asyncio.get_running_loop()
@@ -181,7 +186,7 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
 
             try:
                 handle = scheduler.submit(ids, req.token_limit(), sampling, stop, deliver, ignore_eos=req.ignore_eos,
-                                          speculative=req.speculative)
+                                          speculative=req.speculative, grammar=grammar)
             except QueueFull as err:
                 raise APIError(429, f"the server is busy: {err}; retry later", "rate_limit_error",
                                code="queue_full") from err

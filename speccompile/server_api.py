@@ -2,10 +2,12 @@
 
 Bodies are validated in pydantic *strict* JSON mode: ``"max_tokens": "5"`` or
 ``"stream": 1`` is a 400, not a silent coercion, because a client that sends the wrong
-type has a bug it should hear about. Unknown fields are ignored (clients and UIs send
-many optional OpenAI fields); known fields the engine cannot honour with their
-non-default value (``n > 1``, penalties, logprobs, echo, ...) are refused with a 400
-naming the field rather than quietly ignored.
+type has a bug it should hear about. Fields that change nothing in the answer (``user``,
+``store``, ``metadata``, ``service_tier``, ...) are ignored; every OpenAI field that would
+change it and that the engine cannot honour with its non-default value (``n > 1``,
+penalties, ``logit_bias``, ``tools``, ``audio``, ``echo``, ...) is refused with a 400
+naming the field -- an application that asked for a tool call or a bias and got plain
+text would never know.
 """
 from __future__ import annotations
 
@@ -53,6 +55,13 @@ def validation_error(err: ValidationError) -> APIError:
     return APIError(400, f"{where}{first.get('msg')}", param=loc or None, code="invalid_value")
 
 
+# field -> the values of it that ask for nothing (an empty bias, no tools, text only)
+UNHONOURED: dict[str, list] = {"logit_bias": [{}], "tools": [[]], "tool_choice": ["none"], "functions": [[]],
+                               "function_call": ["none"], "parallel_tool_calls": [True, False],
+                               "prediction": [], "audio": [], "modalities": [["text"]], "web_search_options": [],
+                               "reasoning_effort": []}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -94,6 +103,20 @@ class _Common(_Strict):
     ignore_eos: bool = False
     speculative: bool = Field(True, description="extension: false decodes this request without "
                               "speculation (A/B against speculation in one server, as bench --endpoint --ab does)")
+    response_format: dict | None = Field(None, description="{'type': 'text' | 'json_object' | 'json_schema', "
+                                         "'json_schema': {'name', 'schema', 'strict'}}: every token obeys it")
+    # OpenAI fields that change the answer and are not honoured: refused when set (UNHONOURED)
+    logit_bias: dict | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    prediction: dict | None = None
+    audio: dict | None = None
+    modalities: list | None = None
+    web_search_options: dict | None = None
+    reasoning_effort: str | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -104,6 +127,11 @@ class _Common(_Strict):
         return [s for s in stops if s]
 
     def check_supported(self) -> None:
+        for name, harmless in UNHONOURED.items():
+            value = getattr(self, name)
+            if value is not None and value not in harmless:
+                raise APIError(400, f"'{name}' is not supported by this server", param=name,
+                               code="unsupported_value")
         if self.n not in (None, 1):
             raise APIError(400, "only n = 1 is supported", param="n", code="unsupported_value")
         for name in ("presence_penalty", "frequency_penalty"):

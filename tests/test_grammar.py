@@ -196,3 +196,27 @@ def test_sampling_under_a_schema_keeps_the_target_distribution(target):
     chi2 = (((a - expected) ** 2 + (b - expected) ** 2)[keep] / expected[keep]).sum()
     print("color counts plain", a, "spec", b, "chi2", chi2)
     assert chi2 < 16.3, (a, b)  # p = 0.001 with 3 degrees of freedom
+
+
+def test_generate_and_chat_take_a_response_format(target, tmp_path):
+    from click.testing import CliRunner
+
+    from speccompile.cli import main
+
+    model_dir, lib = target
+    schema = tmp_path / "answer.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0,
+                                  "maximum": 1000}}, "required": ["answer"], "additionalProperties": False}))
+    args = ["generate", str(model_dir), "--model-lib", str(lib), "--prompt", "What is 12 + 30? Answer as JSON.",
+            "--max-tokens", "24", "--speculative-mode", "ngram", "--json"]
+    out = CliRunner().invoke(main, args + ["--response-format", str(schema)])
+    assert out.exit_code == 0, out.output
+    assert set(json.loads(json.loads(out.output)["text"])) == {"answer"}
+    (tmp_path / "bad.json").write_text(json.dumps({"type": "strnig"}))
+    out = CliRunner().invoke(main, args + ["--response-format", str(tmp_path / "bad.json")])
+    assert out.exit_code != 0 and "Invalid type: strnig" in out.output
+    out = CliRunner().invoke(main, ["chat", str(model_dir), "--model-lib", str(lib), "--response-format", "json",
+                                    "--max-tokens", "24"], input="Describe a cat.\n/exit\n")
+    assert out.exit_code == 0, out.output
+    answer = out.output.split(">>> ")[1].strip()
+    assert answer.startswith("{")

@@ -108,7 +108,7 @@ def model(smollm2_q4):
     return smollm2_q4
 
 
-def _in_process(model, mode: str, max_num_sequence: int, prefill_tokens_per_step: int,
+def serve_in_process(model, mode: str, max_num_sequence: int, prefill_tokens_per_step: int,
                 max_total_tokens: int | None = None, api_key: str | None = None):
     """The app ``speccompile serve`` would run with these options (warm-up aside, which only
     saves the first request's latency), driven in process; its lifespan runs the engine thread."""
@@ -129,17 +129,17 @@ def _in_process(model, mode: str, max_num_sequence: int, prefill_tokens_per_step
 
 @pytest.fixture(scope="module")
 def ngram_app(model):
-    yield from _in_process(model, "ngram", 8, 64, api_key=API_KEY)
+    yield from serve_in_process(model, "ngram", 8, 64, api_key=API_KEY)
 
 
 @pytest.fixture(scope="module")
 def plain_app(model):
-    yield from _in_process(model, "disable", 4, 256)
+    yield from serve_in_process(model, "disable", 4, 256)
 
 
 @pytest.fixture(scope="module")
 def tiny_app(model):
-    yield from _in_process(model, "ngram", 4, 32, max_total_tokens=256)
+    yield from serve_in_process(model, "ngram", 4, 32, max_total_tokens=256)
 
 
 def _free_port() -> int:
