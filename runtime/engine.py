@@ -37,7 +37,7 @@ from .grammar import Grammars, apply_masks
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics, StepRecord, record_step
 from .model import Model
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample, token_logprobs
 from .sequence import GenerationError, GenerationResult, Sequence, Stats
 from .speculative import SpeculativeConfig
 from .threads import PoolTuner, thread_count
@@ -194,37 +194,39 @@ class Engine:
 
     # --------------------------------------------------------------- generate
     def generate(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop: list[str] | None = None, ignore_eos: bool = False,
-                 response_format: dict | None = None) -> GenerationResult:
-        return self.generate_batch([prompt_ids], max_tokens, sampling, stop, ignore_eos, response_format)[0]
+                 stop: list[str] | None = None, ignore_eos: bool = False, response_format: dict | None = None,
+                 top_logprobs: int | None = None) -> GenerationResult:
+        return self.generate_batch([prompt_ids], max_tokens, sampling, stop, ignore_eos, response_format,
+                                   top_logprobs)[0]
 
     def generate_stream(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                        stop: list[str] | None = None, ignore_eos: bool = False,
-                        response_format: dict | None = None) -> Iterator[tuple[str, GenerationResult]]:
+                        stop: list[str] | None = None, ignore_eos: bool = False, response_format: dict | None = None,
+                        top_logprobs: int | None = None) -> Iterator[tuple[str, GenerationResult]]:
         """Yields (text delta, result so far); the last result is final."""
         for deltas, results in self._run([prompt_ids], max_tokens, [sampling or SamplingParams()], stop, ignore_eos,
-                                         response_format):
+                                         response_format, top_logprobs):
             yield deltas[0], results[0]
 
     def generate_batch(self, prompts: list[list[int]], max_tokens: int = 128,
                        sampling: list[SamplingParams] | SamplingParams | None = None,
                        stop: list[str] | None = None, ignore_eos: bool = False,
-                       response_format: dict | None = None) -> list[GenerationResult]:
+                       response_format: dict | None = None, top_logprobs: int | None = None) -> list[GenerationResult]:
         """Decode several sequences together (one target forward per step for all).
-        ``response_format``: OpenAI's (``json_object``, ``json_schema``), for every sequence."""
+        ``response_format``: OpenAI's (``json_object``, ``json_schema``), for every sequence;
+        ``top_logprobs``: report each token's log-probability and this many alternatives."""
         if len(prompts) > self.max_num_sequence:
             raise GenerationError(f"{len(prompts)} sequences exceed max_num_sequence={self.max_num_sequence}")
         if not isinstance(sampling, list):
             sampling = [sampling or SamplingParams()] * len(prompts)
         results = None
-        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos, response_format):
+        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos, response_format, top_logprobs):
             pass
         return results
 
-    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos, response_format=None):
+    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos, response_format=None, top_logprobs=None):
         """Prefill every prompt, then step until all are done, yielding (deltas, results)."""
-        seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos,
-                                  grammar=self.grammars.constraint(response_format)) for ids, sp in zip(prompts, samplings)]
+        seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos, grammar=self.grammars.constraint(response_format),
+                                  top_logprobs=top_logprobs) for ids, sp in zip(prompts, samplings)]
         try:
             for seq in seqs:
                 self.attach(seq)
@@ -251,12 +253,15 @@ class Engine:
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None,
-                     speculative: bool = True, grammar=None) -> Sequence:
+                     speculative: bool = True, grammar=None, top_logprobs: int | None = None) -> Sequence:
         """A validated sequence, not yet holding KV pages. ``max_len`` caps prompt + output
         (a server passes its KV capacity so that one sequence alone always fits); ``grammar``:
-        its own ``self.grammars.constraint(response_format)``, which every token obeys."""
+        its own ``self.grammars.constraint(response_format)``, which every token obeys;
+        ``top_logprobs``: 0..20 alternatives reported with each token's log-probability."""
         if max_tokens <= 0:
             raise GenerationError("max_tokens must be positive")
+        if top_logprobs is not None and not 0 <= top_logprobs <= 20:
+            raise GenerationError(f"top_logprobs={top_logprobs}: give 0..20")
         self.check_prompt(prompt_ids)
         limit = min(self.context_window, max_len or self.context_window)
         if len(prompt_ids) >= limit:
@@ -266,7 +271,9 @@ class Engine:
         seq = Sequence(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
                        np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
                        GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer), speculative=speculative,
-                       grammar=grammar)
+                       grammar=grammar, top_logprobs=top_logprobs)
+        if top_logprobs is not None:
+            seq.result.logprobs = []
         seq.result.stats.spec = SpecMetrics() if self.proposer and speculative else None
         self._next_seq += 1
         return seq
@@ -337,7 +344,8 @@ class Engine:
                 if not s.result.token_ids:
                     row_logits = logits[row] if s.grammar is None else apply_masks(
                         logits[row: row + 1].copy(), s.grammar.root_mask()[None])[0]
-                    self._emit(s, [sample(row_logits, s.sampling, s.rng)])
+                    tok = sample(row_logits, s.sampling, s.rng)
+                    self._emit(s, [tok], self._logprobs(s, row_logits[None], [tok]))
         self.totals.prefill_tokens += total
         self.totals.prefill_seconds += dt
         return done
@@ -355,10 +363,20 @@ class Engine:
                                   for s, d in zip(active, drafts)])
         t1 = time.perf_counter()
         drafts, logits, hidden = self._forward(active, list(drafts))
-        verdicts = self._accept(active, drafts, logits, masks)
+        host = None
+        if masks is not None or any(s.top_logprobs is not None for s in active):
+            host = logits.numpy()  # [rows, vocab]
+            if masks is not None:
+                rows = [m[: len(d) + 1] if m is not None else np.full((len(d) + 1, self.grammars.words), -1, np.int32)
+                        for m, d in zip(masks, drafts)]  # a draft dropped for want of KV keeps row 0's mask
+                logits = self.model.uploads.put("grammar.logits", apply_masks(host, np.concatenate(rows)))
+        verdicts = self._accept(active, drafts, logits)
         t2 = time.perf_counter()
         self._commit(active, drafts, verdicts, hidden)
-        emitted = [self._emit(s, v.tokens) for s, v in zip(active, verdicts)]
+        starts = np.cumsum([0] + [len(d) + 1 for d in drafts])
+        emitted = [self._emit(s, v.tokens, self._logprobs(s, host[[start] + [start + 1 + j for j in v.path]], v.tokens)
+                              if s.top_logprobs is not None else None)
+                   for s, v, start in zip(active, verdicts, starts)]
         if self.proposer is not None:
             for s in active:
                 if not s.done:
@@ -444,16 +462,11 @@ class Engine:
         hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
         return hidden, (hidden.numpy(),)
 
-    def _accept(self, active: list[Sequence], drafts: list[Draft], logits, masks=None) -> list[Verdict]:
-        """The one verification routine, on the device logits: greedy (argmax and tree walk)
-        when every sequence is greedy, else temperature/top-k/top-p probabilities and
-        recursive rejection sampling for the whole batch (a greedy row's probabilities are
-        one-hot at its argmax, so it follows the greedy rule there too). ``masks``: per
-        sequence, its grammar's token masks of its rows (None: free text), applied first."""
-        if masks is not None:
-            rows = [m[: len(d) + 1] if m is not None else np.full((len(d) + 1, self.grammars.words), -1, np.int32)
-                    for m, d in zip(masks, drafts)]  # a draft dropped for want of KV keeps row 0's mask
-            logits = self.model.uploads.put("grammar.logits", apply_masks(logits.numpy(), np.concatenate(rows)))
+    def _accept(self, active: list[Sequence], drafts: list[Draft], logits) -> list[Verdict]:
+        """The one verification routine, on the device logits (grammar masks applied): greedy
+        (argmax and tree walk) when every sequence is greedy, else temperature/top-k/top-p
+        probabilities and recursive rejection sampling for the whole batch (a greedy row's
+        probabilities are one-hot at its argmax, so it follows the greedy rule there too)."""
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
         parents = [d.verify_parents() for d in drafts]
         if all(s.sampling.greedy for s in active):
@@ -473,12 +486,22 @@ class Engine:
             res = self.model.accept_sampled(p, q, [d.probs is None for d in drafts], tokens, parents, uniforms)
         return [Verdict(path, [d.tokens[j] for j in path] + [last]) for (path, last), d in zip(res, drafts)]
 
-    def _emit(self, seq: Sequence, tokens: list[int]) -> int:
-        """Emit a step's tokens; the sequence's grammar takes what was emitted."""
+    def _emit(self, seq: Sequence, tokens: list[int], logprobs: list | None = None) -> int:
+        """Emit a step's tokens; the sequence's grammar takes what was emitted, its logprobs
+        keep the entries of what was emitted."""
         n = seq.emit(tokens, self.stop_token_ids)
         if seq.grammar is not None and not seq.done:
             seq.grammar.commit(tokens[:n])
+        if logprobs is not None:
+            seq.result.logprobs.extend(logprobs[:n])
         return n
+
+    @staticmethod
+    def _logprobs(seq: Sequence, rows: np.ndarray, tokens: list[int]) -> list | None:
+        """Each token's log-probability at the row [vocab] that chose it, if the sequence asks."""
+        if seq.top_logprobs is None:
+            return None
+        return token_logprobs(rows, tokens, seq.sampling.temperature, seq.top_logprobs)
 
     def _commit(self, active: list[Sequence], drafts: list[Draft], verdicts: list[Verdict], hidden) -> None:
         """Keep the accepted tokens' KV entries: a chain rolls back what was rejected, a tree

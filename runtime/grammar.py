@@ -100,6 +100,10 @@ class Grammars:
                                     eos_token=self.eos_ids or None)
         return self._tok
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (a byte-level piece may be part of a UTF-8 character)."""
+        return self.tokenizer().decode_bytes([token])
+
     def constraint(self, response_format: dict | None) -> "Constraint | None":
         """A fresh matcher for one sequence, or None for free text. Raises GrammarError
         naming what is wrong before any forward runs."""

@@ -57,3 +57,23 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
         return int(np.argmax(logits))
     p = probs_from_logits(logits, params)
     return int(rng.choice(p.shape[-1], p=p))
+
+
+def token_logprobs(logits: np.ndarray, tokens: list[int], temperature: float, top: int) -> list[tuple]:
+    """What OpenAI's ``logprobs`` report for tokens chosen at rows of logits [n, vocab]: per
+    row (token, its log-probability, the ``top`` most likely (token, log-probability) pairs).
+    The distribution is the one the token was drawn from before top-k/top-p truncation:
+    logits / temperature (temperature 1 when decoding greedily), grammar masks included
+    (forbidden tokens are -inf and never listed)."""
+    z = logits.astype(np.float64) / (temperature if temperature > 0 else 1.0)
+    z = z - z.max(axis=-1, keepdims=True)
+    lp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    out = []
+    for row, tok in zip(lp, tokens):
+        best = []
+        if top:
+            idx = np.argpartition(-row, top - 1)[:top]
+            idx = idx[np.argsort(-row[idx], kind="stable")]
+            best = [(int(i), float(row[i])) for i in idx if np.isfinite(row[i])]
+        out.append((int(tok), float(row[tok]), best))
+    return out

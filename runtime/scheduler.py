@@ -57,6 +57,7 @@ class Event:
     text: str = ""  # the whole output text so far (stop strings already cut)
     completion_tokens: int = 0
     finish_reason: str | None = None
+    logprobs: list | None = None  # entries of the tokens new since the last event (GenerationResult.logprobs)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Request:
     cancelled: bool = False
     preemptions: int = 0
     admitted_at: int = 0  # admission order, for choosing preemption victims
+    logprobs_sent: int = 0  # logprob entries already delivered
 
     @property
     def result(self):
@@ -108,14 +110,15 @@ class Scheduler:
     # ------------------------------------------------------------- any thread
     def submit(self, prompt_ids: list[int], max_tokens: int | None, sampling: SamplingParams,
                stop: list[str] | None, callback: Callable[[Request, Event], None],
-               ignore_eos: bool = False, speculative: bool = True, grammar=None) -> Request:
+               ignore_eos: bool = False, speculative: bool = True, grammar=None,
+               top_logprobs: int | None = None) -> Request:
         """Validate and enqueue; raises GenerationError for a request that can never run
         (empty or over-long prompt, bad token ids, a prompt larger than the KV cache) and
         QueueFull when too many requests wait."""
         limit = min(self.engine.context_window, self.capacity_tokens)
         budget = max_tokens if max_tokens is not None else max(1, limit - len(prompt_ids))
         seq = self.engine.new_sequence(prompt_ids, budget, sampling, stop, ignore_eos, max_len=self.capacity_tokens,
-                                       speculative=speculative, grammar=grammar)
+                                       speculative=speculative, grammar=grammar, top_logprobs=top_logprobs)
         req = Request(next(self._ids), seq, callback)
         with self._wake:
             if len(self._inbox) + len(self.waiting) >= self.max_queue:
@@ -294,6 +297,8 @@ class Scheduler:
             return
         res = req.seq.result
         event.text, event.completion_tokens, event.finish_reason = res.text, len(res.token_ids), res.finish_reason
+        if res.logprobs is not None:
+            event.logprobs, req.logprobs_sent = res.logprobs[req.logprobs_sent:], len(res.logprobs)
         try:
             req.callback(req, event)
         except Exception:  # a broken consumer must not stop the engine

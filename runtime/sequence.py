@@ -52,10 +52,16 @@ class GenerationResult:
     text: str = ""
     finish_reason: str | None = None
     stats: Stats = field(default_factory=Stats)
+    logprobs: list | None = None  # per token: (id, logprob, [(id, logprob)] of the top ones), when asked for
 
     def to_dict(self) -> dict:
-        return {"prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids, "text": self.text,
-                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        out = {"prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids, "text": self.text,
+               "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token_id": t, "logprob": lp, "top_logprobs": [{"token_id": i, "logprob": v}
+                                                                                for i, v in top]}
+                               for t, lp, top in self.logprobs]
+        return out
 
 
 @dataclass
@@ -75,6 +81,7 @@ class Sequence:
     to_prefill: list[int] = field(default_factory=list)  # history not yet in the target's KV (besides history[-1])
     speculative: bool = True  # False: never drafted for (a server's per-request A/B)
     grammar: Any = None  # runtime/grammar.py Constraint: the structure every token obeys, or None
+    top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20); None: none
 
     @property
     def done(self) -> bool:

@@ -32,8 +32,8 @@ from speccompile.runtime.engine import Engine
 from speccompile.runtime.grammar import GrammarError
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.scheduler import Event, QueueFull, Scheduler
-from speccompile.server_api import (APIError, ChatCompletionRequest, CompletionRequest, error_response,
-                                    validation_error)
+from speccompile.server_api import (APIError, ChatCompletionRequest, CompletionRequest, chat_logprobs,
+                                    completion_logprobs, error_response, validation_error)
 from speccompile.server_metrics import ServerMetrics
 
 log = logging.getLogger("speccompile.serve")
@@ -175,6 +175,9 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                 grammar = await asyncio.to_thread(engine.grammars.constraint, req.response_format)
             except GrammarError as err:
                 raise APIError(400, str(err), param=err.param, code="invalid_value") from err
+            top = req.logprob_count()
+            if top is not None:  # token texts come from the byte-level tokenizer, built once
+                await asyncio.to_thread(engine.grammars.tokenizer)
             if not scheduler.alive:
                 raise APIError(503, "the engine thread is not running", "server_error", code="engine_unavailable")
             loop = asyncio.get_running_loop()
@@ -186,7 +189,7 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
 
             try:
                 handle = scheduler.submit(ids, req.token_limit(), sampling, stop, deliver, ignore_eos=req.ignore_eos,
-                                          speculative=req.speculative, grammar=grammar)
+                                          speculative=req.speculative, grammar=grammar, top_logprobs=top)
             except QueueFull as err:
                 raise APIError(429, f"the server is busy: {err}; retry later", "rate_limit_error",
                                code="queue_full") from err
@@ -222,6 +225,13 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
             return {"prompt_tokens": len(ids), "completion_tokens": event.completion_tokens,
                     "total_tokens": len(ids) + event.completion_tokens}
 
+        def logprobs(entries: list | None, offset: int) -> dict | None:
+            if entries is None:
+                return None
+            if chat:
+                return chat_logprobs(entries, engine.grammars.token_bytes)
+            return completion_logprobs(entries, engine.grammars.token_bytes, offset)
+
         def finish(event: Event) -> None:
             outcome = "error" if event.error else (event.finish_reason or "stop")
             metrics.requests.labels(endpoint, outcome).inc()
@@ -232,12 +242,15 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
             metrics.requests.labels(endpoint, "cancelled").inc()
 
         if not req.stream:
+            entries = [] if top is not None else None
             try:
                 while True:
                     event = await next_event()
                     if event is None:
                         cancel()
                         return Response(status_code=499)
+                    if entries is not None and event.logprobs:
+                        entries += event.logprobs
                     if event.finished:
                         break
             except asyncio.CancelledError:
@@ -250,14 +263,15 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                 return error_response(500, event.error, "server_error", code="engine_error")
             choice = ({"index": 0, "message": {"role": "assistant", "content": event.text}} if chat
                       else {"index": 0, "text": event.text})
-            choice.update({"logprobs": None, "finish_reason": event.finish_reason})
+            choice.update({"logprobs": logprobs(entries, 0), "finish_reason": event.finish_reason})
             return JSONResponse({"id": rid, "object": obj, "created": now, "model": model_name,
                                  "system_fingerprint": None, "choices": [choice], "usage": usage(event)})
 
         hold = max((len(s) for s in stop), default=1) - 1  # text that may still become a stop string
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
+        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False,
+                  lps: dict | None = None) -> dict:
             if chat:
                 delta = {} if text is None else {"content": text}
                 if role:
@@ -265,12 +279,13 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                 choice = {"index": 0, "delta": delta}
             else:
                 choice = {"index": 0, "text": text or ""}
-            choice.update({"logprobs": None, "finish_reason": finish_reason})
+            choice.update({"logprobs": lps, "finish_reason": finish_reason})
             return {"id": rid, "object": chunk_obj, "created": now, "model": model_name,
                     "system_fingerprint": None, "choices": [choice]}
 
         async def stream():
             sent, done = 0, False
+            pending: list = []  # logprob entries of tokens whose text is not sent yet
             try:
                 if chat:
                     yield _sse(chunk("", role=True))
@@ -284,10 +299,12 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                         yield _sse({"error": {"message": event.error, "type": "server_error", "param": None,
                                               "code": "engine_error"}})
                         break
+                    pending += event.logprobs or []
                     safe = len(event.text) if event.finished else max(sent, len(event.text) - hold)
                     if safe > sent:
-                        yield _sse(chunk(event.text[sent:safe]))
-                        sent = safe
+                        lps = logprobs(pending, sent) if top is not None else None
+                        yield _sse(chunk(event.text[sent:safe], lps=lps))
+                        sent, pending = safe, []
                     if event.finished:
                         done = True
                         finish(event)

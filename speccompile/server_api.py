@@ -159,12 +159,16 @@ class ChatCompletionRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs", code="invalid_value")
+
+    def logprob_count(self) -> int | None:
+        """Alternatives reported per token, or None when logprobs are not asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -174,7 +178,7 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
     echo: bool = False
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = None
 
     def check_supported(self) -> None:
@@ -183,13 +187,35 @@ class CompletionRequest(_Common):
             raise APIError(400, "'echo' is not supported", param="echo", code="unsupported_value")
         if self.suffix:
             raise APIError(400, "'suffix' is not supported", param="suffix", code="unsupported_value")
-        if self.logprobs is not None:
-            raise APIError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
         if self.best_of not in (None, 1):
             raise APIError(400, "only best_of = 1 is supported", param="best_of", code="unsupported_value")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) > 1:
             raise APIError(400, "one prompt per request is supported", param="prompt", code="unsupported_value")
 
+    def logprob_count(self) -> int | None:
+        return self.logprobs
+
     def token_limit(self) -> int | None:
         # the legacy endpoint's documented default is 16 tokens
         return self.max_tokens if self.max_tokens is not None else 16
+
+
+def chat_logprobs(entries: list, token_bytes) -> dict:
+    """Chat's ``logprobs`` object for engine entries (id, logprob, [(id, logprob)])."""
+    def one(tok: int, lp: float) -> dict:
+        b = token_bytes(tok)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+
+    return {"content": [{**one(t, lp), "top_logprobs": [one(i, v) for i, v in top]} for t, lp, top in entries],
+            "refusal": None}
+
+
+def completion_logprobs(entries: list, token_bytes, offset: int) -> dict:
+    """The legacy endpoint's ``logprobs`` object; ``offset``: characters of text before these tokens."""
+    def text(tok: int) -> str:
+        return token_bytes(tok).decode("utf-8", errors="replace")
+
+    tokens = [text(t) for t, _, _ in entries]
+    offsets = [offset + sum(len(x) for x in tokens[:i]) for i in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
+            "top_logprobs": [{text(i): v for i, v in top} for _, _, top in entries], "text_offset": offsets}

@@ -220,3 +220,21 @@ def test_generate_and_chat_take_a_response_format(target, tmp_path):
     assert out.exit_code == 0, out.output
     answer = out.output.split(">>> ")[1].strip()
     assert answer.startswith("{")
+
+
+def test_logprobs_are_the_same_with_a_draft_model_and_in_a_batch(target, plain):
+    model_dir, lib = target
+    eng, prompts, _ = plain
+    want = [eng.generate(ids, 16, top_logprobs=2, response_format=FORMAT if i % 2 else None)
+            for i, ids in enumerate(prompts)]
+    spec = Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[(str(model_dir), str(lib))],
+                  spec_draft_length=3)
+    for i, ids in enumerate(prompts):
+        got = spec.generate(ids, 16, top_logprobs=2, response_format=FORMAT if i % 2 else None)
+        assert got.token_ids == want[i].token_ids and got.logprobs == want[i].logprobs
+        assert got.stats.spec.draft_tokens > 0 and len(got.logprobs) == len(got.token_ids)
+        assert [t for t, _, _ in got.logprobs] == got.token_ids
+    batch = spec.generate_batch(prompts, 16, top_logprobs=2)
+    assert [r.logprobs for r in batch[::2]] == [w.logprobs for w in want[::2]]
+    with pytest.raises(ValueError, match="top_logprobs=21"):
+        spec.generate(prompts[0], 4, top_logprobs=21)

@@ -89,3 +89,37 @@ def test_fields_that_ask_for_nothing_are_accepted(app):
             "tool_choice": "none", "logit_bias": {}, "modalities": ["text"], "response_format": {"type": "text"},
             "user": "u1", "store": False, "metadata": {"k": "v"}}
     assert app.post("/v1/chat/completions", body).status_code == 200
+
+
+def test_logprobs_with_and_without_speculation_streamed_and_not(app):
+    def entries(r):
+        return [(c.token, c.logprob, [(t.token, t.logprob) for t in c.top_logprobs]) for c in r.choices[0].logprobs.content]
+
+    spec = _ask(app, logprobs=True, top_logprobs=3)
+    got = entries(spec)
+    assert len(got) == spec.usage.completion_tokens and all(len(top) == 3 for _, _, top in got)
+    assert all(top[0] == (tok, lp) for tok, lp, top in got)  # greedy: the chosen token is the likeliest
+    assert "".join(tok for tok, _, _ in got) == spec.choices[0].message.content
+    plain = _ask(app, logprobs=True, top_logprobs=3, extra_body={"speculative": False})
+    assert entries(plain) == got  # bit for bit: the same rows, the same kernels
+    chunks = list(_ask(app, logprobs=True, top_logprobs=3, stream=True))
+    streamed = [(c.token, c.logprob, [(t.token, t.logprob) for t in c.top_logprobs])
+                for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert streamed == got
+    schema = _ask(app, logprobs=True, top_logprobs=5, response_format=FORMAT)  # the mask shows in the alternatives
+    first = schema.choices[0].logprobs.content[0]
+    assert first.token.startswith("{") and all(t.token.lstrip().startswith("{") for t in first.top_logprobs)
+    r = app.openai().completions.create(model=app.name, prompt="The three primary colors are", max_tokens=8,
+                                        temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+
+
+@pytest.mark.parametrize("extra, param", [({"top_logprobs": 2}, "top_logprobs"),
+                                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")])
+def test_bad_logprob_requests(app, extra, param):
+    body = {"model": app.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    r = app.post("/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
