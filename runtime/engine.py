@@ -170,10 +170,17 @@ class Engine:
             self.proposer = saved
 
     # ----------------------------------------------------------------- prompts
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat template applied; ``tools``: OpenAI function definitions, for a template
+        with a tools section (runtime/tools.py ``template_messages`` covers one without)."""
         cfg = self.config
+        extra = {"tools": [{"type": "function", "function": f} for f in tools]} if tools else {}
         return render_chat(cfg["chat_template"], messages, add_generation_prompt=True,
-                           bos_token=cfg.get("bos_token") or "", eos_token=cfg.get("eos_token") or "")
+                           bos_token=cfg.get("bos_token") or "", eos_token=cfg.get("eos_token") or "", **extra)
+
+    @property
+    def template_has_tools(self) -> bool:
+        return "tools" in self.config.get("chat_template", "")
 
     def encode_prompt(self, prompt: str, raw: bool = False) -> list[int]:
         text = prompt if raw else self.render([{"role": "user", "content": prompt}])

@@ -108,14 +108,30 @@ class Grammars:
         """A fresh matcher for one sequence, or None for free text. Raises GrammarError
         naming what is wrong before any forward runs."""
         grammar = compile_format(response_format, self.tokenizer)
-        if grammar is None:
-            return None
+        return None if grammar is None else self._constraint(grammar, "response_format.json_schema.schema")
+
+    def lark_constraint(self, lark: str, param: str) -> "Constraint":
+        """A matcher of an llguidance Lark grammar (tool calls: runtime/tools.py)."""
+        from llguidance import LLMatcher
+        grammar = LLMatcher.grammar_from_lark(lark)
+        problem = LLMatcher.validate_grammar(grammar, self.tokenizer())
+        if problem:
+            raise GrammarError(f"cannot be compiled into a grammar: {problem}", param)
+        return self._constraint(grammar, param)
+
+    def _constraint(self, grammar: str, param: str) -> "Constraint":
         from llguidance import LLMatcher
         matcher = LLMatcher(self.tokenizer(), grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}",
-                               "response_format.json_schema.schema")
+            raise GrammarError(f"cannot be compiled into a grammar: {matcher.get_error()}", param)
         return Constraint(matcher, self.words)
+
+    def tag_token(self, text: str) -> int | None:
+        """The id of ``text`` when it is one special token of the tokenizer (Qwen's
+        ``<tool_call>``), else None."""
+        tok = self.tokenizer()
+        ids = tok.tokenize_str(text)
+        return ids[0] if len(ids) == 1 and tok.is_special_token(ids[0]) else None
 
 
 def compile_format(response_format: dict | None, tokenizer=None) -> str | None:

@@ -29,7 +29,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from speccompile import __version__
 from speccompile.runtime.engine import Engine
-from speccompile.runtime.grammar import GrammarError
+from speccompile.runtime.grammar import GrammarError, schema_of
+from speccompile.runtime.tools import call_grammar, check_tools, held_back, parse_calls, template_messages
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.scheduler import Event, QueueFull, Scheduler
 from speccompile.server_api import (APIError, ChatCompletionRequest, CompletionRequest, chat_logprobs,
@@ -129,13 +130,14 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
     async def completions(request: Request):
         return await _generate(request, chat=False)
 
-    def prompt_ids(req, chat: bool) -> list[int]:
+    def prompt_ids(req, chat: bool, functions: list[dict]) -> list[int]:
+        """The prompt's tokens; ``functions``: the tools offered to the model."""
         param = "messages" if chat else "prompt"
         try:
             if chat:
-                messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                            for m in req.messages]
-                ids = engine.encode_prompt(engine.render(messages), raw=True)
+                own = engine.template_has_tools
+                messages = template_messages([m.for_template() for m in req.messages], functions, own)
+                ids = engine.encode_prompt(engine.render(messages, functions if own else None), raw=True)
             elif isinstance(req.prompt, str):
                 ids = engine.encode_prompt(req.prompt, raw=True)
             elif req.prompt and isinstance(req.prompt[0], str):
@@ -152,6 +154,13 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
             raise APIError(400, f"This model's maximum context length (and KV capacity) is {limit} tokens; "
                            f"the prompt has {len(ids)}.", param=param, code="context_length_exceeded")
         return ids
+
+    def constrain(req, offered: list[dict]):
+        """The grammar of the answer: a forced tool call's, or the response format's."""
+        lark = call_grammar(offered, req.tool_choice, engine.grammars.tag_token) if offered else None
+        if lark is not None:
+            return engine.grammars.lark_constraint(lark, "tools")
+        return engine.grammars.constraint(req.response_format)
 
     async def _generate(request: Request, chat: bool):
         endpoint = "chat" if chat else "completions"
@@ -170,9 +179,15 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                 sampling = SamplingParams(**req.sampling_values(engine.config))
             except ValueError as err:
                 raise APIError(400, str(err), code="invalid_value") from err
-            ids = prompt_ids(req, chat)
-            try:  # compiled here, off the event loop: a bad schema is the client's 400, before any queueing
-                grammar = await asyncio.to_thread(engine.grammars.constraint, req.response_format)
+            try:
+                functions = check_tools(req.tools, req.tool_choice) if chat else []
+                offered = functions if chat and req.tool_choice != "none" else []
+                if offered and schema_of(req.response_format) is not None:
+                    raise GrammarError("response_format cannot apply while tools are offered (the answer may be a "
+                                       "call): send tool_choice 'none' or no tools", "response_format")
+                ids = prompt_ids(req, chat, offered)
+                # compiled off the event loop: a bad schema is the client's 400, before any queueing
+                grammar = await asyncio.to_thread(constrain, req, offered)
             except GrammarError as err:
                 raise APIError(400, str(err), param=err.param, code="invalid_value") from err
             top = req.logprob_count()
@@ -263,17 +278,28 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                 return error_response(500, event.error, "server_error", code="engine_error")
             choice = ({"index": 0, "message": {"role": "assistant", "content": event.text}} if chat
                       else {"index": 0, "text": event.text})
-            choice.update({"logprobs": logprobs(entries, 0), "finish_reason": event.finish_reason})
+            reason = event.finish_reason
+            content, calls = parse_calls(event.text, offered) if offered else (None, [])
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                reason = "tool_calls"
+            choice.update({"logprobs": logprobs(entries, 0), "finish_reason": reason})
             return JSONResponse({"id": rid, "object": obj, "created": now, "model": model_name,
                                  "system_fingerprint": None, "choices": [choice], "usage": usage(event)})
 
         hold = max((len(s) for s in stop), default=1) - 1  # text that may still become a stop string
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
+        def usage_chunk(event: Event) -> dict:
+            return {"id": rid, "object": chunk_obj, "created": now, "model": model_name,
+                    "system_fingerprint": None, "choices": [], "usage": usage(event)}
+
         def chunk(text: str | None, finish_reason: str | None = None, role: bool = False,
-                  lps: dict | None = None) -> dict:
+                  lps: dict | None = None, tool_call: dict | None = None) -> dict:
             if chat:
                 delta = {} if text is None else {"content": text}
+                if tool_call is not None:
+                    delta["tool_calls"] = [tool_call]
                 if role:
                     delta["role"] = "assistant"
                 choice = {"index": 0, "delta": delta}
@@ -301,6 +327,22 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                         break
                     pending += event.logprobs or []
                     safe = len(event.text) if event.finished else max(sent, len(event.text) - hold)
+                    if offered:  # a tool call is sent whole, once it is complete
+                        safe = min(safe, sent + held_back(event.text[sent:]))
+                        if event.finished:
+                            content, calls = parse_calls(event.text[sent:], offered)
+                            if calls:
+                                done = True
+                                finish(event)
+                                if content:
+                                    yield _sse(chunk(content))
+                                for i, call in enumerate(calls):
+                                    yield _sse(chunk(None, tool_call={"index": i, **call}))
+                                yield _sse(chunk(None, "tool_calls"))
+                                if req.include_usage:
+                                    yield _sse(usage_chunk(event))
+                                break
+                            safe = len(event.text)
                     if safe > sent:
                         lps = logprobs(pending, sent) if top is not None else None
                         yield _sse(chunk(event.text[sent:safe], lps=lps))
@@ -310,8 +352,7 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
                         finish(event)
                         yield _sse(chunk(None, event.finish_reason))
                         if req.include_usage:
-                            yield _sse({"id": rid, "object": chunk_obj, "created": now, "model": model_name,
-                                        "system_fingerprint": None, "choices": [], "usage": usage(event)})
+                            yield _sse(usage_chunk(event))
                         break
                 yield "data: [DONE]\n\n"
             finally:

@@ -56,10 +56,8 @@ def validation_error(err: ValidationError) -> APIError:
 
 
 # field -> the values of it that ask for nothing (an empty bias, no tools, text only)
-UNHONOURED: dict[str, list] = {"logit_bias": [{}], "tools": [[]], "tool_choice": ["none"], "functions": [[]],
-                               "function_call": ["none"], "parallel_tool_calls": [True, False],
-                               "prediction": [], "audio": [], "modalities": [["text"]], "web_search_options": [],
-                               "reasoning_effort": []}
+UNHONOURED: dict[str, list] = {"logit_bias": [{}], "functions": [[]], "function_call": ["none"], "prediction": [],
+                               "audio": [], "modalities": [["text"]], "web_search_options": [], "reasoning_effort": []}
 
 
 class _Strict(BaseModel):
@@ -75,15 +73,39 @@ class TextPart(_Strict):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer to one
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (developer is system)."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class _Common(_Strict):
@@ -107,11 +129,8 @@ class _Common(_Strict):
                                          "'json_schema': {'name', 'schema', 'strict'}}: every token obeys it")
     # OpenAI fields that change the answer and are not honoured: refused when set (UNHONOURED)
     logit_bias: dict | None = None
-    tools: list | None = None
-    tool_choice: str | dict | None = None
     functions: list | None = None
     function_call: str | dict | None = None
-    parallel_tool_calls: bool | None = None
     prediction: dict | None = None
     audio: dict | None = None
     modalities: list | None = None
@@ -158,6 +177,9 @@ class _Common(_Strict):
 class ChatCompletionRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list | None = None  # OpenAI function definitions (runtime/tools.py)
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None  # calls are parsed from the answer: several are always allowed
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 

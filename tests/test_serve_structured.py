@@ -70,7 +70,7 @@ def test_json_object_on_the_completions_endpoint(app):
         "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": "json"}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),  # the deprecated form
     ({"logit_bias": {"42": 5}}, "logit_bias"),
     ({"modalities": ["text", "audio"]}, "modalities"),
 ])
@@ -123,3 +123,94 @@ def test_bad_logprob_requests(app, extra, param):
     body = {"model": app.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
     r = app.post("/v1/chat/completions", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                   "properties": {"city": {"type": "string", "maxLength": 30},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+def _tool_ask(app, **kw):
+    return app.openai().chat.completions.create(
+        model=app.name, messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=64,
+        temperature=0, tools=[WEATHER, TIME], **kw)
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_a_forced_tool_call_returns_tool_calls_with_valid_arguments(app, choice):
+    r = _tool_ask(app, tool_choice=choice)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and msg.tool_calls, msg
+    call = msg.tool_calls[0]
+    assert call.id.startswith("call_") and call.type == "function"
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    else:
+        assert choice == "required" and call.function.name == "get_time" and set(args) == {"zone"}
+    plain = _tool_ask(app, tool_choice=choice, extra_body={"speculative": False}).choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in plain.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in msg.tool_calls]
+    chunks = list(_tool_ask(app, tool_choice=choice, stream=True))
+    deltas = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == \
+        [(c.function.name, c.function.arguments) for c in msg.tool_calls]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    # the conversation goes on with the tool's answer (rendered by the fallback for SmolLM2's template)
+    follow = app.openai().chat.completions.create(model=app.name, max_tokens=16, temperature=0, tools=[WEATHER, TIME],
+                                                  messages=[{"role": "user", "content": "What is the weather in Paris?"},
+                                                            msg.model_dump(exclude_none=True),
+                                                            {"role": "tool", "tool_call_id": call.id,
+                                                             "content": '{"temperature": 21}'}])
+    assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_tool_choice_none_and_auto_answer_in_text_when_the_model_does(app):
+    none = _tool_ask(app, tool_choice="none").choices[0]
+    assert none.message.tool_calls is None and none.message.content
+    auto = _tool_ask(app)  # SmolLM2 was not trained on tools: whatever it says is parsed, never lost
+    m = auto.choices[0].message
+    assert m.content or m.tool_calls
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_bad_tool_requests(app, extra, param):
+    body = {"model": app.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    r = app.post("/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_tools_render_through_a_template_with_a_tools_section():
+    from speccompile.runtime.tokenizer import render_chat
+    from speccompile.runtime.tools import parse_calls, template_messages
+
+    template = ("{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                "{% for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments | tojson }}]"
+                "{% endfor %}\n{% endfor %}")
+    fn = WEATHER["function"]
+    msgs = template_messages([{"role": "user", "content": "hi"},
+                              {"role": "assistant", "content": "", "tool_calls": [
+                                  {"id": "c1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}],
+                             [fn], template_has_tools=True)
+    text = render_chat(template, msgs, tools=[{"type": "function", "function": fn}])
+    assert text.startswith("TOOLS:get_weather;") and '[get_weather {"city": "Oslo"}]' in text
+    fallback = template_messages([{"role": "user", "content": "hi"}], [fn], template_has_tools=False)
+    assert fallback[0]["role"] == "system" and "get_weather" in fallback[0]["content"]
+    content, calls = parse_calls('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+                                 '\n</tool_call>\n<tool_call>\nnot json\n</tool_call>', [fn])
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Oslo"}]
+    assert content.startswith("Let me check.") and "not json" in content
