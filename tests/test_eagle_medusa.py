@@ -413,3 +413,17 @@ def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
         chains = [s for w, s in stats if w == 1]
         rate = sum(s.accepted_tokens for s in chains) / sum(s.draft_tokens for s in chains)
         assert rate > RATE_FLOOR[mode], (mode, rate)  # random heads: ~0
+    # under a JSON schema (runtime/grammar.py): tree nodes the grammar forbids are dropped, every
+    # row is masked, and the answer is still the target's own, greedy, under the same schema
+    fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": {
+        "type": "object", "additionalProperties": False, "required": ["name", "tags"],
+        "properties": {"name": {"type": "string", "maxLength": 24},
+                       "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3}}}}}
+    want = [eng.generate(ids, NEW_TOKENS, response_format=fmt).token_ids for ids in prompts[:4]]
+    for mode, head in (("eagle", eagle), ("medusa", medusa)):
+        spec = Engine(model_dir, lib, speculative_mode=mode, additional_models=[head], spec_tree_width=2,
+                      spec_tree_nodes=6, spec_draft_length=2)
+        got = [spec.generate(ids, NEW_TOKENS, response_format=fmt) for ids in prompts[:4]]
+        assert [r.token_ids for r in got] == want, mode
+        assert sum(r.stats.spec.draft_tokens for r in got) > 0
+        assert [r.token_ids for r in spec.generate_batch(prompts[:4], NEW_TOKENS, response_format=fmt)] == want
