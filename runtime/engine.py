@@ -498,7 +498,8 @@ class Engine:
         keep the entries of what was emitted."""
         n = seq.emit(tokens, self.stop_token_ids)
         if seq.grammar is not None and not seq.done:
-            seq.grammar.commit(tokens[:n])
+            if seq.grammar.commit(tokens[:n]):  # the grammar is complete (ignore_eos took its EOS)
+                seq.result.finish_reason = "stop"
         if logprobs is not None:
             seq.result.logprobs.extend(logprobs[:n])
         return n

@@ -187,11 +187,13 @@ class Constraint:
             kept.append(j)
         return draft.subset(kept), np.stack(masks)
 
-    def commit(self, tokens: list[int]) -> None:
-        """The tokens a step emitted (the sequence's EOS excluded)."""
+    def commit(self, tokens: list[int]) -> bool:
+        """The tokens a step emitted (the sequence's EOS excluded, unless it ignores EOS);
+        whether the grammar is now complete: nothing may follow."""
         if tokens and not self.matcher.consume_tokens(tokens):
             raise GenerationError(f"internal: the grammar refused emitted tokens {tokens}: "
                                   f"{self.matcher.get_error()}")
+        return self.matcher.is_stopped()
 
 
 def _allowed(mask: np.ndarray, token: int) -> bool:

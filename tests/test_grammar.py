@@ -238,3 +238,11 @@ def test_logprobs_are_the_same_with_a_draft_model_and_in_a_batch(target, plain):
     assert [r.logprobs for r in batch[::2]] == [w.logprobs for w in want[::2]]
     with pytest.raises(ValueError, match="top_logprobs=21"):
         spec.generate(prompts[0], 4, top_logprobs=21)
+
+
+def test_ignore_eos_ends_where_the_grammar_ends(plain):
+    eng, prompts, expected = plain
+    done = next(r for r in expected if r.finish_reason == "stop")
+    ids = done.prompt_token_ids
+    r = eng.generate(ids, NEW_TOKENS, ignore_eos=True, response_format=FORMAT)
+    assert r.finish_reason == "stop" and r.text == done.text and _matches(r.text)

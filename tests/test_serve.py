@@ -393,7 +393,7 @@ def test_metrics_have_one_clean_name_each(ngram_app, reference):
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
                  st.text(max_size=20), st.lists(st.integers(-5, 60000), max_size=4),
                  st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
-_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "developer", "bot", 3]),
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "developer", "tool", "bot", 3]),
                                   "content": st.one_of(st.text(max_size=40), _ANY,
                                                        st.lists(st.fixed_dictionaries(
                                                            {"type": st.sampled_from(["text", "image_url"]),
@@ -408,6 +408,17 @@ _FIELDS = {
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), _ANY),
     "n": st.one_of(st.integers(-1, 3), _ANY),
     "presence_penalty": _ANY, "ignore_eos": _ANY, "logprobs": _ANY, "user": _ANY, "unknown_field": _ANY,
+    "top_logprobs": st.one_of(st.integers(-1, 25), _ANY),
+    "response_format": st.one_of(st.sampled_from([{"type": "json_object"}, {"type": "text"}, {"type": "json_schema"},
+                                                  {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                                                      "type": "object", "properties": {"a": {"type": "integer"}}}}},
+                                                  {"type": "json_schema", "json_schema": {"schema": {"type": 3}}}]),
+                                 _ANY),
+    "tools": st.one_of(st.lists(st.sampled_from([{"type": "function", "function": {"name": "f"}},
+                                                 {"type": "function", "function": {"name": "g", "parameters": _ANY}},
+                                                 {"type": "function"}]), max_size=2), _ANY),
+    "tool_choice": st.one_of(st.sampled_from(["none", "auto", "required", {"type": "function",
+                                                                            "function": {"name": "f"}}]), _ANY),
 }
 
 
@@ -458,7 +469,7 @@ def test_fuzzed_requests_never_get_a_5xx(plain_app, req):
     elif body.get("stream") is True:
         assert payload.rstrip().endswith("data: [DONE]")
     else:
-        assert json.loads(payload)["choices"][0]["finish_reason"] in ("stop", "length")
+        assert json.loads(payload)["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
     assert plain_app.http.get("/health").status_code == 200
 
 
