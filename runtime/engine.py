@@ -364,19 +364,25 @@ class Engine:
             self.pool.begin()
         t0 = time.perf_counter()
         drafts, draft_forwards, plan = self._propose(active)
-        masks = None
+        masks, t1 = None, time.perf_counter()
         if any(s.grammar is not None for s in active):  # drafts the grammar forbids go; rows get masks
             drafts, masks = zip(*[s.grammar.plan(d) if s.grammar is not None else (d, None)
                                   for s, d in zip(active, drafts)])
-        t1 = time.perf_counter()
+        spent = time.perf_counter() - t1
         drafts, logits, hidden = self._forward(active, list(drafts))
         host = None
         if masks is not None or any(s.top_logprobs is not None for s in active):
             host = logits.numpy()  # [rows, vocab]
             if masks is not None:
+                t = time.perf_counter()
                 rows = [m[: len(d) + 1] if m is not None else np.full((len(d) + 1, self.grammars.words), -1, np.int32)
                         for m, d in zip(masks, drafts)]  # a draft dropped for want of KV keeps row 0's mask
                 logits = self.model.uploads.put("grammar.logits", apply_masks(host, np.concatenate(rows)))
+                spent += time.perf_counter() - t
+                for s in active:
+                    if s.grammar is not None:
+                        s.result.stats.grammar_steps += 1
+                        s.result.stats.grammar_seconds += spent
         verdicts = self._accept(active, drafts, logits)
         t2 = time.perf_counter()
         self._commit(active, drafts, verdicts, hidden)

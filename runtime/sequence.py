@@ -29,6 +29,8 @@ class Stats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     spec: SpecMetrics | None = None
+    grammar_steps: int = 0  # decode steps under a grammar, and the seconds its masks took in them
+    grammar_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         out = {
@@ -40,6 +42,8 @@ class Stats:
             "decode_seconds": self.decode_seconds,
             "request_seconds": self.prefill_seconds + self.decode_seconds,  # what the caller waited, end to end
         }
+        if self.grammar_steps:
+            out["grammar_ms_per_step"] = 1e3 * self.grammar_seconds / self.grammar_steps
         if self.spec is not None:
             out.update(self.spec.to_dict())
         return out

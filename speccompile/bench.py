@@ -32,7 +32,8 @@ def load_prompts(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
             text = row["turns"][0] if "turns" in row else row.get("prompt")
             if text is None:
                 raise ValueError(f"{path}: each line needs 'turns' or 'prompt'")
-            rows.append({"id": row.get("question_id", len(rows)), "category": row.get("category", "all"), "prompt": text})
+            rows.append({"id": row.get("question_id", len(rows)), "category": row.get("category", "all"), "prompt": text,
+                         "response_format": row.get("response_format")})  # structured output, when the set asks
     return rows[:limit] if limit else rows
 
 
@@ -131,7 +132,7 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
 
         def plain_run():
             with engine.speculation_disabled():
-                return engine.generate(ids, max_tokens=max_tokens, ignore_eos=True)
+                return engine.generate(ids, max_tokens=max_tokens, ignore_eos=True, response_format=p["response_format"])
 
         plain = plain_run()
         row = {"id": p["id"], "category": p["category"], "prompt_tokens": len(ids),
@@ -142,7 +143,8 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
             # plain, spec, spec, plain (ABBA): this kind of machine drifts 10-30% in speed
             # within seconds, and a plain-then-spec pair measured that drift as a speedup or
             # a slowdown; the mean of each pair cancels a linear drift
-            sp, sp2 = (engine.generate(ids, max_tokens=max_tokens, ignore_eos=True) for _ in range(2))
+            sp, sp2 = (engine.generate(ids, max_tokens=max_tokens, ignore_eos=True, response_format=p["response_format"])
+                       for _ in range(2))
             plain2 = plain_run()
             row["plain_seconds"] = (plain.stats.decode_seconds + plain2.stats.decode_seconds) / 2
             row["plain_tokens_per_s"] = row["decode_tokens"] / row["plain_seconds"]
@@ -389,7 +391,8 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
         def body(p: dict, speculative: bool = True) -> dict:
             return {"model": model, "messages": [{"role": "user", "content": p["prompt"]}], "max_tokens": max_tokens,
                     "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-                    **({} if speculative else {"speculative": False})}
+                    **({} if speculative else {"speculative": False}),
+                    **({"response_format": p["response_format"]} if p.get("response_format") else {})}
 
         def run_pass(batch: list[dict], c: int, speculative: bool = True) -> tuple[list[dict], float]:
             t0 = time.perf_counter()

@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,9 +26,13 @@ from speccompile.runtime.speculative import SpeculativeConfig
 
 
 def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
-              overrides: str | None = None) -> dict:
+              overrides: str | None = None, response_format: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
            "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+    if response_format:  # as a user would: the response_format object in a file
+        path = Path(tempfile.mkdtemp(prefix="speccompile-rf-")) / "response_format.json"
+        path.write_text(json.dumps(response_format))
+        cmd += ["--response-format", str(path)]
     if overrides:
         cmd += ["--overrides", overrides]
     for key, value in (spec or {}).items():
@@ -60,7 +65,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
     for i, p in enumerate(prompts):
         plains, specs = [], []
         for _ in range(repeat):
-            a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides)
+            a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"])
                             for sp in (None, spec, spec, None))
             plains += [a, b]
             specs += [s1, s2]
