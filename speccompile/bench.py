@@ -138,7 +138,9 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
         row = {"id": p["id"], "category": p["category"], "prompt_tokens": len(ids),
                "decode_tokens": plain.stats.decode_tokens, "plain_seconds": plain.stats.decode_seconds,
                "plain_tokens_per_s": plain.stats.to_dict()["decode_tokens_per_s"],
-               "prefill_tokens_per_s": plain.stats.to_dict()["prefill_tokens_per_s"]}
+               "prefill_tokens_per_s": plain.stats.to_dict()["prefill_tokens_per_s"],
+               **({"plain_grammar_ms_per_step": plain.stats.to_dict()["grammar_ms_per_step"]}
+                  if plain.stats.grammar_steps else {})}
         if speculative:
             # plain, spec, spec, plain (ABBA): this kind of machine drifts 10-30% in speed
             # within seconds, and a plain-then-spec pair measured that drift as a speedup or
@@ -158,7 +160,8 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
                         "identical_output": sp.token_ids == plain.token_ids == sp2.token_ids == plain2.token_ids,
                         **{k: st[k] for k in ("accept_rate", "mean_accepted_length", "per_position_accept_rate",
                                               "draft_tokens", "accepted_tokens", "verify_steps", "plain_steps",
-                                              "draft_seconds", "verify_seconds")}})
+                                              "draft_seconds", "verify_seconds")},
+                        **{k: st[k] for k in ("grammar_ms_per_step",) if k in st}})
             line += (f" | spec {row['spec_tokens_per_s']:6.1f} tok/s x{row['speedup']:.2f} "
                      f"accept {row['accept_rate']:.2f} len {row['mean_accepted_length']:.2f}"
                      f"{'' if row['identical_output'] else ' OUTPUT DIFFERS'}")
