@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test test-fast demo bench heads clean opencl opencl-system
+.PHONY: install test test-fast demo bench heads clean opencl opencl-system docs
 
 install: opencl-system
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,11 @@ test-fast:
 
 demo:
 	$(BIN)/python -m speccompile.demo
+
+# The documentation site (mkdocs.yml, docs/): docs/results.md is generated from bench/results/*.json,
+# then MkDocs builds the site into build/docs/ (strict: any warning, e.g. a broken link, fails).
+docs:
+	$(BIN)/python docs/gen_results.py && $(BIN)/mkdocs build --strict -d build/docs
 
 # Benchmarks are not tests: they measure and write JSON (+ a PNG chart) under bench-results/.
 bench:
