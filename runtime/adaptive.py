@@ -81,6 +81,12 @@ COOLDOWN_MIN, COOLDOWN_MAX = 32, 1024  # plain steps after the guard trips (doub
 # costs GUARD_MIN drafting steps, so on that host it loses at most ~1.2 s in 10 of the loss.
 COOLDOWN_SECONDS = 10.0
 SAVE_EVERY = 256  # steps between writes of what was learned (a server never ends a generate)
+# Tokens finished requests emitted, decayed per request (~20 remembered): a draft model's
+# prefill is priced against what a request is expected to emit, not its max_tokens (JSON
+# answers under a schema, Qwen2.5-Coder-1.5B with its 0.5B draft on Zen 3: ~70% of max_tokens;
+# priced at all of it, the draft's prefill cost more than drafting saved, 0.94x end to end; a
+# request without max_tokens has the whole context as its budget).
+OUTPUT_DECAY = 0.95
 
 
 class PromptState:
@@ -330,6 +336,7 @@ class Policy:
         self._hopeless: dict[tuple[int, int], bool] = {}
         # batch -> [decayed seconds saved, decayed per-sequence tokens] of drafting steps
         self.saved: dict[int, list[float]] = {}
+        self.outputs = [0.0, 0.0]  # decayed sum of finished requests' output tokens, and their count
         try:
             for b, (sec, tok) in (cost.acceptance or {}).get("saved", {}).items():
                 keep = min(1.0, SAVED_MIN / max(float(tok), 1e-9))
@@ -391,9 +398,21 @@ class Policy:
             best = min(best, step / tokens)
         return plain - best
 
-    def draft_prefill_pays(self, prompt_tokens: int, output_tokens: int, batch: int, seq=None) -> bool:
+    def observe_output(self, emitted: int) -> None:
+        """A request finished after emitting this many tokens."""
+        self.outputs = [OUTPUT_DECAY * self.outputs[0] + emitted, OUTPUT_DECAY * self.outputs[1] + 1.0]
+
+    def expected_output(self, budget: int, emitted: int) -> float:
+        """Tokens a request with ``budget`` tokens left, ``emitted`` so far, is expected to
+        emit still: as many as finished requests emitted on average (its budget before any
+        finished), at most its budget."""
+        if self.outputs[1] < 1.0:
+            return float(budget)
+        return float(min(budget, max(self.outputs[0] / self.outputs[1] - emitted, 1.0)))
+
+    def draft_prefill_pays(self, prompt_tokens: int, output_tokens: float, batch: int, seq=None) -> bool:
         """Whether a draft model should prefill a new prompt of ``prompt_tokens`` for a sequence
-        that may emit ``output_tokens`` more: what drafting is expected to save over them must
+        expected to emit ``output_tokens`` more (``expected_output``): what drafting is expected to save over them must
         exceed what the draft's prefill costs. A long document with a short answer is decoded
         plainly (Qwen2.5-Coder-1.5B with a 0.5B draft, 683-token prompt, 9-token answer: 12.0-
         12.8 s plain, 13.5-16.7 s with the draft prefilling). Proposers without a prefill cost

@@ -22,9 +22,7 @@ sequences take part in each step, never how a step runs.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -33,7 +31,8 @@ from .adaptive import MAX_DEPTH, AcceptanceModel, Policy, StepPlan
 from .contract import read_model_config
 from .costs import load_or_measure, weights_key
 from .device import DeviceError, parse_device
-from .grammar import Grammars, apply_masks
+from .generation import GenerationAPI
+from .grammar import Grammars, apply_masks, constrain_drafts, mask_rows
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics, StepRecord, record_step
 from .model import Model
@@ -41,11 +40,12 @@ from .sampling import SamplingParams, sample, token_logprobs
 from .sequence import GenerationError, GenerationResult, Sequence, Stats
 from .speculative import SpeculativeConfig
 from .threads import PoolTuner, thread_count
-from .tokenizer import StreamDecoder, load_tokenizer, render_chat
+from .tokenizer import StreamDecoder, load_tokenizer
 
 
-class Engine:
-    """Greedy/sampled generation, plain or speculative, for one or many sequences."""
+class Engine(GenerationAPI):
+    """Greedy/sampled generation, plain or speculative, for one or many sequences (the
+    step primitives here; whole generations and prompts in runtime/generation.py)."""
 
     def __init__(self, model_dir: str | Path, model_lib: str | Path, device: str = "auto",
                  speculative: SpeculativeConfig | None = None, *, max_total_seq_len: int | None = None,
@@ -128,68 +128,6 @@ class Engine:
             acceptance = AcceptanceModel().restore(self.cost.acceptance) if not k else AcceptanceModel()
             self.policy = Policy(self.cost, acceptance, fixed_k=k or None)
 
-    def warm_up(self) -> None:
-        """A short greedy generation without and with speculation, then fresh acceptance
-        estimates and totals: the first forward of each shape allocates its buffers, which a
-        server's first request should not wait for (the cost profile is measured apart)."""
-        ids = self.encode_prompt("Count from one to ten.")
-        with self.speculation_disabled():
-            self.generate(ids, max_tokens=16, ignore_eos=True)
-        if self.proposer is not None:
-            self.generate(ids, max_tokens=16, ignore_eos=True)
-            self.set_draft_length(self.policy.fixed_k or 0)
-        self.totals = Stats(spec=SpecMetrics())
-
-    @contextmanager
-    def capture_features(self, sink):
-        """Within this block every forward also returns the target's low/mid/high layer
-        features, and ``sink(seq_id, position, layers [m, 3 * hidden], hidden [m, hidden])``
-        receives those, and the final-normed hidden states, of each token as it is committed (prompt tokens at prefill, then every accepted token):
-        an EAGLE-3 head's training data, captured while the engine generates, with no
-        second pass. The logits are the same kernels' (bit-identical)."""
-        if self.model.feature_layers is None:
-            raise GenerationError(f"{self.model.lib_path} exports no layer features (built before EAGLE-3 "
-                                  "support): rebuild it with `speccompile compile`")
-        if self.proposer is not None and self.proposer.features not in ("", "layers"):
-            raise GenerationError(f"--speculative-mode {self.spec.speculative_mode} reads the final hidden states; "
-                                  "layer features cannot be captured beside it")
-        self.feature_sink = sink
-        try:
-            yield self
-        finally:
-            self.feature_sink = None
-
-    @contextmanager
-    def speculation_disabled(self):
-        """Run plain decoding with this same engine (bench compares both in one process)."""
-        saved = self.proposer
-        self.proposer = None
-        try:
-            yield self
-        finally:
-            self.proposer = saved
-
-    # ----------------------------------------------------------------- prompts
-    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The chat template applied; ``tools``: OpenAI function definitions, for a template
-        with a tools section (runtime/tools.py ``template_messages`` covers one without)."""
-        cfg = self.config
-        extra = {"tools": [{"type": "function", "function": f} for f in tools]} if tools else {}
-        return render_chat(cfg["chat_template"], messages, add_generation_prompt=True,
-                           bos_token=cfg.get("bos_token") or "", eos_token=cfg.get("eos_token") or "", **extra)
-
-    @property
-    def template_has_tools(self) -> bool:
-        return "tools" in self.config.get("chat_template", "")
-
-    def encode_prompt(self, prompt: str, raw: bool = False) -> list[int]:
-        text = prompt if raw else self.render([{"role": "user", "content": prompt}])
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        bos = self.config.get("bos_token_id")
-        if self.config.get("add_bos_token") and bos is not None and (not ids or ids[0] != bos):
-            ids = [bos] + ids
-        return ids
-
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise GenerationError("the prompt is empty")
@@ -198,64 +136,6 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but the context window is {self.context_window}; "
                 "shorten it or rebuild with gen_config --context-window-size")
         self.model.check_token_ids(np.asarray(ids))
-
-    # --------------------------------------------------------------- generate
-    def generate(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop: list[str] | None = None, ignore_eos: bool = False, response_format: dict | None = None,
-                 top_logprobs: int | None = None) -> GenerationResult:
-        return self.generate_batch([prompt_ids], max_tokens, sampling, stop, ignore_eos, response_format,
-                                   top_logprobs)[0]
-
-    def generate_stream(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                        stop: list[str] | None = None, ignore_eos: bool = False, response_format: dict | None = None,
-                        top_logprobs: int | None = None) -> Iterator[tuple[str, GenerationResult]]:
-        """Yields (text delta, result so far); the last result is final."""
-        for deltas, results in self._run([prompt_ids], max_tokens, [sampling or SamplingParams()], stop, ignore_eos,
-                                         response_format, top_logprobs):
-            yield deltas[0], results[0]
-
-    def generate_batch(self, prompts: list[list[int]], max_tokens: int = 128,
-                       sampling: list[SamplingParams] | SamplingParams | None = None,
-                       stop: list[str] | None = None, ignore_eos: bool = False,
-                       response_format: dict | None = None, top_logprobs: int | None = None) -> list[GenerationResult]:
-        """Decode several sequences together (one target forward per step for all).
-        ``response_format``: OpenAI's (``json_object``, ``json_schema``), for every sequence;
-        ``top_logprobs``: report each token's log-probability and this many alternatives."""
-        if len(prompts) > self.max_num_sequence:
-            raise GenerationError(f"{len(prompts)} sequences exceed max_num_sequence={self.max_num_sequence}")
-        if not isinstance(sampling, list):
-            sampling = [sampling or SamplingParams()] * len(prompts)
-        results = None
-        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos, response_format, top_logprobs):
-            pass
-        return results
-
-    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos, response_format=None, top_logprobs=None):
-        """Prefill every prompt, then step until all are done, yielding (deltas, results)."""
-        seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos, grammar=self.grammars.constraint(response_format),
-                                  top_logprobs=top_logprobs) for ids, sp in zip(prompts, samplings)]
-        try:
-            for seq in seqs:
-                self.attach(seq)
-                try:
-                    while seq.prefilling:
-                        self.prefill([seq], self.model.prefill_chunk_size)
-                except KVCacheFull as err:
-                    raise GenerationError(f"the KV cache cannot hold this prompt ({err}); "
-                                          "raise max_total_seq_len or run fewer sequences at once") from err
-            while True:
-                yield [s.pending_text for s in seqs], [s.result for s in seqs]
-                for s in seqs:
-                    s.pending_text = ""
-                active = [s for s in seqs if not s.done]
-                if not active:
-                    break
-                self.step(active)
-        finally:
-            for s in seqs:
-                self.detach(s)
-            if self.policy is not None and self.proposer is not None and self.policy.fixed_k is None:
-                self.policy.save()
 
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
@@ -337,7 +217,8 @@ class Engine:
         # sequence catches up later, priced by its proposer, when drafting pays again
         n = len(self.kv.seqs)
         drafted = [i for i, s in enumerate(batch) if s.speculative and self.proposer and self.policy.draft_prefill_pays(
-            len(s.history), s.budget - len(s.result.token_ids), n, s.seq_id)]
+            len(s.history), self.policy.expected_output(s.budget - len(s.result.token_ids), len(s.result.token_ids)),
+            n, s.seq_id)]
         if drafted and self.policy.expects_drafting(list(self.kv.seqs)):
             self.proposer.prefill([ids[i] for i in drafted], [chunks[i] for i in drafted], [starts[i] for i in drafted])
         dt, total = time.perf_counter() - t0, sum(len(c) for c in chunks)
@@ -351,8 +232,7 @@ class Engine:
                 if not s.result.token_ids:
                     row_logits = logits[row] if s.grammar is None else apply_masks(
                         logits[row: row + 1].copy(), s.grammar.root_mask()[None])[0]
-                    tok = sample(row_logits, s.sampling, s.rng)
-                    self._emit(s, [tok], self._logprobs(s, row_logits[None], [tok]))
+                    self._emit(s, [sample(row_logits, s.sampling, s.rng)], row_logits[None])
         self.totals.prefill_tokens += total
         self.totals.prefill_seconds += dt
         return done
@@ -364,32 +244,20 @@ class Engine:
             self.pool.begin()
         t0 = time.perf_counter()
         drafts, draft_forwards, plan = self._propose(active)
-        masks, t1 = None, time.perf_counter()
-        if any(s.grammar is not None for s in active):  # drafts the grammar forbids go; rows get masks
-            drafts, masks = zip(*[s.grammar.plan(d) if s.grammar is not None else (d, None)
-                                  for s, d in zip(active, drafts)])
-        spent = time.perf_counter() - t1
-        drafts, logits, hidden = self._forward(active, list(drafts))
-        host = None
+        t1 = time.perf_counter()
+        drafts, masks = constrain_drafts(active, drafts)  # what a grammar forbids is not verified
+        drafts, logits, hidden = self._forward(active, drafts)
+        host = None  # [rows, vocab] on the host, for grammar masks and logprobs
         if masks is not None or any(s.top_logprobs is not None for s in active):
-            host = logits.numpy()  # [rows, vocab]
-            if masks is not None:
-                t = time.perf_counter()
-                rows = [m[: len(d) + 1] if m is not None else np.full((len(d) + 1, self.grammars.words), -1, np.int32)
-                        for m, d in zip(masks, drafts)]  # a draft dropped for want of KV keeps row 0's mask
-                logits = self.model.uploads.put("grammar.logits", apply_masks(host, np.concatenate(rows)))
-                spent += time.perf_counter() - t
-                for s in active:
-                    if s.grammar is not None:
-                        s.result.stats.grammar_steps += 1
-                        s.result.stats.grammar_seconds += spent
+            host = logits.numpy()
+        if masks is not None:
+            logits = self.model.uploads.put("grammar.logits", mask_rows(host, active, drafts, masks))
         verdicts = self._accept(active, drafts, logits)
         t2 = time.perf_counter()
         self._commit(active, drafts, verdicts, hidden)
-        starts = np.cumsum([0] + [len(d) + 1 for d in drafts])
-        emitted = [self._emit(s, v.tokens, self._logprobs(s, host[[start] + [start + 1 + j for j in v.path]], v.tokens)
-                              if s.top_logprobs is not None else None)
-                   for s, v, start in zip(active, verdicts, starts)]
+        starts = np.cumsum([0] + [len(d) + 1 for d in drafts])  # each sequence's row 0
+        emitted = [self._emit(s, v.tokens, None if host is None else host[[row] + [row + 1 + j for j in v.path]])
+                   for s, v, row in zip(active, verdicts, starts)]
         if self.proposer is not None:
             for s in active:
                 if not s.done:
@@ -499,23 +367,19 @@ class Engine:
             res = self.model.accept_sampled(p, q, [d.probs is None for d in drafts], tokens, parents, uniforms)
         return [Verdict(path, [d.tokens[j] for j in path] + [last]) for (path, last), d in zip(res, drafts)]
 
-    def _emit(self, seq: Sequence, tokens: list[int], logprobs: list | None = None) -> int:
-        """Emit a step's tokens; the sequence's grammar takes what was emitted, its logprobs
-        keep the entries of what was emitted."""
+    def _emit(self, seq: Sequence, tokens: list[int], rows: np.ndarray | None) -> int:
+        """Emit a step's tokens, chosen at ``rows`` [len(tokens), vocab] of host logits (or
+        None); the sequence's grammar takes what was emitted, and its logprobs, if asked for."""
+        if seq.grammar is not None:  # nothing after the grammar's end (ignore_eos keeps one EOS)
+            tokens = tokens[: seq.grammar.until_complete(tokens)]
         n = seq.emit(tokens, self.stop_token_ids)
-        if seq.grammar is not None and not seq.done:
-            if seq.grammar.commit(tokens[:n]):  # the grammar is complete (ignore_eos took its EOS)
-                seq.result.finish_reason = "stop"
-        if logprobs is not None:
-            seq.result.logprobs.extend(logprobs[:n])
+        if seq.grammar is not None and not seq.done and seq.grammar.commit(tokens[:n]):
+            seq.result.finish_reason = "stop"
+        if seq.done and self.policy is not None:  # emit is never called on a finished sequence
+            self.policy.observe_output(len(seq.result.token_ids))
+        if seq.top_logprobs is not None:
+            seq.result.logprobs += token_logprobs(rows[:n], tokens[:n], seq.sampling.temperature, seq.top_logprobs)
         return n
-
-    @staticmethod
-    def _logprobs(seq: Sequence, rows: np.ndarray, tokens: list[int]) -> list | None:
-        """Each token's log-probability at the row [vocab] that chose it, if the sequence asks."""
-        if seq.top_logprobs is None:
-            return None
-        return token_logprobs(rows, tokens, seq.sampling.temperature, seq.top_logprobs)
 
     def _commit(self, active: list[Sequence], drafts: list[Draft], verdicts: list[Verdict], hidden) -> None:
         """Keep the accepted tokens' KV entries: a chain rolls back what was rejected, a tree

@@ -21,6 +21,7 @@ Masks are bit sets, 32 tokens per int32 word, as llguidance writes them.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -187,6 +188,18 @@ class Constraint:
             kept.append(j)
         return draft.subset(kept), np.stack(masks)
 
+    def until_complete(self, tokens: list[int]) -> int:
+        """How many of a step's tokens come before the grammar is complete (all of them, or
+        up to the one that completes it): a step may verify past the end, plain decoding never
+        does. The matcher is left as it was."""
+        n = 0
+        for tok in tokens:
+            if self.matcher.is_stopped() or not self.matcher.consume_token(tok):
+                break
+            n += 1
+        self.matcher.rollback(n)
+        return n
+
     def commit(self, tokens: list[int]) -> bool:
         """The tokens a step emitted (the sequence's EOS excluded, unless it ignores EOS);
         whether the grammar is now complete: nothing may follow."""
@@ -205,3 +218,34 @@ def apply_masks(logits: np.ndarray, masks: np.ndarray) -> np.ndarray:
     bits = np.unpackbits(np.ascontiguousarray(masks).view(np.uint8), axis=-1, bitorder="little")
     logits[bits[:, : logits.shape[1]] == 0] = -np.inf
     return logits
+
+
+def constrain_drafts(seqs: list, drafts: list[Draft]) -> tuple[list[Draft], list | None]:
+    """A step's drafts less what each sequence's grammar forbids, and per sequence the masks
+    of its verify rows (None for free text); masks None when no sequence has a grammar."""
+    if all(s.grammar is None for s in seqs):
+        return drafts, None
+    t = time.perf_counter()
+    planned = [s.grammar.plan(d) if s.grammar is not None else (d, None) for s, d in zip(seqs, drafts)]
+    _charge(seqs, time.perf_counter() - t, step=True)
+    return [d for d, _ in planned], [m for _, m in planned]
+
+
+def mask_rows(logits: np.ndarray, seqs: list, drafts: list[Draft], masks: list) -> np.ndarray:
+    """The step's host logits [rows, vocab] with every sequence's masks applied (in place). A
+    draft dropped since planning (no KV room for it) leaves row 0, whose mask is the first."""
+    t = time.perf_counter()
+    words = next(m.shape[1] for m in masks if m is not None)
+    rows = [m[: len(d) + 1] if m is not None else np.full((len(d) + 1, words), -1, np.int32)
+            for m, d in zip(masks, drafts)]
+    apply_masks(logits, np.concatenate(rows))
+    _charge(seqs, time.perf_counter() - t, step=False)
+    return logits
+
+
+def _charge(seqs: list, seconds: float, step: bool) -> None:
+    """The grammar's time in a step, counted for every sequence under a grammar in it."""
+    for s in seqs:
+        if s.grammar is not None:
+            s.result.stats.grammar_steps += int(step)
+            s.result.stats.grammar_seconds += seconds

@@ -398,3 +398,15 @@ def test_realized_savings_replace_the_cautious_model_and_outlive_the_process(tmp
     for _ in range(100):  # a plain stretch: the measurement fades and the model prices again
         policy.observe_step(1, False, 1, plain, plain)
     assert policy.saving_per_token(1) == pytest.approx(modelled)
+
+
+def test_a_draft_model_prefill_is_priced_by_what_requests_emit_not_their_max_tokens():
+    policy = Policy(_model(QWEN, draft_ms=15.0, catch_up_ms=2.0), AcceptanceModel())
+    policy.saved[1] = [0.004 * 100, 100.0]  # drafting saved 4 ms a token at batch 1
+    assert policy.expected_output(400, 0) == 400  # nothing finished yet: its budget
+    assert policy.draft_prefill_pays(300, policy.expected_output(400, 0), 1)  # 300 x 2 ms < 400 x 4 ms
+    for _ in range(20):  # requests that stop after ~100 of their 400 tokens (an answer, a JSON object)
+        policy.observe_output(100)
+    assert 99 <= policy.expected_output(400, 0) <= 101 and policy.expected_output(400, 60) == pytest.approx(40, abs=1)
+    assert policy.expected_output(30, 0) == 30  # never more than its budget
+    assert not policy.draft_prefill_pays(300, policy.expected_output(400, 0), 1)  # 600 ms for ~400 ms saved
