@@ -414,9 +414,10 @@ _FIELDS = {
                                                       "type": "object", "properties": {"a": {"type": "integer"}}}}},
                                                   {"type": "json_schema", "json_schema": {"schema": {"type": 3}}}]),
                                  _ANY),
-    "tools": st.one_of(st.lists(st.sampled_from([{"type": "function", "function": {"name": "f"}},
-                                                 {"type": "function", "function": {"name": "g", "parameters": _ANY}},
-                                                 {"type": "function"}]), max_size=2), _ANY),
+    "tools": st.one_of(st.lists(st.one_of(
+        st.sampled_from([{"type": "function", "function": {"name": "f"}}, {"type": "function"}]),
+        st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+            {"name": st.just("g"), "parameters": _ANY})})), max_size=2), _ANY),
     "tool_choice": st.one_of(st.sampled_from(["none", "auto", "required", {"type": "function",
                                                                             "function": {"name": "f"}}]), _ANY),
 }
