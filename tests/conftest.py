@@ -152,3 +152,20 @@ def smollm2_q4():
     from speccompile.fetch import prepare
 
     return prepare("SmolLM2-135M-Instruct", "q4f32_1", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def random_draft(smollm2_q4, tmp_path_factory):
+    """(model_dir, lib) of a 2-layer random-weight Llama with SmolLM2's vocabulary and
+    tokenizer: a draft whose proposals are mostly wrong (and mostly break a grammar)."""
+    from speccompile.compile import compile_model
+    from speccompile.convert_weight import convert_weight
+    from speccompile.gen_config import gen_config
+
+    model_dir, _ = smollm2_q4
+    root = tmp_path_factory.mktemp("randdraft")
+    make_hf_checkpoint(root / "hf", "tiny-llama", seed=7, vocab_size=49152, tokenizer_from=model_dir / "tokenizer.json")
+    convert_weight(root / "hf", "q4f32_1", root / "model", progress=False)
+    gen_config(root / "hf", "q4f32_1", root / "model", conv_template="chatml")
+    compile_model(root / "model" / "speccompile-config.json", "llvm", root / "draft.so", verbose=False)
+    return str(root / "model"), str(root / "draft.so")

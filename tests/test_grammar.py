@@ -117,14 +117,14 @@ def test_greedy_plain_output_follows_the_schema(plain):
 
 
 @pytest.mark.parametrize("mode,k", [("self", 3), ("self", 7), ("random", 3), ("ngram", 3), ("self", 0)])
-def test_greedy_under_a_schema_is_identical_with_speculation(target, plain, random_draft_for_grammar, mode, k):
+def test_greedy_under_a_schema_is_identical_with_speculation(target, plain, random_draft, mode, k):
     """Chains here; trees (EAGLE and Medusa heads) in test_eagle_medusa."""
     model_dir, lib = target
     _, prompts, expected = plain
     if mode == "ngram":
         eng = Engine(model_dir, lib, speculative_mode="ngram", spec_draft_length=k)
     else:
-        draft = (str(model_dir), str(lib)) if mode == "self" else random_draft_for_grammar
+        draft = (str(model_dir), str(lib)) if mode == "self" else random_draft
         eng = Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[draft], spec_draft_length=k)
     drafted = 0
     for ids, exp in zip(prompts, expected):
@@ -148,23 +148,6 @@ def test_greedy_under_a_schema_is_identical_with_speculation(target, plain, rand
     for s in seqs:
         eng.detach(s)
     assert seqs[0].result.token_ids == expected[0].token_ids and seqs[1].result.token_ids == free
-
-
-@pytest.fixture(scope="module")
-def random_draft_for_grammar(target, tmp_path_factory):
-    """A 2-layer random-weight Llama with SmolLM2's vocabulary: its drafts mostly break the grammar."""
-    from conftest import make_hf_checkpoint
-    from speccompile.compile import compile_model
-    from speccompile.convert_weight import convert_weight
-    from speccompile.gen_config import gen_config
-
-    model_dir, _ = target
-    root = tmp_path_factory.mktemp("grammardraft")
-    make_hf_checkpoint(root / "hf", "tiny-llama", seed=7, vocab_size=49152, tokenizer_from=model_dir / "tokenizer.json")
-    convert_weight(root / "hf", "q4f32_1", root / "model", progress=False)
-    gen_config(root / "hf", "q4f32_1", root / "model", conv_template="chatml")
-    compile_model(root / "model" / "speccompile-config.json", "llvm", root / "draft.so", verbose=False)
-    return str(root / "model"), str(root / "draft.so")
 
 
 def test_sampling_under_a_schema_keeps_the_target_distribution(target):

@@ -6,7 +6,6 @@ with the same vocabulary, and n-gram lookup; batch 1 and 4; k = 1, 3, 7 and adap
 import numpy as np
 import pytest
 
-from conftest import make_hf_checkpoint
 from speccompile.runtime.engine import Engine, GenerationError
 
 pytestmark = pytest.mark.real_model
@@ -35,22 +34,6 @@ def reference(target):
     eng = Engine(model_dir, lib)
     prompts = [eng.encode_prompt(p) for p in PROMPTS]
     return prompts, [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
-
-
-@pytest.fixture(scope="module")
-def random_draft(target, tmp_path_factory):
-    """A 2-layer random-weight Llama with SmolLM2's vocabulary and tokenizer."""
-    from speccompile.compile import compile_model
-    from speccompile.convert_weight import convert_weight
-    from speccompile.gen_config import gen_config
-
-    model_dir, _ = target
-    root = tmp_path_factory.mktemp("randdraft")
-    make_hf_checkpoint(root / "hf", "tiny-llama", seed=7, vocab_size=49152, tokenizer_from=model_dir / "tokenizer.json")
-    convert_weight(root / "hf", "q4f32_1", root / "model", progress=False)
-    gen_config(root / "hf", "q4f32_1", root / "model", conv_template="chatml")
-    compile_model(root / "model" / "speccompile-config.json", "llvm", root / "draft.so", verbose=False)
-    return str(root / "model"), str(root / "draft.so")
 
 
 def _engine(target, mode, random_draft=None):
