@@ -114,7 +114,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                 "accept_rate": sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0,
                 "mean_accepted_length": (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
                                          if steps else 0.0),
-                "identical_outputs": sum(r["identical_output"] for r in group)}
+                "identical_outputs": sum(r["identical_output"] for r in group),
+                "verify_steps": steps, "draft_tokens": drafted}
 
     categories_out = {c: summarize(g) for c, g in by_cat.items()}
     report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,

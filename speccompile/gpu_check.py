@@ -517,6 +517,7 @@ class Check:
                 rec["speculative"][mode] = {
                     "speedup": round(o["speedup"], 3), "acceptance": round(o["accept_rate"], 3),
                     "mean_accepted_length": round(o["mean_accepted_length"], 3),
+                    "verify_steps": o["verify_steps"], "draft_tokens": o["draft_tokens"],
                     "identical": [o["identical_outputs"], o["prompts"]],
                     "plain_tok_s": round(o["plain_tokens_per_s"], 1), "spec_tok_s": round(o["spec_tokens_per_s"], 1),
                     "per_prompt": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
