@@ -7,6 +7,8 @@ vectorizes, and rows are split over threads. It is elementwise, so batch invaria
 """
 from __future__ import annotations
 
+import functools
+
 from tvm.script import tirx as T
 
 from .attention import SERIAL_BELOW, building_for_cpu
@@ -36,6 +38,7 @@ def _chunk(n: int) -> int:
     return 1
 
 
+@functools.cache
 def swiglu(inter: int, dtype: str):
     """out [m, inter] = silu(gate[:, :inter]) * up[:, inter:]; the model passes the fused
     gate/up output as both inputs. (Two used inputs also keep relax's RewriteDataflowReshape

@@ -15,6 +15,8 @@ here and used by the host bookkeeping that builds the page tables.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 
 from tvm.script import tirx as T
@@ -42,6 +44,7 @@ def scratch_scope() -> str:
 SERIAL_BELOW = 8
 
 
+@functools.cache
 def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half)."""
     half = head_dim // 2
@@ -86,6 +89,7 @@ def _rope_elem(buf, t, h, i, cs, half, dtype):
     return T.Cast(dtype, x * cs[0, i % half] + rot * cs[1, i % half])
 
 
+@functools.cache
 def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
     """kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] (in place)."""
     half = head_dim // 2
@@ -118,6 +122,7 @@ def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta
     return kernel
 
 
+@functools.cache
 def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str):
     """out[t, h] = softmax(q k^T / sqrt(d)) v over the rows token t may see (see module doc).
 
@@ -204,6 +209,7 @@ def _tree_sum(acc, g, lanes):
     return vals[0]
 
 
+@functools.cache
 def copy_slots(num_layers: int, num_kv: int, head_dim: int, dtype: str):
     """kv[:, :, dst[i]] = kv[:, :, src[i]] in order (commits accepted tree nodes)."""
 

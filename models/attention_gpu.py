@@ -32,6 +32,8 @@ graph has three (a GPU decode step is bound by launches).
 """
 from __future__ import annotations
 
+import functools
+
 import math
 
 from tvm.script import tirx as T
@@ -57,6 +59,7 @@ def _angle(pos, i, half: int, head_dim: int, theta: float):
     return T.Cast("float32", pos) / T.pow(T.float32(theta), T.Cast("float32", (i % half) * 2) / T.float32(head_dim))
 
 
+@functools.cache
 def qkv_rope_append_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str,
                         bias: bool):
     """One kernel for what follows the QKV projection: (+ bias), q_rot [n, H, d] = RoPE(q),
@@ -136,6 +139,7 @@ def tree_sum32(src, base, out):
     out[0] = out[0] + out[1]
 
 
+@functools.cache
 def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str):
     """out[t, h] = softmax(q k^T / sqrt(d)) v over the rows token t may see; the arguments of
     models/attention.py's ``attention``. Grid: (token, query head) x 32 lanes."""

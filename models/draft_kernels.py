@@ -18,6 +18,8 @@ The log-probabilities are float32: within ~1e-6 of the reference's float64.
 """
 from __future__ import annotations
 
+import functools
+
 from tvm.script import tirx as T
 
 from .attention import building_for_cpu, scratch_scope
@@ -69,6 +71,7 @@ SERIAL_CHUNKS = 128  # at most this many work items (rows x chunks) run serially
 SERIAL_ROWS = 16  # the merge (~1 us per row): fewer rows than this run serially
 
 
+@functools.cache
 def topk_chunks(vocab: int, k: int):
     """logits [n, vocab], d2t [vocab] -> per chunk c: its k best (values [n, C, k], target ids
     [n, C, k]: draft id j is token j + d2t[j]), its maximum [n, C] and its sum of
@@ -134,6 +137,7 @@ def topk_chunks(vocab: int, k: int):
     return kernel
 
 
+@functools.cache
 def topk_merge(vocab: int, k: int):
     """The chunks of each row merged: target ids [n, k] and log-probabilities [n, k], best first."""
     chunks, scratch, cpu = num_chunks(vocab), scratch_scope(), building_for_cpu()

@@ -14,6 +14,8 @@ row alone, so the kernel is batch invariant like the rest of the forward.
 """
 from __future__ import annotations
 
+import functools
+
 from tvm.script import tirx as T
 
 from .attention_gpu import tree_sum32
@@ -31,6 +33,7 @@ def _tree(part, out):
     tree_sum32(out, 0, out)
 
 
+@functools.cache
 def add_rms_norm_gpu(hidden: int, eps: float, dtype: str):
     """s = x + a (in ``dtype``, as the separate add did); y = s / sqrt(mean(s^2) + eps) * w,
     computed in fp32. x, a, s, y: [n, hidden]; w: [hidden]."""

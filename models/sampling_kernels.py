@@ -27,6 +27,8 @@ accepts exactly the argmax and then emits it, the greedy law).
 """
 from __future__ import annotations
 
+import functools
+
 from tvm.script import tirx as T
 
 from .attention import scratch_scope
@@ -42,6 +44,7 @@ def _key(x):
     return T.Cast("int64", T.if_then_else(bits >= 0, bits, T.bitwise_xor(bits, T.int32(0x7FFFFFFF))))
 
 
+@functools.cache
 def sampling_probs(vocab: int):
     scratch = scratch_scope()
     @T.prim_func(private=True)
@@ -117,6 +120,7 @@ def sampling_probs(vocab: int):
     return kernel
 
 
+@functools.cache
 def accept_sampled(vocab: int):
     """Recursive rejection sampling, one sequence per work item (see runtime/acceptance.py).
 
@@ -239,6 +243,7 @@ def _block_sum(red, tx, acc):
     T.tvm_storage_sync("shared")
 
 
+@functools.cache
 def sampling_probs_gpu(vocab: int):
     """The same contract, one thread block per row: every pass over the row is strided over
     256 threads and reduced in shared memory. GPU sync rules forbid a barrier under a

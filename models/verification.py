@@ -13,6 +13,8 @@ Inputs (rows of all sequences back to back, each sequence's row 0 = its last tok
 """
 from __future__ import annotations
 
+import functools
+
 from tvm.script import tirx as T
 
 
@@ -36,6 +38,7 @@ def _walk(s, indptr, parents, tokens, best, out, scratch):
     out[s, 1] = best[st[0]]
 
 
+@functools.cache
 def accept_greedy(vocab: int):
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
@@ -101,6 +104,7 @@ def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
     T.tvm_storage_sync("shared")
 
 
+@functools.cache
 def accept_greedy_gpu(vocab: int):
     """The same contract on GPU threads: one block per row for the argmax, one thread per
     sequence for the tree walk (two kernel launches). The argmax reduction breaks ties

@@ -14,6 +14,8 @@ equals ``2^23 + nib``, cheaper than an int-to-float convert.
 """
 from __future__ import annotations
 
+import functools
+
 import tvm
 from tvm import tirx
 from tvm.script import tirx as T
@@ -50,6 +52,7 @@ def _lanes(k: int) -> int:
     return 1
 
 
+@functools.cache
 def dense_matmul(n: int, k: int, dtype: str):
     """y[m, n] = sum_k x[m, k] w[n, k]; K split into `lanes` interleaved partial sums."""
     lanes = _lanes(k)
@@ -114,6 +117,7 @@ def _dense_group_sum(wf, x, row, t, g, l, k):
     return (parts[0] + parts[1]) + (parts[2] + parts[3])
 
 
+@functools.cache
 def dense_matmul_tiled(n: int, k: int, dtype: str):
     """y[m, n] = sum_k x[m, k] w[n, k] over weights stored as 16-row tiles [n/16, k, 16]:
     each thread streams contiguous memory and one 16-lane FMA covers 16 outputs."""
@@ -140,6 +144,7 @@ def dense_matmul_tiled(n: int, k: int, dtype: str):
     return kernel
 
 
+@functools.cache
 def dense_take_tiled(vocab: int, dim: int, dtype: str):
     """Embedding rows from a tiled table: out[i, j] = w[ids[i], j]."""
     L = TILE
@@ -158,6 +163,7 @@ def dense_take_tiled(vocab: int, dim: int, dtype: str):
     return kernel
 
 
+@functools.cache
 def q4_matmul_tiled(n: int, k: int, dtype: str):
     """y[m, n] = sum_k x[m, k] dequant(w)[n, k] over tiled q4 storage (see module doc).
 
@@ -196,6 +202,7 @@ def q4_matmul_tiled(n: int, k: int, dtype: str):
     return kernel
 
 
+@functools.cache
 def q4_take_tiled(vocab: int, dim: int, dtype: str):
     """Embedding rows from tiled q4 storage: out[i, j] = dequant(w)[ids[i], j]."""
     kw, groups, L = dim // 8, dim // 32, TILE
@@ -239,6 +246,7 @@ def _dot4(acc, bytes_u8, x4):
                                    T.reinterpret("int8x64", bytes_u8), T.reinterpret("int8x64", T.broadcast(x4, 16)))
 
 
+@functools.cache
 def q4_matmul_vnni(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
     """The q4 matmul with activations quantized to int8 per 32-wide group (as llama.cpp does),
     on AVX-512 VNNI or, with ``isa="avx2"``, on AVX2 (``dots_avx2`` below; on a

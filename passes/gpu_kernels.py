@@ -51,6 +51,8 @@ Unmeasured on a GPU so far (`make gpu-check`). Long prefills want a tiled GEMM.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tvm.script import tirx as T
 
@@ -98,6 +100,7 @@ def _reduce_and_store(red, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, n
         y[c * mc + tx % mc, row0 + tx // mc] = T.Cast(dtype, part[0])
 
 
+@functools.cache
 def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = ROWS, max_lanes: int = 8):
     """y[m, n] = sum_k x[m, k] * w[n, k], w = (nibble(qw[n, k/8], k%8) - 7) * qs[n, k/32].
 
@@ -169,6 +172,7 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
     return kernel
 
 
+@functools.cache
 def dense_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = ROWS, max_lanes: int = 8):
     """y[m, n] = sum_k x[m, k] * w[n, k] for fp16/fp32 weights, accumulated in fp32.
 
