@@ -39,11 +39,12 @@ opencl:
 	cmake --build build/opencl -j2 >/dev/null
 	@echo "built build/opencl/libspeccompile_opencl.so"
 
+# The unit tier alone (no TVM build, no model; tests/conftest.py gives each test its tier).
 test-fast:
-	$(BIN)/python -m pytest -q -m "not real_model"
+	$(BIN)/python -m pytest -q -m unit
 
 demo:
-	$(BIN)/python -m speccompile.demo
+	$(BIN)/python -m speccompile.cli.demo
 
 # The documentation site (mkdocs.yml, docs/): docs/results.md is generated from bench/results/*.json,
 # then MkDocs builds the site into build/docs/ (strict: any warning, e.g. a broken link, fails).
@@ -55,18 +56,18 @@ bench:
 	$(BIN)/python -m speccompile.cli bench --model SmolLM2-135M-Instruct --quantization q4f32_1 \
 		--speculative-mode ngram --per-category 3 --max-tokens 128 --json bench-results/smollm2-ngram.json
 
-# Train our draft heads by self-distillation (speccompile/heads.py), resumable: rerun to continue.
+# Train our draft heads by self-distillation (speccompile/training/heads.py), resumable: rerun to continue.
 # MODEL=Qwen2.5-Coder-1.5B-Instruct (default): the EAGLE-3 pipeline (prompts, answers with features,
 # training-time test, then Medusa on the same answers), days of CPU in all; MODEL=SmolLM2-135M-Instruct:
 # its EAGLE-1 and Medusa heads.
 # Data and checkpoints in ~/.cache/speccompile/train; the prompts and the answers' token ids also in
 # heads/data/<model>-<quant>/ (commit it: a machine with an empty cache rebuilds the features from it);
-# heads land in heads/. Prompts and answers alternate in rounds of PROMPT_BLOCK prompts.
+# heads land in heads/. `speccompile train-heads --help` lists the settings; HEADS_ARGS passes more of them.
 heads:
-	MODEL=$(MODEL) QUANT=$(QUANT) TRAIN_PROMPTS=$(TRAIN_PROMPTS) HELD_OUT_PROMPTS=$(HELD_OUT_PROMPTS) \
-		nice -n 10 $(BIN)/python -m speccompile.heads
+	nice -n 10 $(BIN)/speccompile train-heads --model $(MODEL) --quantization $(QUANT) \
+		--train-prompts $(TRAIN_PROMPTS) --held-out-prompts $(HELD_OUT_PROMPTS) $(HEADS_ARGS)
 
-# Draft-head training data, stage 1: the prompt set (speccompile/train_prompts.py) -- written families plus
+# Draft-head training data, stage 1: the prompt set (speccompile/training/prompt_set.py) -- written families plus
 # Magpie user turns sampled from the target, filtered, with a held-out set -- into
 # $SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/prompts/. Hours on 2 cores; resumable: rerun to continue.
 # For `make heads MODEL=...` to call first. TRAIN_PROMPTS / HELD_OUT_PROMPTS change the targets.
@@ -97,10 +98,10 @@ clean:
 # beside the working tree (the device tool sends at most 64 MiB per call; GPU_TREE_MIB=N sizes them for a
 # tree of N MiB instead of today's). It prints the device-tool calls, to run back to back (the machine
 # keeps /tmp only ~30 s after a call), e.g. for two parts:
-#   run(command="python3 -m speccompile.gpu_payload stage build/gpu-payload/part1", carry=["build/gpu-payload/part1"], timeout_s=120)
-#   run(command="PYTHONUNBUFFERED=1 python3 -m speccompile.gpu_payload run build/gpu-payload/part2 --out $OUT", carry=["build/gpu-payload/part2"], timeout_s=600)
+#   run(command="python3 -m speccompile.gpu_check.payload stage build/gpu-payload/part1", carry=["build/gpu-payload/part1"], timeout_s=120)
+#   run(command="PYTHONUNBUFFERED=1 python3 -m speccompile.gpu_check.payload run build/gpu-payload/part2 --out $OUT", carry=["build/gpu-payload/part2"], timeout_s=600)
 # The last call is `make gpu-check` there: it joins the parts, installs them under /tmp and runs
-# speccompile/gpu_check.py (<= 8 min), writing gpu-check-<gpu>-<date>.json/.png/.log into $OUT.
+# speccompile/gpu_check/check.py (<= 8 min), writing gpu-check-<gpu>-<date>.json/.png/.log into $OUT.
 # `make gpu-check DEVICE=cpu` here: the same check as a dry run on tiny models (build/gpu-check-cpu/).
 # The device tool sends the tracked tree with every call (at most 64 MiB); heads/ (90 MB of trained heads,
 # none of them needed there: the payload carries SmolLM2's converted heads) would not fit. `make gpu-park`
@@ -122,13 +123,13 @@ GPU_TREE_MIB ?=
 DEVICE ?= cuda
 .PHONY: gpu-payload gpu-check
 gpu-payload:
-	$(BIN)/python -m speccompile.gpu_models --device cuda $(if $(GPU_TREE_MIB),--assume-tree-mib $(GPU_TREE_MIB))
+	$(BIN)/python -m speccompile.gpu_check.models --device cuda $(if $(GPU_TREE_MIB),--assume-tree-mib $(GPU_TREE_MIB))
 
 gpu-check:
 ifeq ($(DEVICE),cpu)
-	$(BIN)/python -m speccompile.gpu_models --device cpu
-	$(BIN)/python -m speccompile.gpu_payload run build/gpu-payload-cpu/part* --staging build/gpu-check-cpu/staging \
+	$(BIN)/python -m speccompile.gpu_check.models --device cpu
+	$(BIN)/python -m speccompile.gpu_check.payload run build/gpu-payload-cpu/part* --staging build/gpu-check-cpu/staging \
 		--install build/gpu-check-cpu/install --out build/gpu-check-cpu
 else
-	PYTHONUNBUFFERED=1 python3 -m speccompile.gpu_payload run $(lastword $(sort $(wildcard build/gpu-payload/part*)))
+	PYTHONUNBUFFERED=1 python3 -m speccompile.gpu_check.payload run $(lastword $(sort $(wildcard build/gpu-payload/part*)))
 endif

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import ConfigError, LlamaConfig, preset
-from .quant_codec import QUANTIZATIONS, Quantization, get_quantization
+from speccompile.models.config import ConfigError, LlamaConfig, preset
+from speccompile.models.quant_codec import QUANTIZATIONS, Quantization, get_quantization
 
 __all__ = ["ConfigError", "LlamaConfig", "preset", "QUANTIZATIONS", "Quantization", "get_quantization",
            "MODELS", "HEAD_TYPES", "build_model", "config_from_dict", "source_map"]

@@ -16,7 +16,7 @@ then scores only those tokens; without them the runtime uses the target's ``get_
 the output.
 
 Draft steps on device. A head with a draft vocabulary also exports ``draft_step`` and
-``draft_catch_up``: embedding, fc, layers, lm_head and the top-k (models/draft_kernels.py)
+``draft_catch_up``: embedding, fc, layers, lm_head and the top-k (kernels/draft_topk.py)
 of a whole draft depth in one call, so only the small [n, k] arrays of token ids and
 log-probabilities leave the device, and the features stay there for the next depth.
 
@@ -49,11 +49,11 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from speccompile.runtime.contract import EAGLE, FORWARD_META
 
-from .config import ConfigError, LlamaConfig, reduced_vocabulary_size
-from .draft_kernels import draft_top
-from .exports import contract_spec, forward_meta_specs
-from .llama import DecoderLayer
-from .quantization import QLinear, Quantization, embedding_rows, weight_storage
+from speccompile.models.config import ConfigError, LlamaConfig, reduced_vocabulary_size
+from speccompile.kernels.draft_topk import draft_top
+from speccompile.models.exports import contract_spec, forward_meta_specs
+from speccompile.models.llama import DecoderLayer
+from speccompile.models.quantization import QLinear, Quantization, embedding_rows, weight_storage
 
 DRAFT_TOP_K = 8  # columns of draft_step's top-k: the widest tree (--spec-tree-width) it serves
 TARGET_EMBED = "embed_tokens"  # the target's embedding module (models/llama.py): its tensors' prefix

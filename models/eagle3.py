@@ -36,12 +36,12 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from speccompile.runtime.contract import EAGLE3, FORWARD_META
 
-from .config import ConfigError, LlamaConfig, feature_layers
-from .draft_kernels import draft_top
-from .eagle import DraftHead, HeadLayerConfig, head_decoder_config, target_embed_specs
-from .exports import contract_spec, forward_meta_specs
-from .llama import MLP, Attention
-from .quantization import QLinear, Quantization, embedding_rows
+from speccompile.models.config import ConfigError, LlamaConfig, feature_layers
+from speccompile.kernels.draft_topk import draft_top
+from speccompile.models.eagle import DraftHead, HeadLayerConfig, head_decoder_config, target_embed_specs
+from speccompile.models.exports import contract_spec, forward_meta_specs
+from speccompile.models.llama import MLP, Attention
+from speccompile.models.quantization import QLinear, Quantization, embedding_rows
 
 
 @dataclass
@@ -122,7 +122,7 @@ def _draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, names: list[str]
     """Rows of the head's lm_head: ``d2t``'s length, or the target's vocabulary when the
     checkpoint maps nothing (SafeAILab drops d2t/t2d when both vocabularies are equal).
     A missing ``lm_head.weight`` is read from the target's rows at conversion
-    (speccompile/sources.py), as for EAGLE-1 heads."""
+    (speccompile/compiler/sources.py), as for EAGLE-1 heads."""
     v, h = target.vocab_size, target.hidden_size
     rows = shape("d2t")[0] if "d2t" in names else v
     if "d2t" in names and len(shape("d2t")) != 1:

@@ -15,16 +15,16 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from speccompile.runtime.contract import FORWARD_META, TARGET
 
-from . import attention as A
-from .activation import swiglu
-from .attention import building_for_cpu
-from .attention_gpu import qkv_rope_append_gpu
-from .norm_gpu import add_rms_norm_gpu
-from .config import LlamaConfig, hf_source_map  # noqa: F401 - re-exported (lives with the config: no TVM)
-from .exports import contract_spec, forward_meta_specs
-from .quantization import QEmbedding, QLinear, Quantization
-from .sampling_kernels import accept_sampled as accept_sampled_kernel, sampling_probs as sampling_probs_kernel
-from .verification import accept_greedy as accept_greedy_kernel
+from speccompile.kernels import attention as A
+from speccompile.kernels.activation import swiglu
+from speccompile.kernels.attention import building_for_cpu
+from speccompile.kernels.attention_gpu import qkv_rope_append_gpu
+from speccompile.kernels.norm_gpu import add_rms_norm_gpu
+from speccompile.models.config import LlamaConfig, hf_source_map  # noqa: F401 - re-exported (lives with the config: no TVM)
+from speccompile.models.exports import contract_spec, forward_meta_specs
+from speccompile.models.quantization import QEmbedding, QLinear, Quantization
+from speccompile.kernels.sampling import accept_sampled as accept_sampled_kernel, sampling_probs as sampling_probs_kernel
+from speccompile.kernels.verification import accept_greedy as accept_greedy_kernel
 
 
 class Attention(nn.Module):
@@ -142,7 +142,7 @@ class LlamaForCausalLM(nn.Module):
 
     def _body_gpu(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], capture: list[int] | None):
         """The same layers, each residual add fused with the RMSNorm that reads its sum
-        (models/norm_gpu.py): on GPUs a step is bound by kernel launches."""
+        (kernels/norm_gpu.py): on GPUs a step is bound by kernel launches."""
         taken = {}
         h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):

@@ -15,7 +15,7 @@ the size of its lm_head), so heads may instead share an EAGLE-3 style reduced dr
 vocabulary: one ``lm_head.weight`` [draft_vocab, h] with ``d2t`` (draft id j is target
 token ``j + d2t[j]``) and no per-head vocabulary weight; each head's matmul then reads
 that small matrix. Our trainer writes this form when the projection is frozen
-(speccompile/train_medusa.py). Drafts are verified by the target, so it changes speed only.
+(speccompile/training/medusa.py). Drafts are verified by the target, so it changes speed only.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from speccompile.runtime.contract import MEDUSA
 
-from .config import ConfigError, LlamaConfig, reduced_vocabulary_size
-from .exports import contract_spec
-from .quantization import QLinear, Quantization
+from speccompile.models.config import ConfigError, LlamaConfig, reduced_vocabulary_size
+from speccompile.models.exports import contract_spec
+from speccompile.models.quantization import QLinear, Quantization
 
 
 @dataclass

@@ -7,7 +7,7 @@ store symmetric int4 in groups of 32 along the input axis, eight nibbles per uin
 Why apart from models/quantization.py (the nn layers that consume the format): converting
 weights needs only this, and it must work where TVM's compiler is not installed -- a GPU
 machine that carries TVM's runtime alone converts random-weight checkpoints there
-(``convert_weight --layout-from``, speccompile/gpu_check.py).
+(``convert_weight --layout-from``, speccompile/gpu_check/check.py).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from tvm import te, tirx  # the runtime never imports this module, only the comp
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from .quant_codec import (GROUP_SIZE, PACK, QUANTIZATIONS, Quantization, dequantize_q4,  # noqa: F401 - re-exported
+from speccompile.models.quant_codec import (GROUP_SIZE, PACK, QUANTIZATIONS, Quantization, dequantize_q4,  # noqa: F401 - re-exported
                           get_quantization, quantize_q4)
 
 KERNEL_ATTR = "speccompile.kernel"

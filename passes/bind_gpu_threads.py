@@ -1,6 +1,6 @@
 """BindGPUThreads: run the model's hand-written ``T.parallel`` kernels on GPU threads.
 
-The paged-attention, RoPE and KV-copy kernels (models/attention.py) are written once,
+The paged-attention, RoPE and KV-copy kernels (kernels/attention.py) are written once,
 for any device, as a parallel loop over independent work items (a token, or a token and
 head) whose body is serial. On a GPU each work item becomes one thread: the parallel loop
 is split into ``blockIdx.x`` x ``threadIdx.x`` with a bound guard, and vectorized inner

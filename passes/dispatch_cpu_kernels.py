@@ -2,7 +2,7 @@
 
 The model emits each projection as a TE compute tagged ``speccompile.kernel``
 (``matmul``, ``q4_matmul``, ``q4_take``). On llvm this rule swaps each one for the
-hand-scheduled kernel of the same signature from ``cpu_kernels.py``. Untagged
+hand-scheduled kernel of the same signature from ``kernels/cpu_matmul.py``. Untagged
 functions, and shapes a kernel does not cover, are left to the default lowering.
 (Reading the tag and swapping the kernel in, shared with DispatchGPUKernels, is
 passes/tagged_kernels.py.)
@@ -12,8 +12,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from . import cpu_kernels as K
-from .tagged_kernels import kernel_tag, param_dtype, param_shape, replace_tagged
+from speccompile.kernels import cpu_matmul as K
+from speccompile.passes.tagged_kernels import kernel_tag, param_dtype, param_shape, replace_tagged
 
 
 def select_kernel(func: tirx.PrimFunc, int8_isa: str | None = None) -> tirx.PrimFunc | None:
@@ -42,7 +42,7 @@ def select_kernel(func: tirx.PrimFunc, int8_isa: str | None = None) -> tirx.Prim
 @tvm.transform.module_pass(opt_level=0, name="DispatchCPUKernels")
 class DispatchCPUKernels:
     """``int8_isa``: ``"avx512vnni"`` or ``"avx2"`` selects the int8-activation q4 kernel for
-    that instruction set (see ``cpu_kernels.q4_matmul_vnni``); None keeps the float one."""
+    that instruction set (see ``kernels/cpu_matmul.q4_matmul_vnni``); None keeps the float one."""
 
     def __init__(self, int8_isa: str | None = None):
         self.int8_isa = int8_isa

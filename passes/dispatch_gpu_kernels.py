@@ -1,9 +1,9 @@
 """DispatchGPUKernels: give the model's tagged kernels their GPU versions.
 
 The GPU twin of DispatchCPUKernels: the tagged TE matmuls (``matmul``, ``q4_matmul``)
-become the batch-invariant GEMV kernels of ``gpu_kernels.py``, the greedy
-acceptance kernel ``accept_greedy`` its thread-parallel version (models/verification.py), and
-``sampling_probs`` its block-per-row version (models/sampling_kernels.py; the
+become the batch-invariant GEMV kernels of ``kernels/gpu_matmul.py``, the greedy
+acceptance kernel ``accept_greedy`` its thread-parallel version (kernels/verification.py), and
+``sampling_probs`` its block-per-row version (kernels/sampling.py; the
 rejection-sampling walk, serial per sequence, is bound by BindGPUThreads). The
 embedding gathers (``take``, ``q4_take``) are plain injective functions that dlight's
 fallback rule schedules well, so they are left alone.
@@ -13,12 +13,12 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from speccompile.models.attention_gpu import max_vector_lanes
-from speccompile.models.sampling_kernels import sampling_probs_gpu
-from speccompile.models.verification import accept_greedy_gpu
+from speccompile.kernels.attention_gpu import max_vector_lanes
+from speccompile.kernels.sampling import sampling_probs_gpu
+from speccompile.kernels.verification import accept_greedy_gpu
 
-from . import gpu_kernels as K
-from .tagged_kernels import kernel_tag, param_dtype, param_shape, replace_tagged
+from speccompile.kernels import gpu_matmul as K
+from speccompile.passes.tagged_kernels import kernel_tag, param_dtype, param_shape, replace_tagged
 
 
 def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:

@@ -14,10 +14,10 @@ GPU (cuda, opencl, metal):
   5. TVM's generic GPU lowering to the VM.
 
 Both end in TVM's StaticPlanBlockMemory, which plans every buffer of an entry point at the
-upper bounds speccompile/compile.py attaches to its symbolic sizes (passes/memory_plan.py:
+upper bounds speccompile/compiler/compile.py attaches to its symbolic sizes (passes/memory_plan.py:
 buffers sized per token count would make a process grow with every new shape).
 
-(The models use their own paged attention -- models/attention.py -- so the wheel's CPU
+(The models use their own paged attention -- kernels/attention.py -- so the wheel's CPU
 tree-attention argument-order bug in nn.llm.PagedKVCache does not reach us.)
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .bind_gpu_threads import BindGPUThreads
-from .dispatch_cpu_kernels import DispatchCPUKernels
-from .cpu_kernels import int8_dot_isa
-from .dispatch_gpu_kernels import DispatchGPUKernels
+from speccompile.passes.bind_gpu_threads import BindGPUThreads
+from speccompile.passes.dispatch_cpu_kernels import DispatchCPUKernels
+from speccompile.kernels.cpu_matmul import int8_dot_isa
+from speccompile.passes.dispatch_gpu_kernels import DispatchGPUKernels
 
 
 def _dlight(kind: str) -> tvm.transform.Pass:

@@ -19,7 +19,7 @@ prediction after draft node j (the order ``[last] + drafts`` is verified in).
 The random numbers may also be given (``uniforms``), one per draft node for its accept
 test and one for the bonus, which is drawn by inverse CDF exactly as ``Generator.choice``
 does with one uniform. The law is the same; this is how the library's TensorIR kernel
-(models/sampling_kernels.py) and this reference are compared on the same draws.
+(kernels/sampling.py) and this reference are compared on the same draws.
 """
 from __future__ import annotations
 

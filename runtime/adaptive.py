@@ -7,7 +7,7 @@
   n-gram match's strength) through a calibration curve -- confidence bins -> measured
   acceptance -- that starts from a prior and learns from every verified node, corrected
   per sequence by how that sequence's own drafts fared (so a batch's predictions are as
-  good as one stream's: tests/test_acceptance_replay.py replays a concurrent workload).
+  good as one stream's: tests/runtime/test_acceptance_replay.py replays a concurrent workload).
 - ``StepPlan`` (one per decode step): every drafted node has a path probability P (the
   product of its and its ancestors' predicted acceptances), and a step's expected output
   is ``batch + sum(P)``. Its time is the draft forwards already run plus the target forward

@@ -11,10 +11,10 @@ it in the library's ``_metadata``, and the loaders refuse a library whose record
 differs (:func:`check_library`) before any weight is read.
 
 Plain Python with no TVM import: the runtime side imports only the TVM runtime, never
-the compiler, and the compiler (models/, passes/, speccompile/compile.py) may import
+the compiler, and the compiler (models/, passes/, speccompile/compiler/compile.py) may import
 this. The C API cannot import Python, so it mirrors the parts it uses in
 ``runtime/capi/src/contract.h`` and reads the page size from ``_metadata``;
-tests/test_contract.py checks that the two agree.
+tests/compiler/test_contract.py checks that the two agree.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ FORWARD_META: dict[str, tuple[tuple[str, ...], str]] = {
 # no forward takes more than T tokens (runtime/model.py refuses, and splits long prefills),
 # and a batch has at most T sequences (each brings at least one token).
 # Dimensions without a bound must shape no buffer an entry point allocates: the compiler
-# fails if one does (speccompile/compile.py).
+# fails if one does (speccompile/compiler/compile.py).
 SYMBOLIC_DIM_BOUNDS: dict[str, tuple[int, int] | None] = {
     "n": (1, 0),  # tokens of one forward (rows of embed, get_logits, sampling, acceptance)
     "nl": (1, 0),  # prefill logit rows: one per sequence of the forward
@@ -85,7 +85,7 @@ SYMBOLIC_DIM_BOUNDS: dict[str, tuple[int, int] | None] = {
     # extra slots per token: an EAGLE head's new rows attend ancestors written by earlier
     # forwards, so not bounded by this forward's tokens; an input, shapes no allocation
     "e": None,
-    # KV capacity in slots, chosen at run time (max_total_seq_len); the KV tensor is
+    # KV capacity in slots, chosen at run time (max_total_seq_length); the KV tensor is
     # written in place, never allocated by an entry point
     "slots": None,
 }

@@ -4,7 +4,7 @@ MLC-LLM users write devices as ``auto``, ``cpu``, ``cuda``, ``cuda:1``, ``opencl
 ``metal``, ``vulkan`` -- and, when compiling, a target string such as
 ``"llvm -mcpu=znver3"`` or a JSON target ``{"kind": "llvm", "mcpu": "znver3"}``. Both sides
 must read these the same way, and the runtime must import only the TVM runtime, so the
-parser lives here (pure Python, no TVM at all) and ``speccompile/targets.py`` imports it.
+parser lives here (pure Python, no TVM at all) and ``speccompile/compiler/targets.py`` imports it.
 
 TVM 0.27 no longer parses CLI target strings (``Target("llvm -mcpu=x")`` raises), which
 is one more reason to read them ourselves: the compile side turns the parsed attributes

@@ -11,7 +11,7 @@ a full-vocabulary EAGLE-1 head (its logits are the target's ``get_logits``), a l
 built before the draft entry points, a tree wider than the compiled top-k, or a target
 that stores its embedding otherwise than the head was compiled for (another quantization).
 Both paths give the same drafts: the same kernels compute the rows, and ``top_tokens``
-orders exactly as the device top-k (models/draft_kernels.py) -- by logit, ties to the
+orders exactly as the device top-k (kernels/draft_topk.py) -- by logit, ties to the
 lower draft id.
 """
 from __future__ import annotations

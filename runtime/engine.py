@@ -36,6 +36,7 @@ from .grammar import Grammars, apply_masks, constrain_drafts, mask_rows
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics, StepRecord, record_step
 from .model import Model
+from .options import EngineConfig, configs_from
 from .sampling import SamplingParams, sample, token_logprobs
 from .sequence import GenerationError, GenerationResult, Sequence, Stats
 from .speculative import SpeculativeConfig
@@ -48,18 +49,18 @@ class Engine(GenerationAPI):
     step primitives here; whole generations and prompts in runtime/generation.py)."""
 
     def __init__(self, model_dir: str | Path, model_lib: str | Path, device: str = "auto",
-                 speculative: SpeculativeConfig | None = None, *, max_total_seq_len: int | None = None,
-                 max_num_sequence: int = 4, max_batch_tokens: int | None = None,
-                 context_window_size: int | None = None, prefill_chunk_size: int | None = None, **spec_options):
-        """``speculative``: the speculative options, or ``spec_options`` by name (how the CLI,
-        bench and serve pass them). ``context_window_size``, ``prefill_chunk_size`` (MLC-LLM's
-        run-time overrides) only lower what the config and library were built for; a lowered
-        chunk is also the token budget per forward."""
+                 speculative: SpeculativeConfig | None = None, engine: EngineConfig | None = None, *,
+                 max_batch_tokens: int | None = None, **options):
+        """``speculative``, ``engine``: the config objects (runtime/options.py), or their fields by
+        name. Run-time sizes only lower what the config and library were built for; a lowered
+        ``prefill_chunk_size`` is also the token budget per forward."""
         # ---- validate everything cheap before loading anything
-        if set(spec_options) - set(SpeculativeConfig.keys()) or (speculative and spec_options):
-            raise GenerationError(f"engine options {sorted(spec_options)}: give SpeculativeConfig's fields by name, "
-                                  "or a SpeculativeConfig")
-        spec = speculative or SpeculativeConfig(**spec_options)
+        try:
+            spec, sizing = configs_from(options, (SpeculativeConfig, speculative), (EngineConfig, engine))
+        except ValueError as err:
+            raise GenerationError(str(err)) from None
+        max_num_sequence, context_window_size, prefill_chunk_size = (sizing.max_num_sequence,
+                                                                     sizing.context_window_size, sizing.prefill_chunk_size)
         try:
             parse_device(device)
             self.config = read_model_config(Path(model_dir))
@@ -100,7 +101,7 @@ class Engine(GenerationAPI):
             raise GenerationError(f"prefill_chunk_size={prefill_chunk_size} exceeds the {self.model.prefill_chunk_size}"
                                   f"-token chunk {model_lib} was compiled for")
         self.model.prefill_chunk_size = prefill_chunk_size or self.model.prefill_chunk_size  # read by every prefill
-        total = max_total_seq_len or min(self.context_window * max_num_sequence, 32768)  # shared by all sequences
+        total = sizing.max_total_seq_length or min(self.context_window * max_num_sequence, 32768)  # shared by all sequences
         self.kv = self.model.create_kv_cache(total)
         self.stop_token_ids = set(self.config.get("stop_token_ids", []))
         self.grammars = Grammars(self.model_dir / "tokenizer.json", self.model.vocab_size, list(self.stop_token_ids))

@@ -125,7 +125,7 @@ class GenerationAPI:
                         self.prefill([seq], self.model.prefill_chunk_size)
                 except KVCacheFull as err:
                     raise GenerationError(f"the KV cache cannot hold this prompt ({err}); "
-                                          "raise max_total_seq_len or run fewer sequences at once") from err
+                                          "raise max_total_seq_length or run fewer sequences at once") from err
             while True:
                 yield [s.pending_text for s in seqs], [s.result for s in seqs]
                 for s in seqs:

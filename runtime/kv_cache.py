@@ -1,6 +1,6 @@
 """Paged KV cache bookkeeping on the host; the pages themselves live in one device tensor.
 
-The model's kernels (models/attention.py) read and write the tensor; this class decides
+The model's kernels (kernels/attention.py) read and write the tensor; this class decides
 which slots each token writes and which rows each token attends, and builds the
 per-forward metadata arrays by name (runtime/contract.py's ``FORWARD_META``, which also
 fixes the order the entry points take them in). Pages hold the contract's

@@ -144,7 +144,7 @@ class Uploads:
 
 
 def tile_rows(arr: np.ndarray, tile: int) -> np.ndarray:
-    """[N, C] -> the same buffer holding [N/tile, C, tile] (see passes/cpu_kernels.py)."""
+    """[N, C] -> the same buffer holding [N/tile, C, tile] (see kernels/cpu_matmul.py)."""
     n, c = arr.shape
     return np.ascontiguousarray(arr.reshape(n // tile, tile, c).transpose(0, 2, 1)).reshape(n, c)
 

@@ -114,9 +114,7 @@ class NGramProposer:
 
     @classmethod
     def check(cls, config, model_dir: Path) -> None:
-        if not 1 <= config.ngram_min <= config.ngram_max:
-            raise ValueError(f"--ngram-min {config.ngram_min} / --ngram-max {config.ngram_max}: "
-                             "need 1 <= ngram_min <= ngram_max")
+        """Nothing beyond SpeculativeConfig's own checks (sizes in range, min <= max)."""
 
     @classmethod
     def build(cls, config, target: Model, kv_tokens: int, max_num_sequence: int, device: str) -> "NGramProposer":

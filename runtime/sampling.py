@@ -9,21 +9,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .options import check_options, option
+
+SAMPLED = ("generate", "chat")  # commands that take sampling options (a server's requests carry their own)
+
 
 @dataclass
 class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    """A request's sampling (runtime/options.py: one definition each; not --overrides keys)."""
+
+    temperature: float = option(0.0, "0 = greedy (the target's own argmax, speculation included)", low=0.0,
+                                override=False, commands=SAMPLED)
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this much probability", low=0.0,
+                          high=1.0, open_low=True, override=False, commands=SAMPLED)
+    top_k: int = option(0, "sample among the k likeliest tokens; 0 = all", low=0, override=False, commands=SAMPLED)
+    seed: int | None = option(None, "seed of the request's random numbers (default: fresh)", kind=int, override=False,
+                              commands=SAMPLED)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
+        check_options(self)
 
     @property
     def greedy(self) -> bool:

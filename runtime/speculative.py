@@ -13,6 +13,7 @@ import importlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .options import check_options, option
 from .sequence import GenerationError
 
 # mode -> the module (in this package) and class of its proposer. Named, not imported: the
@@ -25,18 +26,33 @@ DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 1, 64
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Every speculative option; the defaults are plain decoding."""
+    """Every speculative option (runtime/options.py: one definition each); the defaults are
+    plain decoding."""
 
-    speculative_mode: str = "disable"
-    additional_models: tuple[tuple[str, str], ...] = ()  # ((DIR, LIB),): a draft model or a head
-    spec_draft_length: int = 0  # 0 = adaptive (runtime/adaptive.py); k > 0 drafts exactly k deep
-    spec_tree_width: int = DEFAULT_TREE_WIDTH  # candidates per tree level (proposers with trees)
-    spec_tree_nodes: int = DEFAULT_TREE_NODES  # most draft nodes verified per step
-    ngram_min: int = 1
-    ngram_max: int = 4
+    speculative_mode: str = option("disable", "where drafts come from; disable = plain decoding", choices=MODES,
+                                   override=False)
+    # ((DIR, LIB),): a draft model or a head; the CLI form is "DIR,LIB"
+    additional_models: tuple[tuple[str, str], ...] = option(
+        (), "small_draft: DRAFT_DIR,DRAFT_LIB; eagle/medusa: HEAD_DIR,HEAD_LIB", kind=str, override=False)
+    spec_draft_length: int = option(0, "draft length k (chain length, or tree depth); 0 = adaptive "
+                                       "(runtime/adaptive.py)", low=0)
+    spec_tree_width: int = option(DEFAULT_TREE_WIDTH, "eagle/medusa: candidates per tree level (top-k); 1 = chain",
+                                  low=1)
+    spec_tree_nodes: int = option(DEFAULT_TREE_NODES, "eagle/medusa: most draft nodes verified per step", low=1,
+                                  high=256)
+    ngram_min: int = option(1, "ngram: shortest suffix matched", low=1)
+    ngram_max: int = option(4, "ngram: longest suffix matched", low=1)
 
     def __post_init__(self):
+        """Each field in its range, checked when the config is made (before anything loads)."""
         object.__setattr__(self, "additional_models", parse_additional_models(self.additional_models))
+        try:
+            check_options(self)
+        except ValueError as err:
+            raise GenerationError(str(err)) from None
+        if self.ngram_min > self.ngram_max:
+            raise GenerationError(f"ngram_min={self.ngram_min} exceeds ngram_max={self.ngram_max}; n-gram sizes need "
+                                  "min <= max")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -54,15 +70,11 @@ class SpeculativeConfig:
         """Refuse bad options with a clear message, before any model loads."""
         if self.speculative_mode not in MODES:
             raise GenerationError(f"unknown --speculative-mode {self.speculative_mode!r}; choose {', '.join(MODES)}")
-        if self.spec_draft_length < 0:
-            raise GenerationError("--spec-draft-length must be >= 0 (0 = adaptive)")
         cls = self.proposer_class
         trees = cls is not None and cls.supports_trees
         if (self.spec_tree_width, self.spec_tree_nodes) != (DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES) and not trees:
             with_trees = " or ".join(n for n in PROPOSERS if proposer_class(n).supports_trees)
             raise GenerationError(f"--spec-tree-width/--spec-tree-nodes apply to --speculative-mode {with_trees}")
-        if self.spec_tree_width < 1 or not 1 <= self.spec_tree_nodes <= 256:
-            raise GenerationError("--spec-tree-width must be >= 1 and --spec-tree-nodes in 1..256")
         if cls is None:
             return
         if self.spec_draft_length + 1 > max_batch_tokens:

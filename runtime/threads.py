@@ -93,7 +93,7 @@ class PoolTuner:
     PROBE_MAX), and at once when a step is SLOWDOWN x slower or faster than its mean (a
     process started or ended beside us). A probe ends at its first step slower than the
     current size's mean: on an idle host it costs one slower step. Bits do not depend on the pool size: every kernel
-    splits its outputs, never a reduction, over threads (tests/test_threads.py checks it)."""
+    splits its outputs, never a reduction, over threads (tests/runtime/test_threads.py checks it)."""
 
     PROBE_MIN, PROBE_MAX = 32, 256  # steps between probes, growing while the current size stays best
     BUDGET = 0.01  # share of the time lost probes may cost

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random-weight checkpoints built end to end, and the real SmolLM2."""
+"""Shared fixtures: tiny random-weight checkpoints built end to end, and the real SmolLM2;
+and the test tiers (pyproject.toml's markers), given to each test from what it uses."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,51 @@ def pytest_configure(config):
     """The test session is one of our entry points: kernel tests run TVM kernels before any
     model is loaded, and TVM's thread pool reads its size once (runtime/threads.py)."""
     configure_threads()
+
+
+REAL_MODEL_FIXTURES = {"smollm2", "smollm2_q4", "random_draft"}
+TIERS = ("unit", "tiny", "real_model", "opencl", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    """One tier per test, from the fixtures it uses (transitively) and its name: real_model
+    (SmolLM2), opencl (runs on the CPU OpenCL device), gpu (builds GPU artifacts), tiny (builds
+    a tiny model), else unit. A module may state its tier (``pytestmark``) where it builds
+    models inline; a unit test that builds or fetches one fails (``unit_builds_nothing``)."""
+    for item in items:
+        given = [m.name for m in item.iter_markers() if m.name in TIERS]
+        words = item.nodeid.lower()
+        if given:
+            tier = given[0]
+        elif REAL_MODEL_FIXTURES & set(item.fixturenames):
+            tier = "real_model"
+        elif "opencl" in words:
+            tier = "opencl"
+        elif any(w in words for w in ("cuda", "metal", "gpu", "iphone", "android")):
+            tier = "gpu"
+        elif "build_tiny" in item.fixturenames:
+            tier = "tiny"
+        else:
+            tier = "unit"
+        if not given:
+            item.add_marker(tier)
+
+
+@pytest.fixture(autouse=True)
+def unit_builds_nothing(request, monkeypatch):
+    """The unit tier's promise, kept: no TVM build and no real model in a unit test."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} is in the unit tier but builds or fetches a model: give its "
+                             "module `pytestmark = pytest.mark.tiny` (or real_model)")
+
+    from speccompile.compiler import compile as compiler, fetch
+
+    monkeypatch.setattr(compiler, "compile_model", refuse)
+    monkeypatch.setattr(fetch, "prepare", refuse)
+    monkeypatch.setattr(fetch, "fetch", refuse)
 
 
 def opencl_missing() -> str | None:
@@ -108,9 +154,9 @@ class Built:
 def build_tiny(tmp_path_factory):
     """build_tiny(preset, quant, device="llvm") -> Built, compiled once per session per combination
     (the weights and model directory are shared by every device's library)."""
-    from speccompile.compile import compile_model
-    from speccompile.convert_weight import convert_weight
-    from speccompile.gen_config import gen_config
+    from speccompile.compiler.compile import compile_model
+    from speccompile.compiler.convert_weight import convert_weight
+    from speccompile.compiler.gen_config import gen_config
 
     cache: dict = {}
     root = tmp_path_factory.mktemp("tiny")
@@ -140,7 +186,7 @@ def build_tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2():
     """(gguf_path, model_dir, lib) for SmolLM2-135M-Instruct at q0f32, built once and cached."""
-    from speccompile.fetch import fetch, prepare
+    from speccompile.compiler.fetch import fetch, prepare
 
     gguf = fetch("SmolLM2-135M-Instruct", quiet=True)
     model_dir, lib = prepare("SmolLM2-135M-Instruct", "q0f32", quiet=True)
@@ -149,7 +195,7 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def smollm2_q4():
-    from speccompile.fetch import prepare
+    from speccompile.compiler.fetch import prepare
 
     return prepare("SmolLM2-135M-Instruct", "q4f32_1", quiet=True)
 
@@ -158,9 +204,9 @@ def smollm2_q4():
 def random_draft(smollm2_q4, tmp_path_factory):
     """(model_dir, lib) of a 2-layer random-weight Llama with SmolLM2's vocabulary and
     tokenizer: a draft whose proposals are mostly wrong (and mostly break a grammar)."""
-    from speccompile.compile import compile_model
-    from speccompile.convert_weight import convert_weight
-    from speccompile.gen_config import gen_config
+    from speccompile.compiler.compile import compile_model
+    from speccompile.compiler.convert_weight import convert_weight
+    from speccompile.compiler.gen_config import gen_config
 
     model_dir, _ = smollm2_q4
     root = tmp_path_factory.mktemp("randdraft")

@@ -1,8 +1,8 @@
 """The package's import structure, read from the source (no module is imported).
 
-Three promises a reader relies on, checked over every module of the four package
-directories (installed as speccompile, speccompile.runtime, speccompile.models and
-speccompile.passes; see pyproject.toml):
+Three promises a reader relies on, checked over every module of the five package
+directories (installed as speccompile, speccompile.runtime, speccompile.models,
+speccompile.passes and speccompile.kernels; see pyproject.toml):
 
 - no import cycle among our modules, counting imports inside functions: a lazy import
   that hides a cycle still couples the two modules both ways;
@@ -10,7 +10,7 @@ speccompile.passes; see pyproject.toml):
   ``x._y``): what is shared is public, in the module that owns it;
 - the runtime never imports the compiler: nothing a ``speccompile.runtime`` module
   imports, directly or through other modules, is ``speccompile.models``,
-  ``speccompile.passes`` or a TVM module outside ``tvm.runtime`` (README: applications
+  ``speccompile.passes``, ``speccompile.kernels`` or a TVM module outside ``tvm.runtime`` (README: applications
   embed the runtime without the compiler).
 
 Pure Python and AST-based, so it runs in well under a second.
@@ -26,9 +26,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"speccompile": "speccompile", "speccompile.runtime": "runtime", "speccompile.models": "models",
-            "speccompile.passes": "passes"}  # installed name -> directory (pyproject's package-dir)
+            "speccompile.passes": "passes", "speccompile.kernels": "kernels"}  # name -> directory (package-dir)
 RUNTIME = "speccompile.runtime"
-COMPILER = ("speccompile.models", "speccompile.passes")
+COMPILER = ("speccompile.models", "speccompile.passes", "speccompile.kernels", "speccompile.compiler")
 # What the runtime may use of TVM: tvm.runtime (and tvm.runtime.vm ...) and the runtime
 # names the top-level package re-exports; everything else (relax, tirx, te, target, ir ...)
 # is the compiler.
@@ -357,7 +357,17 @@ def test_every_package_directory_is_read(mods):
     except ImportError:  # Python 3.10: pyproject is not readable without a dependency
         return
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert conf["package-dir"] == PACKAGES and sorted(conf["packages"]) == sorted(PACKAGES)
+    subpackages = {m for m, mod in mods.items() if mod.is_package and m.count(".") == 1 and m not in PACKAGES}
+    assert conf["package-dir"] == PACKAGES and sorted(conf["packages"]) == sorted({*PACKAGES, *subpackages})
+
+
+def test_the_package_is_laid_out_by_capability(mods):
+    """speccompile/ holds subpackages by capability (cli, compiler, serving, bench, gpu_check,
+    training) and at most 12 modules of its own; no source file grows past 600 lines."""
+    top = [m for m, mod in mods.items() if m.count(".") == 1 and m.startswith("speccompile.") and not mod.is_package]
+    assert len(top) <= 12, top
+    long = {m: n for m, mod in mods.items() if (n := len(mod.path.read_text().splitlines())) > 600}
+    assert not long, long
 
 
 def test_no_import_cycles(mods):

@@ -6,7 +6,7 @@
 //       FunctionInfo = string name; uint64 k, k x DLDataType (code u8, bits u8, lanes u16);
 //                      uint64 t, t x string launch tag; uint64 e, e x int32 extra tag
 //   string source
-// The layout is pinned by tests/test_opencl.py against what the installed TVM writes.
+// The layout is pinned by tests/runtime/test_opencl.py against what the installed TVM writes.
 #pragma once
 
 #include <dlpack/dlpack.h>

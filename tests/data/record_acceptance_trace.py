@@ -1,4 +1,4 @@
-"""Record the acceptance trace that tests/test_acceptance_replay.py replays.
+"""Record the acceptance trace that tests/runtime/test_acceptance_replay.py replays.
 
 A real concurrent workload: Qwen2.5-Coder-1.5B-Instruct q4f32_1 verifying a fixed 4-token
 chain from Qwen2.5-Coder-0.5B-Instruct (small_draft) for the twelve bench/prompts.jsonl prompts
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from speccompile.fetch import prepare
+from speccompile.compiler.fetch import prepare
 from speccompile.runtime.engine import Engine
 
 OUT = Path(__file__).with_name("acceptance_trace_qwen15_small_draft.json")

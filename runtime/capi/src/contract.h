@@ -1,5 +1,5 @@
 // The compiler/runtime contract as the C API uses it: the C++ mirror of
-// runtime/contract.py, which states it for both sides (tests/test_contract.py checks
+// runtime/contract.py, which states it for both sides (tests/compiler/test_contract.py checks
 // that the names and argument lists here equal the Python ones).
 //
 // Why a mirror and not a copy of numbers: the KV page size is read from the library's

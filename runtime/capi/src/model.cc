@@ -135,7 +135,7 @@ void PrepareDeviceRuntime(const fj::Object& meta, const std::string& lib_path) {
 size_t DTypeBytes(DLDataType t) { return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8; }
 
 // runtime/model.py tile_rows: [N, C] -> the same buffer holding [N/tile, C, tile], so the
-// CPU GEMV kernels read `tile` output rows per contiguous run (passes/cpu_kernels.py).
+// CPU GEMV kernels read `tile` output rows per contiguous run (kernels/cpu_matmul.py).
 std::vector<char> TileRows(const std::vector<char>& src, int64_t n, int64_t c, int64_t tile, size_t esz) {
   std::vector<char> dst(src.size());
   for (int64_t blk = 0; blk < n / tile; ++blk)

@@ -1,0 +1,77 @@
+"""The SwiGLU activation of the MLP, ``silu(gate) * up``, as one vectorized kernel.
+
+Why our own: the default lowering calls libm ``expf`` once per element on one thread,
+about 1 ms of a 1.5B decode step. Here ``exp`` is a polynomial (Cephes' single-precision
+expf: range reduction by ln 2, a degree-6 polynomial, exponent bits added back) that
+vectorizes, and rows are split over threads. It is elementwise, so batch invariant.
+"""
+from __future__ import annotations
+
+
+from tvm.script import tirx as T
+
+from speccompile.kernels import kernel_cache
+
+from speccompile.kernels.attention import SERIAL_BELOW, building_for_cpu
+
+LOG2E = 1.44269504088896341
+LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
+EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+def fast_exp(x):
+    """exp(x) for float32 x, within a few ulp, for |x| <= 87 (inputs are clamped there)."""
+    x = T.max(T.min(x, T.float32(87.0)), T.float32(-87.0))
+    n = T.round(x * T.float32(LOG2E))
+    r = x - n * T.float32(LN2_HI) - n * T.float32(LN2_LO)
+    p = T.float32(EXP_POLY[0])
+    for c in EXP_POLY[1:]:
+        p = p * r + T.float32(c)
+    p = p * r * r + r + T.float32(1.0)
+    two_n = T.reinterpret("float32", T.shift_left(T.Cast("int32", n) + 127, 23))
+    return p * two_n
+
+
+def _chunk(n: int) -> int:
+    for c in (256, 128, 64, 32, 16, 8, 4, 2):
+        if n % c == 0:
+            return c
+    return 1
+
+
+@kernel_cache
+def swiglu(inter: int, dtype: str):
+    """out [m, inter] = silu(gate[:, :inter]) * up[:, inter:]; the model passes the fused
+    gate/up output as both inputs. (Two used inputs also keep relax's RewriteDataflowReshape
+    from probing the kernel as a possible reshape, which it cannot do without blocks.)"""
+    cpu = building_for_cpu()
+    ch = _chunk(inter) if cpu else 1  # GPUs: one thread per element
+    lanes, per_row = min(16, ch), inter // ch
+
+    @T.macro
+    def chunk(gate, up, out, c):
+        for v in range(ch // lanes):
+            for l in T.vectorized(lanes):
+                out[c // per_row, (c % per_row) * ch + v * lanes + l] = T.Cast(dtype, _silu_mul(
+                    T.Cast("float32", gate[c // per_row, (c % per_row) * ch + v * lanes + l]),
+                    T.Cast("float32", up[c // per_row, inter + (c % per_row) * ch + v * lanes + l])))
+
+    @T.prim_func(private=True)
+    def kernel(var_gate: T.handle, var_up: T.handle, var_out: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        m = T.int64()
+        gate = T.match_buffer(var_gate, (m, 2 * inter), dtype)
+        up = T.match_buffer(var_up, (m, 2 * inter), dtype)
+        out = T.match_buffer(var_out, (m, inter), dtype)
+        if cpu and m < SERIAL_BELOW:
+            for c in range(m * per_row):
+                chunk(gate, up, out, c)
+        else:
+            for c in T.parallel(m * per_row):
+                chunk(gate, up, out, c)
+
+    return kernel
+
+
+def _silu_mul(g, u):
+    return g / (T.float32(1.0) + fast_exp(-g)) * u

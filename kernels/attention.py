@@ -1,0 +1,230 @@
+"""Paged KV storage and attention kernels whose arithmetic never depends on batching.
+
+Why not TVM's ``PagedKVCache``: for a multi-token forward it attends the cached prefix
+and the new chunk separately and merges the two softmax states, while a one-token decode
+runs a single pass. The two round differently (1.7e-5 on SmolLM2), so a token verified
+among drafts would not get the logits it gets when decoded alone, and greedy speculation
+would not be exactly lossless. Here every query walks its rows in one fixed order -- the
+sequence's positions ``0..prefix-1`` through its page table, then any extra rows (a
+token tree's ancestors, in depth order) -- with the same online-softmax arithmetic in
+every mode, so prefill, decode, chain verify and tree verify agree bit for bit.
+
+Cache layout: ``kv [layers, 2, slots, kv_heads, head_dim]``, ``slot = page * KV_PAGE_SIZE +
+offset``; the page size is the contract's (runtime/contract.py), compiled into the kernel
+here and used by the host bookkeeping that builds the page tables.
+"""
+from __future__ import annotations
+
+
+import math
+
+from tvm.script import tirx as T
+
+from speccompile.kernels import kernel_cache
+
+from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
+
+
+def building_for_cpu() -> bool:
+    """Kernels are built while the model is exported, under the compile target."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    return target is None or target.kind.name == "llvm"
+
+
+def scratch_scope() -> str:
+    """Storage scope of per-thread scratch: registers on GPUs ("local"); on the CPU a
+    "local" buffer is a heap workspace call per task while a "global" one declared inside
+    the parallel body is a stack alloca that LLVM keeps in registers."""
+    return "global" if building_for_cpu() else "local"
+
+
+# On the CPU a parallel region costs ~6 us to launch (TVM's thread pool, 2 cores); a
+# per-token kernel with fewer rows than this runs on the calling thread instead.
+SERIAL_BELOW = 8
+
+
+@kernel_cache
+def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
+    """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half)."""
+    half = head_dim // 2
+    scratch, cpu = scratch_scope(), building_for_cpu()
+
+    @T.macro
+    def token(qkv, pos, out, t):
+        cs = T.decl_buffer((2, half), "float32", scope=scratch)
+        _rope_angles(cs, pos[t], half, head_dim, theta)
+        for h, i in T.grid(num_heads, head_dim):
+            out[t, h, i] = _rope_elem(qkv, t, h, i, cs, half, dtype)
+
+    @T.prim_func(private=True)
+    def kernel(var_qkv: T.handle, var_pos: T.handle, var_out: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        n = T.int64()
+        qkv = T.match_buffer(var_qkv, (n, num_heads + 2 * num_kv, head_dim), dtype)
+        pos = T.match_buffer(var_pos, (n,), "int32")
+        out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
+        if cpu and n < SERIAL_BELOW:
+            for t in range(n):
+                token(qkv, pos, out, t)
+        else:
+            for t in T.parallel(n):
+                token(qkv, pos, out, t)
+
+    return kernel
+
+
+@T.macro
+def _rope_angles(cs, p, half, head_dim, theta):
+    """cs[0/1, i] = cos/sin(p * theta^(-2i/d)): once per token, shared by all heads (the
+    transcendental calls dominated the kernel when made per element)."""
+    for i in range(half):
+        cs[0, i] = T.cos(T.Cast("float32", p) / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(head_dim)))
+        cs[1, i] = T.sin(T.Cast("float32", p) / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(head_dim)))
+
+
+def _rope_elem(buf, t, h, i, cs, half, dtype):
+    x = T.Cast("float32", buf[t, h, i])
+    rot = T.if_then_else(i < half, -T.Cast("float32", buf[t, h, i + half]), T.Cast("float32", buf[t, h, i - half]))
+    return T.Cast(dtype, x * cs[0, i % half] + rot * cs[1, i % half])
+
+
+@kernel_cache
+def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
+    """kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] (in place)."""
+    half = head_dim // 2
+    scratch, cpu = scratch_scope(), building_for_cpu()
+
+    @T.macro
+    def token(kv, qkv, pos, slot, layer, t):
+        cs = T.decl_buffer((2, half), "float32", scope=scratch)
+        _rope_angles(cs, pos[t], half, head_dim, theta)
+        for h, i in T.grid(num_kv, head_dim):
+            kv[layer, 0, slot[t], h, i] = _rope_elem(qkv, t, num_heads + h, i, cs, half, dtype)
+            kv[layer, 1, slot[t], h, i] = qkv[t, num_heads + num_kv + h, i]
+
+    @T.prim_func(private=True)
+    def kernel(var_kv: T.handle, var_qkv: T.handle, var_pos: T.handle, var_slot: T.handle, layer: T.int64):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        n = T.int64()
+        slots = T.int64()
+        kv = T.match_buffer(var_kv, (num_layers, 2, slots, num_kv, head_dim), dtype)
+        qkv = T.match_buffer(var_qkv, (n, num_heads + 2 * num_kv, head_dim), dtype)
+        pos = T.match_buffer(var_pos, (n,), "int32")
+        slot = T.match_buffer(var_slot, (n,), "int32")
+        if cpu and n < SERIAL_BELOW:
+            for t in range(n):
+                token(kv, qkv, pos, slot, layer, t)
+        else:
+            for t in T.parallel(n):
+                token(kv, qkv, pos, slot, layer, t)
+
+    return kernel
+
+
+@kernel_cache
+def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str):
+    """out[t, h] = softmax(q k^T / sqrt(d)) v over the rows token t may see (see module doc).
+
+    seq[t]: row of the page table; prefix[t]: rows 0..prefix-1 of that sequence;
+    extra[t, 0:extra_len[t]]: further absolute slots (tree ancestors, then the node itself).
+
+    One task per (token, KV head) serves the ``group`` query heads that share it, so each
+    K/V row is fetched once for all of them and their independent dot products overlap.
+    Each head's arithmetic is still one fixed sequence over its rows. GPUs get
+    kernels/attention_gpu.py's version (a warp per token and query head).
+    """
+    if not building_for_cpu():
+        from speccompile.kernels.attention_gpu import attention_gpu
+        return attention_gpu(num_layers, num_heads, num_kv, head_dim, dtype)
+    group = num_heads // num_kv
+    scratch = scratch_scope()
+    lanes = 16 if head_dim % 16 == 0 else 8
+    chunks = head_dim // lanes
+    scale = 1.0 / math.sqrt(head_dim)
+
+    @T.prim_func(private=True)
+    def kernel(var_q: T.handle, var_kv: T.handle, var_pt: T.handle, var_seq: T.handle, var_prefix: T.handle,
+               var_extra: T.handle, var_extra_len: T.handle, layer: T.int64, var_out: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        n = T.int64()
+        slots = T.int64()
+        b = T.int64()
+        pages = T.int64()
+        e = T.int64()
+        q = T.match_buffer(var_q, (n, num_heads, head_dim), dtype)
+        kv = T.match_buffer(var_kv, (num_layers, 2, slots, num_kv, head_dim), dtype)
+        pt = T.match_buffer(var_pt, (b, pages), "int32")
+        seq = T.match_buffer(var_seq, (n,), "int32")
+        prefix = T.match_buffer(var_prefix, (n,), "int32")
+        extra = T.match_buffer(var_extra, (n, e), "int32")
+        extra_len = T.match_buffer(var_extra_len, (n,), "int32")
+        out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
+        for tk in T.parallel(n * num_kv):
+            acc = T.decl_buffer((group, lanes), "float32", scope=scratch)
+            o = T.decl_buffer((group, head_dim), "float32", scope=scratch)
+            st = T.decl_buffer((group, 5), "float32", scope=scratch)  # per head: m, denom, s, rescale, p
+            for g in range(group):
+                for i in T.vectorized(head_dim):
+                    o[g, i] = T.float32(0)
+                st[g, 0] = T.float32(-3.0e38)
+                st[g, 1] = T.float32(0)
+            for r in range(prefix[tk // num_kv] + extra_len[tk // num_kv]):
+                # one row: its slot, then per head the score and the online-softmax update
+                s: T.let[T.int32] = T.if_then_else(
+                    r < prefix[tk // num_kv],
+                    pt[seq[tk // num_kv], T.min(r // PAGE, T.Cast("int32", pages) - 1)] * PAGE + r % PAGE,
+                    extra[tk // num_kv, T.max(r - prefix[tk // num_kv], 0)])
+                for g in T.unroll(group):
+                    for l in T.vectorized(lanes):
+                        acc[g, l] = T.float32(0)
+                    for c in range(chunks):
+                        for l in T.vectorized(lanes):
+                            acc[g, l] = acc[g, l] + T.Cast("float32", q[tk // num_kv, (tk % num_kv) * group + g, c * lanes + l]) * T.Cast("float32", kv[layer, 0, s, tk % num_kv, c * lanes + l])
+                    st[g, 2] = _tree_sum(acc, g, lanes) * T.float32(scale)
+                for g in T.unroll(group):
+                    # rescale = exp(m - max), p = exp(s - max): one of the two is exp(0) = 1
+                    if st[g, 2] > st[g, 0]:
+                        st[g, 3] = T.exp(st[g, 0] - st[g, 2])
+                        st[g, 4] = T.float32(1)
+                        st[g, 0] = st[g, 2]
+                    else:
+                        st[g, 3] = T.float32(1)
+                        st[g, 4] = T.exp(st[g, 2] - st[g, 0])
+                    st[g, 1] = st[g, 1] * st[g, 3] + st[g, 4]
+                    for i in T.vectorized(head_dim):
+                        o[g, i] = o[g, i] * st[g, 3] + st[g, 4] * T.Cast("float32", kv[layer, 1, s, tk % num_kv, i])
+            for g in range(group):
+                for i in T.vectorized(head_dim):
+                    out[tk // num_kv, (tk % num_kv) * group + g, i] = T.Cast(dtype, o[g, i] / st[g, 1])
+
+    return kernel
+
+
+def _tree_sum(acc, g, lanes):
+    """acc[g, 0] + ... + acc[g, lanes-1] added pairwise, a fixed order with short latency."""
+    vals = [acc[g, l] for l in range(lanes)]
+    while len(vals) > 1:
+        vals = [vals[i] + vals[i + len(vals) // 2] for i in range(len(vals) // 2)]
+    return vals[0]
+
+
+@kernel_cache
+def copy_slots(num_layers: int, num_kv: int, head_dim: int, dtype: str):
+    """kv[:, :, dst[i]] = kv[:, :, src[i]] in order (commits accepted tree nodes)."""
+
+    @T.prim_func(private=True)
+    def kernel(var_kv: T.handle, var_src: T.handle, var_dst: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        c = T.int64()
+        slots = T.int64()
+        kv = T.match_buffer(var_kv, (num_layers, 2, slots, num_kv, head_dim), dtype)
+        src = T.match_buffer(var_src, (c,), "int32")
+        dst = T.match_buffer(var_dst, (c,), "int32")
+        for i in range(c):
+            for layer in T.parallel(num_layers):
+                for k, h, d in T.grid(2, num_kv, head_dim):
+                    kv[layer, k, dst[i], h, d] = kv[layer, k, src[i], h, d]
+
+    return kernel

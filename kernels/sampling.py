@@ -1,0 +1,339 @@
+"""Rejection-sampling verification as TensorIR kernels compiled into every model library.
+
+The sampling half of the one verification routine (``runtime/acceptance.py`` is its numpy
+reference). Two kernels, so the runtime only moves a few integers per sequence:
+
+- ``sampling_probs``: logits -> probabilities with temperature, top-k and top-p, per row.
+  The same kernel serves target and draft, which is what keeps the transform identical
+  on both sides (a condition of losslessness). No sort: top-k and top-p thresholds are
+  found by bisection over an order-preserving integer key of the float32 logits, so the
+  threshold is an exact element of the row, found in at most 33 counting passes.
+- ``accept_sampled``: recursive rejection sampling over chains and token trees, one
+  sequence per work item, with the random numbers given as input (the caller owns the
+  per-sequence generators, so a seeded request stays reproducible).
+
+On GPUs, ``sampling_probs_gpu`` (one thread block per row, dispatched by
+passes/dispatch_gpu_kernels.py) replaces the first; the walk of the second is serial per
+sequence and is bound one thread per sequence by passes/bind_gpu_threads.py.
+
+Differences from numpy, all at float ties: top-p keeps *every* element tied with the
+last one it needs (numpy's stable argsort keeps only the lower indices among them), and
+-0.0 ranks below +0.0. Sums are float32 (Metal has no float64), so a top-p cut or an
+accept test that lands within ~1e-6 of its threshold may fall the other way.
+
+Temperature <= 0 gives the one-hot of the first argmax: a greedy row, so greedy and
+sampled sequences can share one batch (rejection sampling against a one-hot target
+accepts exactly the argmax and then emits it, the greedy law).
+"""
+from __future__ import annotations
+
+
+from tvm.script import tirx as T
+
+from speccompile.kernels import kernel_cache
+
+from speccompile.kernels.attention import scratch_scope
+from speccompile.kernels.verification import block_argmax
+
+INT32_MIN = -(2**31)
+BISECT_STEPS = 33  # the key range spans at most 2**32 + 1 values
+
+
+def _key(x):
+    """int64 key of a float32 ordered like the floats (negative floats flip their magnitude bits)."""
+    bits = T.reinterpret("int32", x)
+    return T.Cast("int64", T.if_then_else(bits >= 0, bits, T.bitwise_xor(bits, T.int32(0x7FFFFFFF))))
+
+
+@kernel_cache
+def sampling_probs(vocab: int):
+    scratch = scratch_scope()
+    @T.prim_func(private=True)
+    def kernel(var_logits: T.handle, var_temp: T.handle, var_top_k: T.handle, var_top_p: T.handle,
+               var_probs: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "sampling_probs"})
+        n = T.int64()
+        logits = T.match_buffer(var_logits, (n, vocab), "float32")
+        temp = T.match_buffer(var_temp, (n,), "float32")
+        top_k = T.match_buffer(var_top_k, (n,), "int32")
+        top_p = T.match_buffer(var_top_p, (n,), "float32")
+        probs = T.match_buffer(var_probs, (n, vocab), "float32")
+        for i in T.parallel(n):
+            f = T.decl_buffer((3,), "float32", scope=scratch)  # max logit, softmax mass, kept mass
+            k = T.decl_buffer((5,), "int64", scope=scratch)  # lo, hi, mid, count, argmax / top-k key
+            f[0] = logits[i, 0]
+            k[4] = T.int64(0)
+            for v in range(1, vocab):
+                if logits[i, v] > f[0]:
+                    f[0] = logits[i, v]
+                    k[4] = T.Cast("int64", v)
+            if temp[i] <= T.float32(0):
+                for v in range(vocab):
+                    probs[i, v] = T.if_then_else(T.Cast("int64", v) == k[4], T.float32(1), T.float32(0))
+            else:
+                # top-k: lo = the largest key with count(key >= lo) >= top_k (the k-th largest logit)
+                k[0] = T.int64(INT32_MIN)
+                k[1] = _key(f[0]) + 1
+                if top_k[i] > 0 and top_k[i] < vocab:
+                    for _it in range(BISECT_STEPS):
+                        if k[1] - k[0] > 1:
+                            k[2] = T.floordiv(k[0] + k[1], 2)
+                            k[3] = T.int64(0)
+                            for v in range(vocab):
+                                if _key(logits[i, v]) >= k[2]:
+                                    k[3] = k[3] + 1
+                            if k[3] >= T.Cast("int64", top_k[i]):
+                                k[0] = k[2]
+                            else:
+                                k[1] = k[2]
+                k[4] = k[0]  # keep key >= this (INT32_MIN without top-k: everything)
+                f[1] = T.float32(0)
+                for v in range(vocab):
+                    if _key(logits[i, v]) >= k[4]:
+                        probs[i, v] = T.exp(logits[i, v] / temp[i] - f[0] / temp[i])
+                    else:
+                        probs[i, v] = T.float32(0)
+                    f[1] = f[1] + probs[i, v]
+                f[2] = f[1]
+                if top_p[i] < T.float32(1):
+                    # top-p: hi = the smallest key K with mass(key > K) < top_p * mass; keep key >= hi
+                    k[0] = T.int64(INT32_MIN) - 1
+                    k[1] = _key(f[0])
+                    for _it in range(BISECT_STEPS):
+                        if k[1] - k[0] > 1:
+                            k[2] = T.floordiv(k[0] + k[1], 2)
+                            f[2] = T.float32(0)
+                            for v in range(vocab):
+                                if _key(logits[i, v]) > k[2]:
+                                    f[2] = f[2] + probs[i, v]
+                            if f[2] < top_p[i] * f[1]:
+                                k[1] = k[2]
+                            else:
+                                k[0] = k[2]
+                    f[2] = T.float32(0)
+                    for v in range(vocab):
+                        if _key(logits[i, v]) < k[1]:
+                            probs[i, v] = T.float32(0)
+                        f[2] = f[2] + probs[i, v]
+                for v in range(vocab):
+                    probs[i, v] = probs[i, v] / f[2]
+
+    return kernel
+
+
+@kernel_cache
+def accept_sampled(vocab: int):
+    """Recursive rejection sampling, one sequence per work item (see runtime/acceptance.py).
+
+    p [n, vocab] target probs per row; q [nq, vocab] the draft distribution each row's
+    node was sampled from (nq = n, or 1 when every row is one-hot); one_hot [n] (q is the
+    one-hot of the row's token: n-gram and greedy drafts); tokens, parents [n] and
+    seq_indptr [b + 1] as in accept_greedy; uniforms [n + b] in [0, 1): row c's for the
+    accept test of child c, n + s for sequence s's final draw. out [b + 1, n + 2] as in
+    accept_greedy. The residual max(p - q, 0) lives in a workspace row per sequence.
+    """
+    scratch = scratch_scope()
+
+    @T.prim_func(private=True)
+    def kernel(var_p: T.handle, var_q: T.handle, var_one_hot: T.handle, var_tokens: T.handle,
+               var_parents: T.handle, var_indptr: T.handle, var_uniforms: T.handle, var_out: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "accept_sampled"})
+        n = T.int64()
+        nq = T.int64()
+        b1 = T.int64()
+        p = T.match_buffer(var_p, (n, vocab), "float32")
+        q = T.match_buffer(var_q, (nq, vocab), "float32")
+        one_hot = T.match_buffer(var_one_hot, (n,), "int32")
+        tokens = T.match_buffer(var_tokens, (n,), "int32")
+        parents = T.match_buffer(var_parents, (n,), "int32")
+        indptr = T.match_buffer(var_indptr, (b1,), "int32")
+        uniforms = T.match_buffer(var_uniforms, (n + b1 - 1,), "float32")
+        out = T.match_buffer(var_out, (b1, n + 2), "int32")
+        res = T.decl_buffer((b1 * vocab,), "float32")  # [b, vocab] residual of each sequence
+        for s in T.parallel(b1 - 1):
+            # current row, accepted, still walking, p is the residual row, siblings exhausted,
+            # picked token, last token with mass
+            st = T.decl_buffer((7,), "int32", scope=scratch)
+            f = T.decl_buffer((4,), "float32", scope=scratch)  # p[x], q[x], mass, cdf
+            st[0] = indptr[s]
+            st[1] = 0
+            st[2] = 1
+            st[3] = 0
+            for _step in range(indptr[s + 1] - indptr[s]):
+                if st[2] == 1:
+                    st[2] = 0
+                    st[3] = 0
+                    st[4] = 0
+                    for c in range(indptr[s] + 1, indptr[s + 1]):
+                        if st[2] == 0 and st[4] == 0 and parents[c] == st[0] - indptr[s]:
+                            if st[3] == 1:
+                                f[0] = res[s * vocab + T.Cast("int64", tokens[c])]
+                            else:
+                                f[0] = p[st[0], tokens[c]]
+                            if one_hot[c] != 0:
+                                f[1] = T.float32(1)
+                            else:
+                                f[1] = q[c, tokens[c]]
+                            if f[1] > T.float32(0) and uniforms[c] < f[0] / f[1]:
+                                out[s, 2 + st[1]] = T.Cast("int32", c - indptr[s] - 1)
+                                st[0] = T.Cast("int32", c)
+                                st[1] = st[1] + 1
+                                st[2] = 1
+                            else:  # rejected: p <- norm(max(p - q, 0)) for the next sibling
+                                f[2] = T.float32(0)
+                                for v in range(vocab):
+                                    if st[3] == 0:
+                                        res[s * vocab + v] = p[st[0], v]
+                                    if one_hot[c] != 0:
+                                        if v == tokens[c]:
+                                            res[s * vocab + v] = T.float32(0)
+                                    else:
+                                        res[s * vocab + v] = T.max(res[s * vocab + v] - q[c, v], T.float32(0))
+                                    f[2] = f[2] + res[s * vocab + v]
+                                if f[2] <= T.float32(0):  # empty residual: back to the node's p, stop
+                                    st[3] = 0
+                                    st[4] = 1
+                                else:
+                                    for v in range(vocab):
+                                        res[s * vocab + v] = res[s * vocab + v] / f[2]
+                                    st[3] = 1
+            out[s, 0] = st[1]
+            # the final token: inverse CDF of the current p at uniforms[n + s] (as Generator.choice),
+            # or the last token with mass should rounding leave the CDF at or below u
+            f[2] = T.float32(0)
+            for v in range(vocab):
+                if st[3] == 1:
+                    f[2] = f[2] + res[s * vocab + v]
+                else:
+                    f[2] = f[2] + p[st[0], v]
+            f[3] = T.float32(0)
+            st[5] = -1
+            st[6] = 0
+            for v in range(vocab):
+                if st[3] == 1:
+                    f[1] = res[s * vocab + v]
+                else:
+                    f[1] = p[st[0], v]
+                f[3] = f[3] + f[1]
+                if f[1] > T.float32(0):
+                    st[6] = T.Cast("int32", v)
+                if st[5] < 0 and f[3] / f[2] > uniforms[n + s]:
+                    st[5] = T.Cast("int32", v)
+            out[s, 1] = T.if_then_else(st[5] >= 0, st[5], st[6])
+
+    return kernel
+
+
+PROBS_THREADS = 256  # threads per row in the GPU sampling_probs kernel
+_LOG_THREADS = 8
+
+
+@T.macro
+def _block_sum(red, tx, acc):
+    """acc[0] <- the sum of acc[0] over the block, in a fixed tree order (deterministic)."""
+    red[tx] = acc[0]
+    for step in T.unroll(_LOG_THREADS):  # 256 -> 1; read, sync, write
+        T.tvm_storage_sync("shared")
+        if tx < T.shift_right(PROBS_THREADS // 2, step):
+            acc[0] = acc[0] + red[tx + T.shift_right(PROBS_THREADS // 2, step)]
+        T.tvm_storage_sync("shared")
+        if tx < T.shift_right(PROBS_THREADS // 2, step):
+            red[tx] = acc[0]
+    T.tvm_storage_sync("shared")
+    acc[0] = red[0]
+    T.tvm_storage_sync("shared")
+
+
+@kernel_cache
+def sampling_probs_gpu(vocab: int):
+    """The same contract, one thread block per row: every pass over the row is strided over
+    256 threads and reduced in shared memory. GPU sync rules forbid a barrier under a
+    branch, so the optional stages run a data-dependent number of bisection steps (0 when
+    off) and temperature 0 is resolved only in the final write."""
+    nt = PROBS_THREADS
+    steps = (vocab + nt - 1) // nt
+
+    @T.prim_func(private=True)
+    def kernel(var_logits: T.handle, var_temp: T.handle, var_top_k: T.handle, var_top_p: T.handle,
+               var_probs: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "tirx.is_scheduled": True,
+                     "speccompile.kernel": "sampling_probs"})
+        n = T.int64()
+        logits = T.match_buffer(var_logits, (n, vocab), "float32")
+        temp = T.match_buffer(var_temp, (n,), "float32")
+        top_k = T.match_buffer(var_top_k, (n,), "int32")
+        top_p = T.match_buffer(var_top_p, (n,), "float32")
+        probs = T.match_buffer(var_probs, (n, vocab), "float32")
+        for row in T.thread_binding(n, thread="blockIdx.x"):
+            for tx in T.thread_binding(nt, thread="threadIdx.x"):
+                val = T.decl_buffer((nt,), "float32", scope="shared")
+                idx = T.decl_buffer((nt,), "int32", scope="shared")
+                f = T.decl_buffer((4,), "float32", scope="local")  # max, rival, softmax mass, kept mass
+                acc = T.decl_buffer((1,), "float32", scope="local")  # block-reduced count or mass
+                at = T.decl_buffer((2,), "int32", scope="local")  # argmax, rival's index
+                k = T.decl_buffer((4,), "int64", scope="local")  # lo, hi, mid, top-k key
+                block_argmax(logits, row, tx, val, idx, f, at, vocab, nt)  # the first maximum
+                f[0] = val[0]
+                at[0] = idx[0]
+                T.tvm_storage_sync("shared")
+                # top-k (see sampling_probs): the largest key lo with count(key >= lo) >= top_k
+                k[0] = T.int64(INT32_MIN)
+                k[1] = _key(f[0]) + 1
+                for _it in range(T.if_then_else(temp[row] > T.float32(0) and top_k[row] > 0 and top_k[row] < vocab,
+                                                BISECT_STEPS, 0)):
+                    k[2] = T.floordiv(k[0] + k[1], 2)
+                    acc[0] = T.float32(0)
+                    for i in range(steps):
+                        if i * nt + tx < vocab:
+                            if _key(logits[row, i * nt + tx]) >= k[2]:
+                                acc[0] = acc[0] + T.float32(1)
+                    _block_sum(val, tx, acc)
+                    if k[1] - k[0] > 1:
+                        if acc[0] >= T.Cast("float32", top_k[row]):
+                            k[0] = k[2]
+                        else:
+                            k[1] = k[2]
+                k[3] = k[0]
+                acc[0] = T.float32(0)
+                for i in range(steps):
+                    if i * nt + tx < vocab:
+                        if temp[row] > T.float32(0) and _key(logits[row, i * nt + tx]) >= k[3]:
+                            probs[row, i * nt + tx] = T.exp(logits[row, i * nt + tx] / temp[row] - f[0] / temp[row])
+                        else:
+                            probs[row, i * nt + tx] = T.float32(0)
+                        acc[0] = acc[0] + probs[row, i * nt + tx]
+                _block_sum(val, tx, acc)
+                f[2] = acc[0]
+                # top-p: the smallest key hi with mass(key > hi) < top_p * mass; keep key >= hi
+                k[0] = T.int64(INT32_MIN) - 1
+                k[1] = T.if_then_else(top_p[row] < T.float32(1), _key(f[0]), T.int64(INT32_MIN))
+                for _it in range(T.if_then_else(temp[row] > T.float32(0) and top_p[row] < T.float32(1),
+                                                BISECT_STEPS, 0)):
+                    k[2] = T.floordiv(k[0] + k[1], 2)
+                    acc[0] = T.float32(0)
+                    for i in range(steps):
+                        if i * nt + tx < vocab:
+                            if _key(logits[row, i * nt + tx]) > k[2]:
+                                acc[0] = acc[0] + probs[row, i * nt + tx]
+                    _block_sum(val, tx, acc)
+                    if k[1] - k[0] > 1:
+                        if acc[0] < top_p[row] * f[2]:
+                            k[1] = k[2]
+                        else:
+                            k[0] = k[2]
+                acc[0] = T.float32(0)
+                for i in range(steps):
+                    if i * nt + tx < vocab:
+                        if _key(logits[row, i * nt + tx]) < k[1]:
+                            probs[row, i * nt + tx] = T.float32(0)
+                        acc[0] = acc[0] + probs[row, i * nt + tx]
+                _block_sum(val, tx, acc)
+                for i in range(steps):
+                    if i * nt + tx < vocab:
+                        if temp[row] > T.float32(0):
+                            probs[row, i * nt + tx] = probs[row, i * nt + tx] / acc[0]
+                        else:
+                            probs[row, i * nt + tx] = T.if_then_else(i * nt + tx == at[0], T.float32(1),
+                                                                     T.float32(0))
+
+    return kernel

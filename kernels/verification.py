@@ -1,0 +1,142 @@
+"""Greedy acceptance (``accept_greedy``) as a TensorIR kernel compiled into every model library.
+
+Batched over sequences, tree-aware, and a twin of ``runtime/acceptance.py`` (the numpy
+reference, which also handles sampling): per row, the argmax of the target logits
+(first index of the maximum, as numpy); per sequence, a walk from the root that follows
+the child whose token equals its parent row's argmax. Only a few integers per sequence
+leave the device, not the logits.
+
+Inputs (rows of all sequences back to back, each sequence's row 0 = its last token):
+  logits [n, vocab]; tokens [n] (row token); parents [n] (local parent row, -1 = root);
+  seq_indptr [b + 1]. Output out [b + 1, n + 2]: out[i, 0] = accepted drafts,
+  out[i, 1] = bonus token, out[i, 2 + d] = accepted draft node (row - 1) at depth d.
+"""
+from __future__ import annotations
+
+
+from tvm.script import tirx as T
+
+from speccompile.kernels import kernel_cache
+
+
+@T.macro
+def _walk(s, indptr, parents, tokens, best, out, scratch):
+    """Sequence s: from its root row, follow the child whose token is its parent's argmax."""
+    st = T.decl_buffer((3,), "int32", scope=scratch)  # current row, accepted, still walking
+    st[0] = indptr[s]
+    st[1] = 0
+    st[2] = 1
+    for _step in range(indptr[s + 1] - indptr[s]):
+        if st[2] == 1:
+            st[2] = 0
+            for c in range(indptr[s] + 1, indptr[s + 1]):
+                if st[2] == 0 and parents[c] == st[0] - indptr[s] and tokens[c] == best[st[0]]:
+                    out[s, 2 + st[1]] = T.Cast("int32", c - indptr[s] - 1)
+                    st[0] = T.Cast("int32", c)
+                    st[1] = st[1] + 1
+                    st[2] = 1
+    out[s, 0] = st[1]
+    out[s, 1] = best[st[0]]
+
+
+@kernel_cache
+def accept_greedy(vocab: int):
+    @T.prim_func(private=True)
+    def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
+               var_out: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "speccompile.kernel": "accept_greedy"})
+        n = T.int64()
+        b1 = T.int64()
+        logits = T.match_buffer(var_logits, (n, vocab), "float32")
+        tokens = T.match_buffer(var_tokens, (n,), "int32")
+        parents = T.match_buffer(var_parents, (n,), "int32")
+        indptr = T.match_buffer(var_indptr, (b1,), "int32")
+        out = T.match_buffer(var_out, (b1, n + 2), "int32")
+        best = T.decl_buffer((n,), "int32")
+        for i in T.parallel(n):
+            top = T.decl_buffer((1,), "float32", scope="global")  # stack scratch on the CPU
+            arg = T.decl_buffer((1,), "int32", scope="global")
+            top[0] = logits[i, 0]
+            arg[0] = 0
+            for v in range(1, vocab):
+                if logits[i, v] > top[0]:
+                    top[0] = logits[i, v]
+                    arg[0] = v
+            best[i] = arg[0]
+        for s in range(b1 - 1):
+            _walk(s, indptr, parents, tokens, best, out, "global")
+
+    return kernel
+
+
+ARGMAX_THREADS = 256  # threads per logits row in the GPU kernel
+
+
+@T.macro
+def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
+    """GPU: the first maximum of logits[row] over one block of ``nt`` (a power of two)
+    threads. Each thread scans a stride (indices rise, so ">" keeps the first), then a
+    fixed tree in shared val/idx (nt floats and ints) halves them, the lower index winning
+    ties; every step reads into registers, syncs, then writes (the sync planner refuses a
+    sync inside a branch). Afterwards mine[0]/at[0] of thread 0, and val[0]/idx[0] for all
+    threads, hold the maximum and its index (vocab if the row has no finite value)."""
+    mine[0] = T.float32(-3.4e38)
+    at[0] = vocab
+    for i in range((vocab + nt - 1) // nt):
+        if i * nt + tx < vocab:
+            mine[1] = logits[row, i * nt + tx]
+            if mine[1] > mine[0]:
+                mine[0] = mine[1]
+                at[0] = T.Cast("int32", i * nt + tx)
+    val[tx] = mine[0]
+    idx[tx] = at[0]
+    for step in T.unroll(nt.bit_length() - 1):
+        T.tvm_storage_sync("shared")
+        if tx < T.shift_right(nt // 2, step):
+            mine[1] = val[tx + T.shift_right(nt // 2, step)]
+            at[1] = idx[tx + T.shift_right(nt // 2, step)]
+            if mine[1] > mine[0] or (mine[1] == mine[0] and at[1] < at[0]):
+                mine[0] = mine[1]
+                at[0] = at[1]
+        T.tvm_storage_sync("shared")
+        if tx < T.shift_right(nt // 2, step):
+            val[tx] = mine[0]
+            idx[tx] = at[0]
+    T.tvm_storage_sync("shared")
+
+
+@kernel_cache
+def accept_greedy_gpu(vocab: int):
+    """The same contract on GPU threads: one block per row for the argmax, one thread per
+    sequence for the tree walk (two kernel launches). The argmax reduction breaks ties
+    toward the lower index, so it returns the first maximum like the CPU kernel."""
+    nt = ARGMAX_THREADS
+
+    @T.prim_func(private=True)
+    def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
+               var_out: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "tirx.is_scheduled": True,
+                     "speccompile.kernel": "accept_greedy"})
+        n = T.int64()
+        b1 = T.int64()
+        logits = T.match_buffer(var_logits, (n, vocab), "float32")
+        tokens = T.match_buffer(var_tokens, (n,), "int32")
+        parents = T.match_buffer(var_parents, (n,), "int32")
+        indptr = T.match_buffer(var_indptr, (b1,), "int32")
+        out = T.match_buffer(var_out, (b1, n + 2), "int32")
+        best = T.decl_buffer((n,), "int32")
+        for row in T.thread_binding(n, thread="blockIdx.x"):
+            for tx in T.thread_binding(nt, thread="threadIdx.x"):
+                val = T.decl_buffer((nt,), "float32", scope="shared")
+                idx = T.decl_buffer((nt,), "int32", scope="shared")
+                mine = T.decl_buffer((2,), "float32", scope="local")  # this thread's max, a rival's
+                at = T.decl_buffer((2,), "int32", scope="local")  # and their indices
+                block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt)
+                if tx == 0:
+                    best[row] = T.if_then_else(at[0] < vocab, at[0], 0)
+        for sb in T.thread_binding((b1 + 63) // 64, thread="blockIdx.x"):
+            for st_x in T.thread_binding(64, thread="threadIdx.x"):
+                if sb * 64 + st_x < b1 - 1:
+                    _walk(sb * 64 + st_x, indptr, parents, tokens, best, out, "local")
+
+    return kernel

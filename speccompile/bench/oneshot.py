@@ -1,0 +1,143 @@
+"""``speccompile bench --one-shot``: speculation as users meet it, one fresh process per run.
+
+Users run ``generate``, ``chat`` and freshly started servers, not warm benchmark loops: a
+policy that needs hundreds of steps to learn its costs never pays for them. Each prompt is
+decoded by four fresh ``speccompile generate --json`` processes, plain / spec / spec / plain
+(this kind of machine drifts 10-30% in speed within seconds; the mean of each pair cancels a
+linear drift), and the four outputs must be token-identical at temperature 0. Decode tok/s
+is what each process reports for its own decode loop; a request's end-to-end seconds are its
+prefill plus that decode (what a user waits for once the model is loaded: a draft model
+prefills every prompt too), and ``request_speedup`` is quoted on them. Model loading and the
+one-time cost profile are outside both and reported apart as process seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
+from speccompile.runtime.speculative import SpeculativeConfig
+
+
+def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
+              overrides: str | None = None, response_format: dict | None = None) -> dict:
+    cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
+           "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+    if response_format:  # as a user would: the response_format object in a file
+        path = Path(tempfile.mkdtemp(prefix="speccompile-rf-")) / "response_format.json"
+        path.write_text(json.dumps(response_format))
+        cmd += ["--response-format", str(path)]
+    if overrides:
+        cmd += ["--overrides", overrides]
+    for key, value in (spec or {}).items():
+        if value is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.expanduser("~"))
+    if done.returncode != 0:
+        raise RuntimeError(f"generate failed ({done.returncode}): {done.stderr.strip()[-800:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["process_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Path | None = None,
+                 max_tokens: int = 128, categories: list[str] | None = None, per_category: int | None = None,
+                 limit: int | None = None, out_json: Path | None = None, quiet: bool = False,
+                 overrides: str | None = None, repeat: int = 1) -> dict:
+    """``repeat``: plain / spec / spec / plain quartets per prompt (one fresh process each run);
+    a prompt's times are the means over all its plain and all its spec runs, its counts the
+    sums over its spec runs. Fresh processes on this kind of machine swing ~10% apart, and a
+    category holds few prompts: repeats are what make a category's number mean something."""
+    if not SpeculativeConfig(**spec).enabled:
+        raise ValueError("--one-shot compares plain and speculative decoding: give a --speculative-mode")
+    if repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, not {repeat}")
+    prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
+    rows = []
+    counts = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "draft_steps")
+    for i, p in enumerate(prompts):
+        plains, specs = [], []
+        for _ in range(repeat):
+            a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"])
+                            for sp in (None, spec, spec, None))
+            plains += [a, b]
+            specs += [s1, s2]
+        runs = plains + specs
+        tokens = plains[0]["stats"]["decode_tokens"]
+        plain_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in plains)
+        spec_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in specs)
+        plain_req = statistics.fmean(r["stats"]["request_seconds"] for r in plains)
+        spec_req = statistics.fmean(r["stats"]["request_seconds"] for r in specs)
+        total = {k: sum(r["stats"][k] for r in specs) for k in counts}
+        emitted = sum(r["stats"]["mean_accepted_length"] * r["stats"]["verify_steps"] for r in specs)
+        row = {"id": p["id"], "category": p["category"], "decode_tokens": tokens, "runs": len(runs),
+               "plain_seconds": plain_s, "spec_seconds": spec_s,
+               "plain_tokens_per_s": tokens / plain_s, "spec_tokens_per_s": tokens / spec_s,
+               "speedup": plain_s / spec_s,
+               # end to end (prefill + decode), what a user waits for: a draft model prefills too
+               "plain_request_seconds": plain_req, "spec_request_seconds": spec_req,
+               "request_speedup": plain_req / spec_req,
+               "identical_output": all(r["token_ids"] == runs[0]["token_ids"] for r in runs),
+               "plain_process_seconds": statistics.fmean(r["process_seconds"] for r in plains),
+               "spec_process_seconds": statistics.fmean(r["process_seconds"] for r in specs),
+               "accept_rate": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else 0.0,
+               "mean_accepted_length": emitted / total["verify_steps"] if total["verify_steps"] else 0.0,
+               **{k: v / len(specs) for k, v in total.items()}}  # per spec run
+        rows.append(row)
+        if not quiet:
+            print(f"[{i + 1}/{len(prompts)}] {p['category']:<13} plain {row['plain_tokens_per_s']:6.1f} | spec "
+                  f"{row['spec_tokens_per_s']:6.1f} tok/s x{row['speedup']:.2f} (request {row['plain_request_seconds']:.2f}"
+                  f" -> {row['spec_request_seconds']:.2f} s x{row['request_speedup']:.2f}) accept {row['accept_rate']:.2f} "
+                  f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']:.0f}/"
+                  f"{row['verify_steps'] + row['plain_steps']:.0f} steps"
+                  f"{'' if row['identical_output'] else '  OUTPUT DIFFERS'}", flush=True)
+    by_cat: dict[str, list[dict]] = {}
+    for r in rows:
+        by_cat.setdefault(r["category"], []).append(r)
+
+    def summarize(group: list[dict]) -> dict:
+        plain = sum(r["decode_tokens"] for r in group) / sum(r["plain_seconds"] for r in group)
+        spec_rate = sum(r["decode_tokens"] for r in group) / sum(r["spec_seconds"] for r in group)
+        drafted = sum(r["draft_tokens"] for r in group)
+        steps = sum(r["verify_steps"] for r in group)
+        return {"prompts": len(group), "plain_tokens_per_s": plain, "spec_tokens_per_s": spec_rate,
+                "speedup": spec_rate / plain,
+                "request_speedup": (sum(r["plain_request_seconds"] for r in group)
+                                    / sum(r["spec_request_seconds"] for r in group)),
+                "accept_rate": sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0,
+                "mean_accepted_length": (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
+                                         if steps else 0.0),
+                "identical_outputs": sum(r["identical_output"] for r in group),
+                "verify_steps": steps, "draft_tokens": drafted}
+
+    categories_out = {c: summarize(g) for c, g in by_cat.items()}
+    report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,
+              "max_tokens": max_tokens, "repeat": repeat, "host": _host(), "overall": summarize(rows),
+              "mean_of_categories": statistics.fmean(c["speedup"] for c in categories_out.values()),
+              "categories": categories_out, "prompts": rows}
+    if not quiet:
+        print(f"overall x{report['overall']['speedup']:.2f} (end to end x{report['overall']['request_speedup']:.2f}), "
+              f"mean of categories x{report['mean_of_categories']:.2f}, "
+              + ", ".join(f"{c} {v['speedup']:.2f}" for c, v in categories_out.items())
+              + f"; identical {report['overall']['identical_outputs']}/{len(rows)}", flush=True)
+    if out_json:
+        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _host() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs"

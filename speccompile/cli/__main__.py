@@ -1,0 +1,4 @@
+"""``python -m speccompile.cli``."""
+from speccompile.cli.main import main
+
+main()

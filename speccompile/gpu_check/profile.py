@@ -1,0 +1,126 @@
+"""Per-kernel device time of our library's forwards, for ``make gpu-check``.
+
+Why. The check's wall-clock figures (decode tok/s, the row-cost ratios, prefill tok/s) say
+how fast a forward is, not where its time goes: in the projections, in attention, in the
+small kernels between them, or on the host between launches. CUPTI (through
+torch.profiler, which records every kernel launched in the process, TVM's included) gives
+each kernel's device time, so the next kernel work aims at what dominates.
+
+It runs in a process of its own (``python -m speccompile.gpu_check.profile TASK_JSON``): torch
+and TVM's runtime share the process only here, and a crash or a hang costs this one
+measurement, not the check.
+
+Output (one JSON line): per phase (``decode`` 1 row, ``rows8``, ``rows32``, ``prefill512``
+forwards after a 16-token prefix, and ``engine_step_ctx128``: plain engine steps at a
+128-token context, whose wall less device time is the host's share of a step)
+the wall ms per forward, the device-busy ms per forward (the sum of its kernels' times),
+the kernel launches per forward, and the top kernels by total time with their share.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+TOP = 12
+
+
+def _phases(model, kv, prefill_tokens: int):
+    """name -> (a callable doing one forward, repetitions)."""
+    import numpy as np
+
+    sid = -3
+    ids = np.random.default_rng(1).integers(0, min(model.vocab_size, 32000), prefill_tokens + 64).tolist()
+
+    def rows(r):
+        def run():
+            toks = [ids[16:16 + r]]
+            if r == 1:
+                model.decode(kv, [sid], toks[0], on_device=True)
+            else:
+                model.forward_tokens(kv, [sid], toks, on_device=True)
+            model.device.sync()
+            kv.popn(sid, r)
+        return run
+
+    def prefill():
+        kv.add_sequence(-4)
+        try:
+            model.prefill(kv, [-4], [ids[:prefill_tokens]])
+            model.device.sync()
+        finally:
+            kv.remove_sequence(-4)
+
+    kv.add_sequence(sid)
+    model.prefill(kv, [sid], [ids[:16]])
+    out = {"decode": (rows(1), 20), "rows8": (rows(8), 10)}
+    if model.max_forward_tokens >= 32:
+        out["rows32"] = (rows(32), 5)
+    out["prefill%d" % prefill_tokens] = (prefill, 3)  # chunks of max_forward_tokens where it is smaller
+    return out
+
+
+def _engine_steps(engine, prompt: str, context: int):
+    """(one plain greedy engine step -- propose, forward, accept, commit -- of a sequence
+    ``context`` tokens long, repetitions): the host's share of a step is its wall time less
+    the device's busy time. The prompt is repeated up to ``context`` tokens (prefilled)."""
+    ids = engine.encode_prompt(prompt)
+    ids = (ids * (context // len(ids) + 1))[:context]
+    seq = engine.new_sequence(ids, 64, ignore_eos=True)  # 1 warm-up + 32 timed steps
+    engine.attach(seq)
+    while seq.prefilling:
+        engine.prefill([seq], engine.model.prefill_chunk_size)
+    return (lambda: engine.step([seq])), 32
+
+
+def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "Hello") -> dict:
+    from speccompile.runtime.tvm_import import import_runtime_only
+
+    import_runtime_only()
+    from speccompile.runtime.engine import Engine
+
+    engine = Engine(Path(model_dir), Path(lib), max_num_sequence=4)  # the engine's sequence and two scratch ones
+    model, kv = engine.model, engine.kv
+    import torch  # after TVM: torch's own CUDA libraries must not replace the ones TVM loaded
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    result = {}
+    phases = _phases(model, kv, prefill_tokens)
+    phases["engine_step_ctx128"] = _engine_steps(engine, prompt, 128)
+    if model.context_window_size >= 2048 + 64:
+        phases["engine_step_ctx2048"] = _engine_steps(engine, prompt, 2048)
+    for name, (fn, reps) in phases.items():
+        fn()  # warm-up: first-launch module loading stays out of the figures
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            wall = time.perf_counter() - t0
+        per = defaultdict(lambda: [0, 0.0])
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                rec = per[ev.name]
+                rec[0] += 1
+                rec[1] += ev.device_time  # microseconds
+        busy = sum(v[1] for v in per.values())
+        top = sorted(per.items(), key=lambda kv_: -kv_[1][1])[:TOP]
+        result[name] = {
+            "reps": reps, "wall_ms": round(1e3 * wall / reps, 3), "device_busy_ms": round(busy / 1e3 / reps, 3),
+            "launches": round(sum(v[0] for v in per.values()) / reps, 1),
+            "top": [{"kernel": k[:120], "calls": round(c / reps, 1), "ms": round(t / 1e3 / reps, 4),
+                     "share": round(t / busy, 3) if busy else None} for k, (c, t) in top]}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    task = json.loads((argv or sys.argv[1:])[0])
+    out = profile(task["model_dir"], task["lib"], int(task.get("prefill_tokens", 512)), task.get("prompt", "Hello"))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

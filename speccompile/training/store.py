@@ -1,0 +1,146 @@
+"""What must outlast the machine: the light half of a draft head's training data, kept in a
+folder that can be committed (``--data-dir``; ``make heads`` uses heads/data/<model dir name>/).
+
+Why. The data costs hours of CPU (the target's greedy answers come at ~70-250 tok/s on two
+cores), and the machine that made it can be handed to the next session with an empty cache:
+that happened once and took the prompt set, 917 answered conversations and the first head
+with it. The heavy half, the target's layer features (9 KB a token for a 1536-wide target),
+is a pure function of the token ids -- our kernels are batch-invariant, so one prefill over a
+finished conversation gives, bit for bit, the features its generation captured (tested, and
+checked on Qwen2.5-Coder-1.5B) -- and rebuilding them by packed prefill is cheaper than generating
+again: on a 2-core Zen 5, 303 tokens/s of whole conversations against ~205 (150 of them answer
+tokens) for batch-32 generation, which also had to make the prompts first. So only the ids need
+to last: ~2 bytes a token compressed.
+
+Layout of a data dir:
+- ``prompts/``: train-prompts' files (settings.json and the three append-only JSONL files);
+- ``answers/<split>/index.jsonl`` + ``tokens_NNNNN.npz``: one file per answer shard of the work
+  dir (same number, same index entry), holding its ``tokens``, ``offsets``, ``prompt_lens`` and
+  ``ids`` (training/answers' names) without the features.
+
+This module is files only: it imports nothing of the stages that use it (prompt_set,
+answers), and the rebuild by prefill lives in answers beside the shard writer.
+
+The rule both ways: a file (or an index) whose content is a prefix of the other's is behind and
+is brought up to it; two that differ otherwise are refused by name, since one of them was made
+with other settings and mixing them would silently train on two data sets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+PROMPT_FILES = ("settings.json", "train.jsonl", "held_out.jsonl", "rejected.jsonl")
+TOKEN_KEYS = ("tokens", "offsets", "prompt_lens", "ids")
+
+
+class DataConflict(ValueError):
+    """The work dir and the data dir hold different data sets."""
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def sync_prompts(work_prompts: Path, data_prompts: Path) -> dict[str, str]:
+    """Bring each prompt file of either folder up to the other's; returns {file: what was done}."""
+    done = {}
+    for name in PROMPT_FILES:
+        a, b = Path(work_prompts) / name, Path(data_prompts) / name
+        if not a.exists() and not b.exists():
+            continue
+        if not b.exists():
+            _copy(a, b)
+            done[name] = "saved"
+            continue
+        if not a.exists():
+            _copy(b, a)
+            done[name] = "restored"
+            continue
+        x, y = a.read_bytes(), b.read_bytes()
+        # an interrupted append leaves a torn last line: compare the complete lines only
+        xc, yc = x[: x.rfind(b"\n") + 1], y[: y.rfind(b"\n") + 1]
+        if name == "settings.json":
+            if json.loads(x) != json.loads(y):
+                raise DataConflict(f"{a} and {b} hold other train-prompts settings: choose another --work-dir or "
+                                   "--data-dir")
+        elif len(xc) > len(yc) and xc.startswith(yc):
+            _copy(a, b)
+            done[name] = "saved"
+        elif len(yc) > len(xc) and yc.startswith(xc):
+            _copy(b, a)
+            done[name] = "restored"
+        elif xc != yc:
+            raise DataConflict(f"{a} and {b} differ beyond a common beginning (two different prompt sets): "
+                               "choose another --work-dir or --data-dir")
+    return done
+
+
+def read_index(split_dir: Path) -> list[dict]:
+    """The index entries of a split's complete shards ({shard, ids, tokens, answer_tokens}), in
+    the order they were written; a torn last line (an interrupted append) ends it."""
+    index = Path(split_dir) / "index.jsonl"
+    out = []
+    for line in index.read_text().splitlines() if index.exists() else []:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(entry, dict) or not {"shard", "ids"} <= entry.keys():
+            break
+        out.append(entry)
+    return out
+
+
+def _check_prefix(work: list[dict], data: list[dict], where: str) -> None:
+    for w, d in zip(work, data):
+        if w["shard"] != d["shard"] or w["ids"] != d["ids"]:
+            raise DataConflict(f"{where}: the work dir's {w['shard']} and the data dir's {d['shard']} hold other "
+                               "conversations (two different answer sets): choose another --work-dir or --data-dir")
+
+
+def token_file(shard: str) -> str:
+    return shard.replace("shard_", "tokens_")
+
+
+def save_answers(work_split: Path, data_split: Path) -> int:
+    """Write the token half of every work-dir shard the data dir lacks; returns how many."""
+    work, data = read_index(work_split), read_index(data_split)
+    _check_prefix(work, data, str(data_split))
+    new = work[len(data):]
+    if not new:
+        return 0
+    Path(data_split).mkdir(parents=True, exist_ok=True)
+    for entry in new:
+        with np.load(Path(work_split) / entry["shard"]) as z:
+            arrays = {k: z[k] for k in TOKEN_KEYS}
+        dst = Path(data_split) / token_file(entry["shard"])
+        with open(dst.with_name(dst.name + ".tmp"), "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.replace(dst.with_name(dst.name + ".tmp"), dst)
+        with open(Path(data_split) / "index.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+    return len(new)
+
+
+def missing_answers(work_split: Path, data_split: Path) -> list[dict]:
+    """The data dir's index entries the work dir lacks, in order (to rebuild)."""
+    work, data = read_index(work_split), read_index(data_split)
+    _check_prefix(work, data, str(work_split))
+    return data[len(work):]
+
+
+def load_tokens(data_split: Path, entry: dict) -> dict[str, np.ndarray]:
+    with np.load(Path(data_split) / token_file(entry["shard"])) as z:
+        out = {k: z[k] for k in TOKEN_KEYS}
+    if list(map(str, out["ids"])) != list(entry["ids"]):
+        raise DataConflict(f"{data_split}/{token_file(entry['shard'])} does not hold the conversations its index "
+                           "line names (a partial copy?): delete the line and the file to regenerate them")
+    return out

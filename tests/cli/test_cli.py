@@ -1,0 +1,112 @@
+"""The command line as a user runs it, end to end on a tiny model."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from speccompile.cli.main import main
+
+
+@pytest.mark.tiny
+def test_pipeline_commands_and_generate_json(tmp_path):
+    from conftest import make_hf_checkpoint
+
+    hf = tmp_path / "hf"
+    make_hf_checkpoint(hf, "tiny-qwen2")
+    r = CliRunner()
+    out = tmp_path / "m"
+    assert r.invoke(main, ["convert_weight", str(hf), "--quantization", "q4f32_1", "-o", str(out)]).exit_code == 0
+    assert r.invoke(main, ["gen_config", str(hf), "--quantization", "q4f32_1", "-o", str(out),
+                           "--context-window-size", "256"]).exit_code == 0
+    conf = json.loads((out / "speccompile-config.json").read_text())
+    assert conf["context_window_size"] == 256 and (out / "tokenizer.json").exists()
+    lib = tmp_path / "m.so"
+    res = r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "llvm", "-o", str(lib)])
+    assert res.exit_code == 0, res.output
+    res = r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "hello", "--max-tokens", "8",
+                          "--json", "--speculative-mode", "ngram"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert {"prompt_token_ids", "token_ids", "text", "finish_reason", "stats"} <= set(data)
+    assert {"prefill_tokens", "decode_tokens", "prefill_tokens_per_s", "decode_tokens_per_s", "accept_rate",
+            "mean_accepted_length", "per_position_accept_rate", "draft_steps", "verify_steps"} <= set(data["stats"])
+    assert len(data["token_ids"]) <= 8
+    plain = json.loads(r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "hello",
+                                       "--max-tokens", "8", "--json"]).output)
+    assert plain["token_ids"] == data["token_ids"]
+    res = r.invoke(main, ["chat", str(out), "--model-lib", str(lib), "--max-tokens", "4"],
+                   input="hi\n/stats\n/reset\nagain\n/exit\n")
+    assert res.exit_code == 0 and "decode_tokens" in res.output and "conversation reset" in res.output
+    res = r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "vulkan", "-o", str(lib)])
+    assert res.exit_code == 2 and "SPIR-V" in res.output
+    res = r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "x" * 400, "--raw"])
+    assert res.exit_code == 2 and "context window is 256" in res.output
+
+
+def test_runtime_never_imports_the_compiler_side():
+    """Applications embed speccompile.runtime: it must not pull in models/, passes/ or compile."""
+    import subprocess
+    import sys
+
+    code = ("import sys, speccompile.runtime.engine, speccompile.runtime.proposers; "
+            "bad = [m for m in sys.modules if m.startswith(('speccompile.models', 'speccompile.passes', 'speccompile.kernels', "
+            "'speccompile.compiler'))]; print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.tiny
+def test_bench_runs_each_prompt_plain_spec_spec_plain_and_reports_identical_outputs(tmp_path):
+    """`speccompile bench` with a speculative mode: per prompt plain / spec / spec / plain
+    (drift cancels), every one of the four outputs identical, JSON with the side-by-side
+    figures. (A benchmark's numbers are not asserted: only that it measures the right thing.)"""
+    from conftest import make_hf_checkpoint
+
+    hf = tmp_path / "hf"
+    make_hf_checkpoint(hf, "tiny-qwen2")
+    r, out, lib = CliRunner(), tmp_path / "m", tmp_path / "m.so"
+    assert r.invoke(main, ["convert_weight", str(hf), "--quantization", "q0f32", "-o", str(out)]).exit_code == 0
+    assert r.invoke(main, ["gen_config", str(hf), "--quantization", "q0f32", "-o", str(out)]).exit_code == 0
+    assert r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "llvm", "-o", str(lib)]).exit_code == 0
+    report = tmp_path / "bench.json"
+    res = r.invoke(main, ["bench", str(out), "--model-lib", str(lib), "--speculative-mode", "ngram", "--num-prompts", "2",
+                          "--max-tokens", "12", "--json", str(report)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(report.read_text())
+    assert data["summary"]["identical_outputs"] == 2
+    for row in data["per_prompt"]:
+        assert row["decode_tokens"] == 11 and row["spec_seconds"] > 0 and row["plain_seconds"] > 0  # 1 from prefill
+        assert abs(row["speedup"] - row["spec_tokens_per_s"] / row["plain_tokens_per_s"]) < 1e-9
+
+
+def test_one_shot_bench_refuses_plain_decoding_before_running_anything(tmp_path):
+    """--one-shot compares plain and speculative runs: without a mode there is nothing to compare."""
+    import pytest
+
+    from speccompile.bench.oneshot import run_one_shot
+
+    with pytest.raises(ValueError, match="give a --speculative-mode"):
+        run_one_shot(tmp_path, tmp_path / "lib.so", {"speculative_mode": "disable"})
+
+
+def test_one_shot_bench_repeats_fresh_generate_processes(build_tiny, tmp_path):
+    """--one-shot --repeat 2: two plain/spec/spec/plain quartets of fresh `speccompile generate`
+    processes per prompt (the runtime-only TVM import included), all eight outputs identical,
+    counts summed over the spec runs and reported per run."""
+    from speccompile.bench.oneshot import run_one_shot
+
+    built = build_tiny("tiny-llama", "q0f32")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "code", "turns": ["def add(a, b): return a + b"]}) + "\n")
+    report = run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, max_tokens=10,
+                          quiet=True, repeat=2)
+    row = report["prompts"][0]
+    assert report["repeat"] == 2 and row["runs"] == 8 and row["identical_output"]
+    assert row["verify_steps"] + row["plain_steps"] <= 10 and row["plain_seconds"] > 0 and row["spec_seconds"] > 0
+    assert report["overall"]["identical_outputs"] == 1
+    # end to end: each request's prefill plus decode, which the decode-only figure leaves out
+    assert row["plain_request_seconds"] > row["plain_seconds"] and row["spec_request_seconds"] > row["spec_seconds"]
+    assert row["request_speedup"] == pytest.approx(row["plain_request_seconds"] / row["spec_request_seconds"])
+    assert report["overall"]["request_speedup"] > 0
+    with pytest.raises(ValueError, match="--repeat must be >= 1"):
+        run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, repeat=0)
