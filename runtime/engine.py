@@ -89,7 +89,7 @@ class Engine(GenerationAPI):
                                       f"{chunk} tokens (its buffers are planned for that many); for more rerun "
                                       "gen_config --prefill-chunk-size and compile")
         spec.check(self.model_dir, self.max_batch_tokens)
-        self.spec = spec
+        self.spec, self.sizes = spec, sizing  # the config objects it runs with
         self.tokenizer = load_tokenizer(self.model_dir)
         # ---- load
         self.model = Model(self.model_dir, Path(model_lib), device)

@@ -13,6 +13,7 @@ import platform
 import statistics
 import time
 from contextlib import closing
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,7 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
         "model": {"model_dir": str(model_dir), "model_lib": str(model_lib), "model_type": engine.model.meta["model_type"],
                   "quantization": engine.model.meta["quantization"], "weight_bytes_per_token": per_token},
         "settings": {"max_tokens": max_tokens, "prompts": str(prompts_file or DEFAULT_PROMPTS), "num_prompts": len(rows),
-                     "batch_size": 1, "greedy": True, **{k: v for k, v in spec.items()}},
+                     "batch_size": 1, "greedy": True, **asdict(engine.spec), **asdict(engine.sizes)},
         "summary": overall,
         "per_category": {c: summarize(g) for c, g in by_cat.items()},
         "per_prompt": rows,
