@@ -184,13 +184,16 @@ def rope_tables(n: int, head_dim: int, theta: float, torch):
     return torch.from_numpy(cos)[None, None], torch.from_numpy(sin)[None, None]
 
 
+@functools.cache
 def bf16_pays(torch) -> bool:
     """bf16 autocast where this CPU multiplies bf16 faster than fp32 (AVX-512 BF16 or AMX:
-    2-5x here), measured rather than assumed from the host's name. Both head trainers use it."""
-    a = torch.randn(1024, 1536)
-    b = torch.randn(1536, 1536)
+    2-5x here), measured rather than assumed from the host's name. Both head trainers use it.
+    Measured once per process, on a product small enough that a CPU which emulates bf16
+    (seconds per product at training sizes) answers in well under a second."""
+    a = torch.randn(256, 1024)
+    b = torch.randn(1024, 1024)
 
-    def rate(dt):
+    def best(dt, give_up: float = float("inf")) -> float:
         x, y = a.to(dt), b.to(dt)
         x @ y
         times = []
@@ -198,6 +201,9 @@ def bf16_pays(torch) -> bool:
             t = time.perf_counter()
             x @ y
             times.append(time.perf_counter() - t)
+            if times[-1] > give_up:  # already slower than it needs to be: emulated
+                break
         return min(times)
 
-    return rate(torch.bfloat16) < 0.8 * rate(torch.float32)
+    fp32 = best(torch.float32)
+    return best(torch.bfloat16, give_up=2 * fp32) < 0.8 * fp32
