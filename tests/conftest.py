@@ -15,12 +15,22 @@ from speccompile.runtime.threads import configure_threads
 
 def pytest_configure(config):
     """The test session is one of our entry points: kernel tests run TVM kernels before any
-    model is loaded, and TVM's thread pool reads its size once (runtime/threads.py)."""
+    model is loaded, and TVM's thread pool reads its size once (runtime/threads.py). Under
+    ``pytest -n N`` (``make test``) each of the N workers gets its share of the cores: N pools
+    as wide as the machine would spin against each other."""
+    import os
+
+    from speccompile.runtime.threads import physical_cores, user_threads
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and user_threads() is None:
+        os.environ["TVM_NUM_THREADS"] = str(max(1, physical_cores() // workers))
     configure_threads()
 
 
 REAL_MODEL_FIXTURES = {"smollm2", "smollm2_q4", "random_draft"}
 TIERS = ("unit", "tiny", "real_model", "opencl", "gpu")
+TIER_WEIGHT = {"unit": 0.1, "tiny": 3.0, "gpu": 5.0, "opencl": 8.0, "real_model": 10.0}  # rough seconds a test
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,6 +55,13 @@ def pytest_collection_modifyitems(config, items):
             tier = "unit"
         if not given:
             item.add_marker(tier)
+    # heaviest files first: `make test` hands whole files to its workers in this order, and a
+    # long file started last keeps one worker busy while the others idle
+    weight: dict[str, float] = {}
+    for item in items:
+        tier = next(m.name for m in item.iter_markers() if m.name in TIERS)
+        weight[item.path] = weight.get(item.path, 0.0) + TIER_WEIGHT[tier]
+    items.sort(key=lambda item: -weight[item.path])  # stable: a file's own order is kept
 
 
 @pytest.fixture(autouse=True)

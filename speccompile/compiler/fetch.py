@@ -5,6 +5,7 @@ checked by sha256, so it is downloaded, converted and compiled once.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -113,16 +114,34 @@ def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None 
     from speccompile.compiler.gen_config import gen_config
     from speccompile.runtime.contract import MODEL_CONFIG_FILE, TENSOR_CACHE_FILE
 
-    gguf = fetch(name, quiet)
-    model_dir = cache_root() / "converted" / f"{name}-{quantization}"
-    if not (model_dir / TENSOR_CACHE_FILE).exists():
-        convert_weight(gguf, quantization, model_dir, progress=not quiet)
-    if not (model_dir / MODEL_CONFIG_FILE).exists():
-        gen_config(gguf, quantization, model_dir)
     import tvm
 
-    cpu = mcpu if mcpu not in (None, "native") else tvm.target.codegen.llvm_get_system_cpu()
-    lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
-    if not lib.exists():
-        compile_model(model_dir / MODEL_CONFIG_FILE, "llvm", lib, verbose=not quiet, mcpu=mcpu)
+    gguf = fetch(name, quiet)
+    model_dir = cache_root() / "converted" / f"{name}-{quantization}"
+    with prepare_lock(f"{name}-{quantization}"):
+        if not (model_dir / TENSOR_CACHE_FILE).exists():
+            convert_weight(gguf, quantization, model_dir, progress=not quiet)
+        if not (model_dir / MODEL_CONFIG_FILE).exists():
+            gen_config(gguf, quantization, model_dir)
+        cpu = mcpu if mcpu not in (None, "native") else tvm.target.codegen.llvm_get_system_cpu()
+        lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
+        if not lib.exists():
+            compile_model(model_dir / MODEL_CONFIG_FILE, "llvm", lib, verbose=not quiet, mcpu=mcpu)
     return model_dir, lib
+
+
+@contextlib.contextmanager
+def prepare_lock(key: str):
+    """One process converts and compiles a cached model at a time: two processes started
+    together (a server and a bench, or two test workers) would otherwise write the same
+    files at once, and one could read the other's half-written shards."""
+    import fcntl
+
+    path = cache_root() / "locks" / f"{key}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
