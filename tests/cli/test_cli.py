@@ -110,3 +110,18 @@ def test_one_shot_bench_repeats_fresh_generate_processes(build_tiny, tmp_path):
     assert report["overall"]["request_speedup"] > 0
     with pytest.raises(ValueError, match="--repeat must be >= 1"):
         run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, repeat=0)
+
+
+def test_train_heads_takes_its_settings_as_options_checked_before_anything_loads():
+    """train-heads' settings are generated options (no environment variables); a bad value
+    is refused by name before any model is fetched (the unit tier refuses a fetch anyway)."""
+    from speccompile.training.settings import HeadsSettings
+
+    r = CliRunner()
+    res = r.invoke(main, ["train-heads", "--help"])
+    assert res.exit_code == 0 and "--head-max-steps" in res.output and "--answer-batch" in res.output
+    res = r.invoke(main, ["train-heads", "--train-prompts", "0"])
+    assert res.exit_code == 2 and "--train-prompts 0" in res.output and ">= 1" in res.output
+    res = r.invoke(main, ["train-heads", "--medusa-epochs", "zero"])
+    assert res.exit_code == 2 and "--medusa-epochs" in res.output
+    assert HeadsSettings().train_prompts == 20000 and HeadsSettings(heads="eagle3").chosen("x") == ["eagle3"]
