@@ -37,3 +37,41 @@ class HeadsSettings:
 
     def chosen(self, default: str) -> list[str]:
         return (self.heads or default).split(",")
+
+
+_EAGLE3 = {"override": False, "commands": ("train-draft",)}
+
+
+@dataclass(frozen=True)
+class Eagle3Settings:
+    """What an EAGLE-3 training run is (``train-draft --method eagle3``); a resumed run keeps the
+    head's shape and vocabulary from its state. Fields with a help text are flags of
+    ``train-draft``; the rest are the trainer's own constants, settable from Python."""
+
+    intermediate_size: int = option(2816, "eagle3: the head layer's MLP width (sets its size: 2816 is 57 MB of fp16 "
+                                          "for a 1536-wide target)", low=1, **_EAGLE3)
+    draft_vocab: int | None = None  # None: a resumed run's own, DRAFT_VOCAB for a new one (train-draft --draft-vocab)
+    steps: int = option(4, "eagle3: training-time test steps (the head trained on its own fed-back outputs)", low=1,
+                        flag="--ttt-steps", **_EAGLE3)
+    soft_labels: bool = option(False, "eagle3: train on the target's next-token distributions (from the answers' "
+                                      "final hidden states) or on its greedy tokens alone (learned faster here: "
+                                      "training/eagle3.py)", flag="--soft-labels/--hard-labels", **_EAGLE3)
+    init: str = option("target", "eagle3: a new head starts as the target's layer above the high feature (learned "
+                                 "~3x faster at first on Qwen2.5-Coder-1.5B) or from random weights; a resumed run "
+                                 "keeps its own", choices=("target", "random"), **_EAGLE3)
+    epochs: int = option(8, "eagle3: passes over the training answers", low=1, **_EAGLE3)
+    max_steps: int | None = option(None, "eagle3: a time box: the run ends at this many steps in all, its schedule "
+                                         "annealed by then (default: every epoch)", kind=int, low=1, **_EAGLE3)
+    batch_rows: int = 2048  # padded head rows per optimizer step
+    max_rows: int = 2048  # longest conversation (head rows) kept
+    lr: float = 3e-4
+    warmup: int = 100
+    eval_every: int = option(50, "eagle3: optimizer steps between held-out evaluations, at least (the curve; the "
+                                 "best one is exported); they also wait until they cost at most eval_share of the "
+                                 "run's time", low=1, **_EAGLE3)
+    eval_share: float = 0.1  # and at most this share of the run's time spent scoring them (1.0: no limit)
+    save_every_s: float = 300.0
+    seed: int = 0
+
+    def __post_init__(self):
+        check_options(self)
