@@ -16,15 +16,18 @@ from speccompile.runtime.threads import configure_threads
 def pytest_configure(config):
     """The test session is one of our entry points: kernel tests run TVM kernels before any
     model is loaded, and TVM's thread pool reads its size once (runtime/threads.py). Under
-    ``pytest -n N`` (``make test``) each of the N workers gets its share of the cores: N pools
-    as wide as the machine would spin against each other."""
+    ``pytest -n N`` (``make test``) each of the N workers gets its share of the cores for TVM
+    and for torch: N pools as wide as the machine would spin against each other (SmolLM2's
+    transformers references ran 4-5x slower so)."""
     import os
 
     from speccompile.runtime.threads import physical_cores, user_threads
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and user_threads() is None:
-        os.environ["TVM_NUM_THREADS"] = str(max(1, physical_cores() // workers))
+        share = str(max(1, physical_cores() // workers))
+        # torch's OpenMP pool too (the transformers references): both spin while they wait
+        os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = share
     configure_threads()
 
 
