@@ -9,7 +9,7 @@ import click
 
 from speccompile.cli.common import USER_ERRORS, fail, resolve_target, target_options
 from speccompile.cli.options import config_options
-from speccompile.training.settings import Eagle3Settings, HeadsSettings
+from speccompile.training.settings import HeadsSettings
 
 
 @click.command("train-draft")
@@ -38,24 +38,39 @@ from speccompile.training.settings import Eagle3Settings, HeadsSettings
 @click.option("--medusa-freeze-lm-head/--no-medusa-freeze-lm-head", default=True, show_default=True,
               help="medusa: keep every head's vocabulary projection equal to the target's lm_head "
                    "(cheap on a CPU); --no-... trains one per head (vocab x hidden floats each, plus Adam state)")
-@config_options(Eagle3Settings, "eagle3", "train-draft")
+@click.option("--epochs", type=int, default=8, show_default=True, help="eagle3: passes over the training answers")
+@click.option("--ttt-steps", type=int, default=4, show_default=True,
+              help="eagle3: training-time test steps (the head trained on its own fed-back outputs)")
+@click.option("--eval-every", type=int, default=50, show_default=True,
+              help="eagle3: optimizer steps between held-out evaluations, at least (the curve; the best one is "
+                   "exported); they also wait until they cost at most a tenth of the run's time")
+@click.option("--intermediate-size", type=int, default=2816, show_default=True,
+              help="eagle3: the head layer's MLP width (sets its size: 2816 is 57 MB of fp16 for a 1536-wide target)")
+@click.option("--soft-labels/--hard-labels", default=False, show_default=True,
+              help="eagle3: train on the target's next-token distributions (from the answers' final hidden "
+                   "states) or on its greedy tokens alone (learned faster here: training/eagle3.py)")
+@click.option("--init", "init", type=click.Choice(["target", "random"]), default="target", show_default=True,
+              help="eagle3: a new head starts as the target's layer above the high feature (learned ~3x faster "
+                   "at first on Qwen2.5-Coder-1.5B) or from random weights; a resumed run keeps its own")
 @click.option("--export-only", is_flag=True, default=False,
               help="eagle3: export the best checkpoint so far and stop (safe beside a running training)")
 def train_draft_cmd(target_dir, method, model_lib, output, num_prompts, max_tokens, gen_batch, steps, train_batch,
-                    draft_vocab, work_dir, medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head, eagle3,
-                    export_only):
+                    draft_vocab, work_dir, medusa_num_heads, medusa_num_layers, medusa_freeze_lm_head, epochs,
+                    ttt_steps, eval_every, intermediate_size, soft_labels, init, export_only):
     """Train a draft head for TARGET_DIR by self-distillation (resumable; needs torch)."""
     from speccompile.training.eagle import run_train_draft
 
     try:
         if method == "eagle3":
-            from speccompile.training.eagle3 import train_eagle3
+            from speccompile.training.eagle3 import Settings, train_eagle3
 
             if work_dir is None:
                 raise ValueError("--method eagle3 trains on WORK_DIR/answers: give --work-dir (train-answers' "
                                  "--work-dir)")
             report = train_eagle3(target_dir, work_dir, output,
-                                  Eagle3Settings(draft_vocab=draft_vocab, **eagle3), export_only=export_only)
+                                  Settings(intermediate_size=intermediate_size, draft_vocab=draft_vocab,
+                                           steps=ttt_steps, epochs=epochs, eval_every=eval_every,
+                                           soft_labels=soft_labels, init=init), export_only=export_only)
             click.echo(json.dumps(report, indent=1))
             click.echo(f"wrote {output}/config.json and model.safetensors; next: speccompile convert_weight {output} "
                        "--model-type eagle --target <the target's HF folder or GGUF> ...")

@@ -57,7 +57,6 @@ from pathlib import Path
 import numpy as np
 
 from speccompile.training.answers import conversations, read_shards
-from speccompile.training.settings import Eagle3Settings as Settings
 
 IGNORE = -100  # a row that is not scored (prompt tokens, past the end)
 OOV = -1  # an answer token outside the draft vocabulary: scored, never right, not trained on
@@ -322,6 +321,32 @@ def offline_scores(trainer: "Trainer", answers: Path, settings: "Settings") -> d
     if held:
         out["held_out"] = evaluate(trainer, held, settings.batch_rows, groups=kinds)
     return out
+
+
+@dataclass
+class Settings:
+    """What a run is; a resumed run keeps the head's shape and vocabulary from its state."""
+
+    intermediate_size: int = 2816  # 57 MB of fp16 with a 1536-wide target (fits heads/' 60 MB)
+    draft_vocab: int | None = None  # None: a resumed run's own, DRAFT_VOCAB for a new one
+    steps: int = 4  # TTT steps per batch
+    soft_labels: bool = False  # the target's distributions as labels, not its argmax (module docstring)
+    init: str = "target"  # a new head starts as the target's layer above the high feature, or "random"
+    epochs: int = 8
+    max_steps: int | None = None  # a time box: the run ends at this many steps in all, annealed by then
+    batch_rows: int = 2048  # padded head rows per optimizer step
+    max_rows: int = 2048  # longest conversation (head rows) kept
+    lr: float = 3e-4
+    warmup: int = 100
+    eval_every: int = 50  # optimizer steps between held-out points, at least
+    eval_share: float = 0.1  # and at most this share of the run's time spent scoring them (1.0: no limit)
+    save_every_s: float = 300.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps (--head-max-steps) = {self.max_steps}: give the run's total steps, a positive "
+                             "number, or leave it unset to train every epoch")
 
 
 def planned_steps(done: dict, per_epoch: int, epochs: int, max_steps: int | None = None) -> int:

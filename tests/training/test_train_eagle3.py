@@ -256,5 +256,5 @@ def test_planned_steps_span_the_run_as_it_stands():
     assert planned_steps(grown_mid, 170, 4, max_steps=300) == 300
     assert planned_steps(grown_mid, 170, 4, max_steps=200) == 250
     assert planned_steps(grown_mid, 170, 4, max_steps=10_000) == 250 + 120 + 170
-    with pytest.raises(ValueError, match="max_steps"):
+    with pytest.raises(ValueError, match="--head-max-steps"):
         Settings(max_steps=0)
