@@ -11,7 +11,9 @@ GPU (cuda, opencl, metal):
      GPU threads;
   4. dlight rules for what is left (norms, activations, gathers), without the Matmul
      rule on metal, where it crashes inside tensorization;
-  5. TVM's generic GPU lowering to the VM.
+  5. TVM's generic GPU lowering to the VM; on cuda, RewriteCUDAGraph right after the memory
+     plan lifts every planned intermediate into one allocation made once per VM, so only an
+     entry point's outputs are allocated per call (runtime/cuda_graph.py captures the forwards).
 
 Both end in TVM's StaticPlanBlockMemory, which plans every buffer of an entry point at the
 upper bounds speccompile/compiler/compile.py attaches to its symbolic sizes (passes/memory_plan.py:
@@ -54,8 +56,26 @@ def _gpu_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
         BindGPUThreads(),
         _dlight(target.kind.name),
         *gpu.dataflow_lower_passes(target),
-        *gpu.finalize_passes(target),
+        *_finalize_passes(target),
     ]
+
+
+def _finalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """TVM's generic GPU finalization, with RewriteCUDAGraph after StaticPlanBlockMemory on cuda.
+
+    Why: a captured CUDA graph replays the device addresses it was captured with. Planned
+    intermediates otherwise come from the VM's pooled allocator on every call and go back
+    to it on return, where a later call may take them and keep them (a draft head's hidden
+    states); lifted (``vm.builtin.cuda_graph.get_cached_alloc``), they belong to the VM for
+    its lifetime. The pass acts only where the PassContext sets
+    ``relax.backend.use_cuda_graph`` (compile.py does for cuda)."""
+    from tvm.relax.backend.gpu_generic import pipeline as gpu
+
+    passes = list(gpu.finalize_passes(target))
+    if target.kind.name == "cuda":
+        at = next(i for i, p in enumerate(passes) if p.info.name == "StaticPlanBlockMemory")
+        passes.insert(at + 1, relax.transform.RewriteCUDAGraph())
+    return passes
 
 
 def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:

@@ -92,7 +92,7 @@ class Engine(GenerationAPI):
         self.spec, self.sizes = spec, sizing  # the config objects it runs with
         self.tokenizer = load_tokenizer(self.model_dir)
         # ---- load
-        self.model = Model(self.model_dir, Path(model_lib), device)
+        self.model = Model(self.model_dir, Path(model_lib), device, cuda_graph=sizing.cuda_graph == "on")
         # CPU kernels: the pool size that decodes fastest beside whatever else runs here
         self.pool = PoolTuner(thread_count()) if self.model.cpu_kernels else None
         if self.model.meta["model_type"] != self.config["model_type"]:

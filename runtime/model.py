@@ -18,13 +18,22 @@ import tvm
 from tvm.runtime import tensor as to_device
 from tvm.runtime.vm import VirtualMachine
 
-from .contract import KV_PAGE_SIZE, TARGET, ContractError, baked_metadata, check_library, entry_point_names
+from .contract import (FORWARD_META, KV_PAGE_SIZE, TARGET, ContractError, baked_metadata, check_library,
+                       entry_point_names)
+from .cuda_graph import CudaGraphs
 from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
 from .device_runtime import DeviceRuntimeError, ensure_device_runtime, opencl_has_fp16
 from .kv_cache import ForwardBatch, PagedKV, split_forwards
 from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
+
+# Entry points replayed from CUDA graphs (runtime/cuda_graph.py): the forwards of a step, whose
+# logits the step reads before the next forward. Others (prompt chunks, hidden states a draft
+# head keeps) run as calls.
+GRAPHED = ("decode", "forward_tokens")
+GRAPH_ROWS = 64  # most token rows of a graphed forward
+_PAGE_TABLE = list(FORWARD_META).index("page_table")
 
 
 class ModelLoadError(ValueError):
@@ -176,7 +185,8 @@ class Model:
 
     kind = TARGET  # the contract's library kind; a draft head's loader (runtime/eagle.py, medusa.py) names its own
 
-    def __init__(self, model_dir: Path, lib_path: Path, device: str = "auto", verify_md5: bool = True):
+    def __init__(self, model_dir: Path, lib_path: Path, device: str = "auto", verify_md5: bool = True,
+                 cuda_graph: bool = True):
         configure_threads()  # before this model's first kernel starts TVM's thread pool (runtime/threads.py)
         self.model_dir, self.lib_path = Path(model_dir), Path(lib_path)
         index = read_index(self.model_dir)
@@ -214,6 +224,12 @@ class Model:
             except AttributeError as err:
                 raise ModelLoadError(f"{lib_path} lists the entry point {name!r} in its _metadata but does not "
                                      "export it; recompile it with `speccompile compile`") from err
+        # CUDA graphs where the library allows them: fixed shapes need a fixed page-table width
+        self.page_width: int | None = None  # page tables padded to this many columns (None: as planned)
+        self.graphs: CudaGraphs | None = None
+        if cuda_graph and CudaGraphs.available(self.device, self.meta):
+            self.page_width = -(-self.context_window_size // KV_PAGE_SIZE)
+            self.graphs = CudaGraphs(self.device, min(GRAPH_ROWS, self.max_forward_tokens))
         # Each decode step makes short-lived Python objects; without this, the cyclic GC keeps
         # re-traversing everything loaded so far (7% of a 1.5B decode step was gc_collect_main).
         gc.collect()
@@ -270,11 +286,32 @@ class Model:
 
     def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra, on_device: bool = False):
         # ids were range-checked (and counted: check_rows) by the caller before the KV cache was touched
-        emb = self._fn["embed"](self.uploads.put("ids", ids), self.params)
-        meta = [self.uploads.put(f"meta{i}", a) for i, a in enumerate(batch.arrays)]
-        # contract.ENTRY_POINTS' order: input_embeds, [logit_positions], kv, FORWARD_META..., params
-        out = self._fn[name](emb, *extra, kv.tensor, *meta, self.params)
+        arrays = batch.arrays
+        if self.page_width is not None and arrays[_PAGE_TABLE].shape[1] < self.page_width:
+            table = arrays[_PAGE_TABLE]  # the extra columns name page 0; no token reads past its own pages
+            arrays = list(arrays)
+            arrays[_PAGE_TABLE] = np.pad(table, ((0, 0), (0, self.page_width - table.shape[1])))
+        if self.graphs is not None and name in GRAPHED and ids.size <= self.graphs.max_rows and not extra:
+            key = (name, kv.tensor.data_ptr(), ids.shape, *(a.shape for a in arrays))
+            outs = self.graphs.run(key, [ids, *arrays], lambda t: self._call(name, t[0], kv, t[1:]), self._reserve)
+            if outs is not None:
+                return outs[-1] if on_device else outs[-1].numpy()
+        _, out = self._call(name, self.uploads.put("ids", ids), kv,
+                            [self.uploads.put(f"meta{i}", a) for i, a in enumerate(arrays)], *extra)
         return out if on_device else out.numpy()
+
+    def _call(self, name: str, ids, kv: PagedKV, meta: list, *extra) -> list:
+        """[embeddings, the entry point's output] from device ids and metadata."""
+        emb = self._fn["embed"](ids, self.params)
+        # contract.ENTRY_POINTS' order: input_embeds, [logit_positions], kv, FORWARD_META..., params
+        return [emb, self._fn[name](emb, *extra, kv.tensor, *meta, self.params)]
+
+    def _reserve(self, rows: int) -> list:
+        """An embedding and logits of ``rows`` rows: the planned output sizes of the graphed
+        forwards, in _call's order (CudaGraphs keeps their blocks)."""
+        ids = to_device(np.zeros(rows, np.int32), self.device)
+        hidden = to_device(np.zeros((rows, self.hidden_size), self.dtype), self.device)
+        return [self._fn["embed"](ids, self.params), self._fn["get_logits"](hidden, self.params)]
 
     # ------------------------------------------------------------ forwards
     def prefill(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]]) -> np.ndarray:

@@ -126,6 +126,10 @@ class EngineConfig:
         None, "lowers the configured context window (a larger one needs gen_config + compile)", kind=int, low=2,
         flag=False)
 
+    cuda_graph: str = option("on", "replay decode and draft-verify forwards of up to 64 rows as CUDA graphs (cuda "
+                             "libraries; one launch per step instead of one per kernel; same kernels, same bits)",
+                             choices=("on", "off"))
+
     def __post_init__(self):
         check_options(self)
 

@@ -77,6 +77,9 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         if target.kind.name == "llvm" else None,
         "cpu_features": required_cpu_features(target) if target.kind.name == "llvm" else [],
         "cuda_binary": plan.cuda_binary,
+        # cuda: planned intermediates allocated once per VM (passes/pipeline.py _finalize_passes),
+        # so a runtime may capture the forwards as CUDA graphs (runtime/cuda_graph.py)
+        "cuda_graph": target.kind.name == "cuda",
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_hidden_layers,
@@ -152,7 +155,7 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
     ctx = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=ctx.required_pass,
                                    disabled_pass=ctx.disabled_pass, instruments=[*ctx.instruments, recorder],
-                                   config=ctx.config):
+                                   config={**dict(ctx.config), "relax.backend.use_cuda_graph": target.kind.name == "cuda"}):
         ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target))
     report: dict[str, Any] = {"memory_plan": check_memory_plan(recorder.plan)}
     tmp = output.with_name(output.stem + ".tmp" + output.suffix)

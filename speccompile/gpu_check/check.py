@@ -57,6 +57,9 @@ DEFINITIONS = {
                       "weight_bytes_per_token (every parameter a decode step reads: all but an untied embedding)",
     "prefill_tok_s": "prefill_prompt_tokens / the wall time of their prefill into a fresh sequence (best of 3 "
                      "after a warm-up; prompts longer than the library's chunk run as consecutive forwards)",
+    "cuda_graph": "decode_tok_s's runs alternate with runs whose forwards are called, not replayed from CUDA "
+                  "graphs (runtime/cuda_graph.py): their median (decode_tok_s_no_graph), whether both gave the same "
+                  "tokens, and the graphs captured and replayed over the check",
     "host_ms_per_step": "wall time of a plain engine step (propose, forward, accept, commit) at a 128-token "
                         "context less the device's busy time in it (the sum of its kernels' CUPTI times; "
                         "kernel_profile.engine_step_ctx128): Python, TVM VM dispatch, launches and copies the "
@@ -358,7 +361,8 @@ class Check:
             if rec["decode_tok_s"]:
                 rec["roofline_share"] = round(rec["decode_tok_s"] / rec["roofline_tok_s"], 3)
         self.log(f"  decode {rec['decode_tok_s']} tok/s (roofline {rec['roofline_tok_s']}), prefill "
-                 f"{rec['prefill_tok_s']} tok/s, host {rec['host_ms_per_step']} ms/step, rows {rec['forward_cost_vs_rows']}")
+                 f"{rec['prefill_tok_s']} tok/s, host {rec['host_ms_per_step']} ms/step, rows {rec['forward_cost_vs_rows']}"
+                 + (f", cuda graph {rec['cuda_graph']}" if "cuda_graph" in rec else ""))
         return tokens
 
     def logits_ours(self, engine) -> list[int]:
@@ -376,34 +380,52 @@ class Check:
         return ids
 
     def decode(self, engine, clock: StepClock, rec: dict) -> None:
+        """Plain decode, runs alternating with and without CUDA graphs where the library has them
+        (the first of each warms up and is not counted); the default (graphs on) is decode_tok_s."""
         n = 32 if self.quick else 128
         ids = engine.encode_prompt(DECODE_PROMPT)
-        runs = []
-        for i in range(2 if self.quick else 4):  # the first warms every buffer up and is not counted
-            seq = engine.new_sequence(ids, n, ignore_eos=True)
-            engine.attach(seq)
-            try:
-                while seq.prefilling:
-                    engine.prefill([seq], engine.model.prefill_chunk_size)
-                clock.reset()
-                steps, t0 = 0, time.perf_counter()
-                while not seq.done:
-                    engine.step([seq])
-                    steps += 1
-                wall = time.perf_counter() - t0
-            finally:
-                engine.detach(seq)
-            if i:
-                runs.append({"tok_s": steps / wall, "wall_ms_per_step": 1e3 * wall / steps,
-                             "vm_call_ms_per_step": 1e3 * clock.vm / steps,
-                             "device_wait_ms_per_step": 1e3 * clock.wait / steps,
-                             "engine_decode_tok_s": seq.result.stats.to_dict()["decode_tokens_per_s"]})
-        mid = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
+        graphs = engine.model.graphs
+        modes = [True, False] if graphs is not None else [False]
+        runs, tokens = {m: [] for m in modes}, {}
+        for i in range(2 if self.quick else 4):
+            for mode in modes:
+                if graphs is not None:
+                    graphs.enabled = mode
+                seq = engine.new_sequence(ids, n, ignore_eos=True)
+                engine.attach(seq)
+                try:
+                    while seq.prefilling:
+                        engine.prefill([seq], engine.model.prefill_chunk_size)
+                    clock.reset()
+                    steps, t0 = 0, time.perf_counter()
+                    while not seq.done:
+                        engine.step([seq])
+                        steps += 1
+                    wall = time.perf_counter() - t0
+                finally:
+                    engine.detach(seq)
+                tokens.setdefault(mode, seq.result.token_ids)
+                if i:
+                    runs[mode].append({"tok_s": steps / wall, "wall_ms_per_step": 1e3 * wall / steps,
+                                       "vm_call_ms_per_step": 1e3 * clock.vm / steps,
+                                       "device_wait_ms_per_step": 1e3 * clock.wait / steps,
+                                       "engine_decode_tok_s": seq.result.stats.to_dict()["decode_tokens_per_s"]})
+        if graphs is not None:
+            on = graphs.stats()
+            rec["cuda_graph"] = {**on, "identical_to_no_graph": tokens[True] == tokens[False],
+                                 "decode_runs_tok_s_no_graph": [round(r["tok_s"], 1) for r in runs[False]],
+                                 "decode_tok_s_no_graph": round(sorted(r["tok_s"] for r in runs[False])[
+                                     len(runs[False]) // 2], 1)}
+            graphs.enabled = on["enabled"]
+            if not on["enabled"]:
+                rec.setdefault("errors", {})["cuda_graph"] = "graphs were turned off (capture failed: see the log)"
+        mine = runs[modes[0]]
+        mid = sorted(mine, key=lambda r: r["tok_s"])[len(mine) // 2]
         rec["decode_tok_s"] = round(mid["tok_s"], 1)
         rec["host_ms_per_step"] = round(mid["wall_ms_per_step"] - mid["device_wait_ms_per_step"], 3)
         rec["decode_tokens"] = n
         rec.setdefault("timings", {}).update({k: round(v, 3) for k, v in mid.items() if k != "tok_s"})
-        rec["decode_runs_tok_s"] = [round(r["tok_s"], 1) for r in runs]
+        rec["decode_runs_tok_s"] = [round(r["tok_s"], 1) for r in mine]
 
     def rows(self, model, kv, rec: dict) -> None:
         from speccompile.runtime.costs import measure_target

@@ -68,11 +68,21 @@ def _engine_steps(engine, prompt: str, context: int):
     the device's busy time. The prompt is repeated up to ``context`` tokens (prefilled)."""
     ids = engine.encode_prompt(prompt)
     ids = (ids * (context // len(ids) + 1))[:context]
-    seq = engine.new_sequence(ids, 64, ignore_eos=True)  # 1 warm-up + 32 timed steps
+    seq = engine.new_sequence(ids, 128, ignore_eos=True)  # 1 warm-up + 32 timed steps, twice at most
     engine.attach(seq)
     while seq.prefilling:
         engine.prefill([seq], engine.model.prefill_chunk_size)
     return (lambda: engine.step([seq])), 32
+
+
+def _without_graphs(model, fn):
+    def run():
+        model.graphs.enabled = False
+        try:
+            fn()
+        finally:
+            model.graphs.enabled = True
+    return run
 
 
 def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "Hello") -> dict:
@@ -90,6 +100,8 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     result = {}
     phases = _phases(model, kv, prefill_tokens)
     phases["engine_step_ctx128"] = _engine_steps(engine, prompt, 128)
+    if model.graphs is not None:  # the same sequence's steps run as calls, for the host time graphs save
+        phases["engine_step_ctx128_no_graph"] = (_without_graphs(model, phases["engine_step_ctx128"][0]), 32)
     if model.context_window_size >= 2048 + 64:
         phases["engine_step_ctx2048"] = _engine_steps(engine, prompt, 2048)
     for name, (fn, reps) in phases.items():

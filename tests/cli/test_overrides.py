@@ -19,7 +19,7 @@ from speccompile.cli import overrides
 from speccompile.cli.main import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-ENGINE_KEYS = ("max_num_sequence, max_total_seq_length, prefill_chunk_size, context_window_size, spec_draft_length, "
+ENGINE_KEYS = ("max_num_sequence, max_total_seq_length, prefill_chunk_size, context_window_size, cuda_graph, spec_draft_length, "
                "spec_tree_width, spec_tree_nodes, ngram_min, ngram_max")
 TINY_WINDOW, TINY_CHUNK, TINY_KV_BYTES = 512, 512, 2 * 2 * 2 * 16 * 4  # tiny-llama: 2 layers, 2 KV heads x 16, f32
 

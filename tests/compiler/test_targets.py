@@ -62,7 +62,8 @@ def test_opencl(tiny, tmp_path):
     model_dir = tiny.model_dir
     lib, src = tmp_path / "m-opencl.so", tmp_path / "m.cl"
     compile_model(model_dir / "speccompile-config.json", "opencl", lib, verbose=False, dump_source=src)
-    _, data = _check_common(lib, "opencl", "opencl")
+    meta, data = _check_common(lib, "opencl", "opencl")
+    assert meta["cuda_graph"] is False and b"vm.builtin.cuda_graph" not in data
     text = src.read_text()
     for kernel in ("accept_greedy1_kernel", "q4_matmul_kernel", "sampling_probs1_kernel", "accept_sampled1_kernel"):
         assert f"__kernel void {kernel}(" in text, kernel
@@ -162,6 +163,8 @@ def test_cuda(model_dir, tiny, tmp_path):
                         cuda_archs=archs, dump_source=src)
     meta, data = _check_common(lib, "cuda", "cuda")
     assert meta["cuda_archs"] == archs
+    # planned intermediates lifted into one allocation per VM: what lets the runtime capture graphs
+    assert meta["cuda_graph"] is True and b"vm.builtin.cuda_graph.get_cached_alloc" in data
     text = src.read_text()
     for kernel in ("accept_greedy1_kernel", "accept_greedy1_kernel_1", "q4_matmul_kernel", "attention_kernel",
                    "sampling_probs1_kernel", "accept_sampled1_kernel"):

@@ -66,6 +66,30 @@ def check_batch_invariance(model) -> None:
     assert np.array_equal(after[0], alone[3])
 
 
+def check_padded_pages(model) -> None:
+    """Page tables padded to a fixed width (what CUDA graphs use: runtime/model.py) give the same
+    bits: prefill, decode, chain and tree forwards, with and without the padding."""
+    kv = model.create_kv_cache(512)
+    runs = []
+    for width in (None, 40):
+        model.page_width = width
+        kv.add_sequence(0)
+        out = [model.prefill(kv, [0], [IDS[:13]])]
+        out += [model.decode(kv, [0], [t]) for t in IDS[13:]]
+        out.append(model.forward_tokens(kv, [0], [IDS[:4]]))
+        out.append(model.forward_tokens(kv, [0], [IDS[4:7]], tree_parents=[[-1, 0, 0]]))
+        kv.remove_sequence(0)
+        runs.append(np.concatenate(out))
+    assert np.array_equal(runs[0], runs[1])
+    check_batch_invariance(model)  # still padded
+    model.page_width = None
+
+
+def test_padded_page_tables_give_the_same_bits(build_tiny):
+    built = build_tiny("tiny-llama", "q4f32_1")
+    check_padded_pages(Model(built.model_dir, built.lib))
+
+
 def test_rollback_across_page_boundaries(build_tiny):
     built = build_tiny("tiny-llama", "q0f32")
     model = Model(built.model_dir, built.lib)

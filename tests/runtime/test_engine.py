@@ -39,7 +39,7 @@ class FakeModel:
 
     cpu_kernels = False  # no TVM kernels: no thread pool to size
 
-    def __init__(self, model_dir, lib_path, device="auto"):
+    def __init__(self, model_dir, lib_path, device="auto", cuda_graph=True):
         self.meta = {"model_type": "llama"}
         self.vocab_size, self.prefill_chunk_size = VOCAB, 64
         self.full = 0  # forwards refused for want of KV pages

@@ -26,7 +26,7 @@ from speccompile.runtime.device_runtime import opencl_device_names
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.model import Model, ModelLoadError
 from test_eagle_medusa import HEADS, build_head, check_lossless, make_eagle_checkpoint, make_medusa_checkpoint
-from test_tiny_model import IDS, check_batch_invariance, reference_weights
+from test_tiny_model import IDS, check_batch_invariance, check_padded_pages, reference_weights
 
 
 _MISSING = opencl_missing()
@@ -144,6 +144,11 @@ def test_tiny_logits_match_numpy_and_the_cpu_build(build_tiny, name, quant):
 def test_tiny_batch_invariance_is_bit_exact_on_opencl(build_tiny, quant):
     built = build_tiny("tiny-llama", quant, "opencl")
     check_batch_invariance(Model(built.model_dir, built.lib))
+
+
+def test_padded_page_tables_give_the_same_bits_on_opencl(build_tiny):
+    built = build_tiny("tiny-qwen2", "q4f32_1", "opencl")
+    check_padded_pages(Model(built.model_dir, built.lib))
 
 
 @pytest.fixture(scope="module")
