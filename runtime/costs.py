@@ -238,8 +238,7 @@ def measure_target(model, kv, rows: list[int], features: str) -> dict[int, float
                 logits = model.get_logits(hidden)
                 feats.numpy()
             elif features:
-                hidden = model.forward_hidden(kv, [sid], tokens)
-                logits = model.get_logits(hidden)
+                hidden, logits = model.forward_hidden_logits(kv, [sid], tokens)
                 hidden.numpy()
             elif r == 1:
                 logits = model.decode(kv, [sid], tokens[0], on_device=True)

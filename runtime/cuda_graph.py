@@ -13,15 +13,16 @@ What makes a replay compute the same thing as the call it was captured from:
   device tensor each, refilled before each launch by asynchronous host-to-device copies on
   the stream the graph is launched on: they land after the last launch read the old
   contents and before this one reads the new, with no synchronisation.
-- **Outputs** (the embedding, the logits) come from the VM's pooled allocator on every call,
-  which hands out the block of a size freed last. The graphs of a model share one block of
-  each: a capture lets the kept blocks go, so its own call takes them back; then the model's
-  ``reserve`` call (an embedding and a get_logits of ``max_rows`` rows, the same planned
-  sizes) takes them again, as tensors big enough to view any graph's outputs, and keeps
-  them. Were another block to come back, the graphs captured earlier would write memory
-  the pool may give to someone else: they are dropped. A result holds until the next
-  replay of any of the model's graphs (a step reads its logits within the step, as with
-  Uploads).
+- **Outputs** (the embedding, the step's logits or hidden states) come from the VM's pooled
+  allocator on every call, which hands out the block of a size freed last. The graphs of a
+  model share blocks, kept here per output class (dtype and row width; each class has one
+  planned size): a capture lets the kept blocks go, the last first, so its own call takes
+  the same blocks back in order; then the model's ``reserve`` call of each class (an
+  embedding for hidden-state rows, a get_logits for logits, ``max_rows`` rows) takes them
+  again, as tensors big enough to view any graph's outputs, and keeps them. Were another
+  block to come back, the graphs captured earlier would write memory the pool may give to
+  someone else: they are dropped. A result holds until the next replay of any of the
+  model's graphs (a step reads its logits within the step, as with Uploads).
 - **Shapes** are fixed per graph: the key is the entry point, the shapes of its arrays and
   the KV tensor's address; runtime/model.py pads the page table to a fixed width, so a
   sequence keeps one decode graph as it grows. Forwards of more than ``max_rows`` rows
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -84,12 +85,14 @@ class _Driver:
 
 
 class _Graph:
-    """One captured forward: its executable graph and its own input tensors."""
+    """One captured forward: its executable graph, its own input tensors, and where each of its
+    outputs sits among the kept blocks ((class, index) per output)."""
 
     def __init__(self, driver: _Driver, inputs: list):
         self.driver, self.inputs = driver, inputs
         self.ptrs = [t.data_ptr() for t in inputs]
         self.exe = None
+        self.slots: list[tuple[tuple, int]] = []
         self.out_shapes: list[tuple] = []
         self.outs: list | None = None  # views of the kept blocks, remade after a capture
 
@@ -108,8 +111,19 @@ class _Graph:
             self.exe = None
 
 
+def _out_class(t) -> tuple:
+    return str(t.dtype), int(t.shape[-1])
+
+
+def _free(tensors: list) -> None:
+    """Drop tensors the last first: the pool's free list of a class then has the first on top."""
+    while tensors:
+        tensors.pop()
+
+
 class CudaGraphs:
-    """The captured forwards of one model (see the module's docstring)."""
+    """The captured forwards of one model (see the module's docstring). ``enabled`` may be
+    switched off and on (graphs are kept); ``failed`` says why capturing stopped, if it did."""
 
     MAX = 64  # graphs kept (one per entry point and shape); past it they are all dropped
 
@@ -119,8 +133,8 @@ class CudaGraphs:
         self.driver = _Driver()
         self.capture_stream = self.driver.stream()
         self.graphs: dict[tuple, _Graph] = {}
-        self.kept: list = []  # one tensor per output block, max_rows rows
-        self.enabled = True
+        self.kept: dict[tuple, list] = {}  # output class -> blocks, as tensors of max_rows rows
+        self.enabled, self.failed = True, None
         self.captures = self.replays = 0
 
     @staticmethod
@@ -128,22 +142,22 @@ class CudaGraphs:
         return device.dlpack_device_type() == KDL_CUDA and bool(meta.get("cuda_graph"))
 
     def run(self, key: tuple, arrays: list[np.ndarray], call: Callable[[list], list],
-            reserve: Callable[[int], list]) -> list | None:
+            reserve: Callable[[int, int], Any]) -> list | None:
         """``call(input tensors)`` -> the forward's outputs, replayed from the graph keyed by
         ``key`` (captured on first sight): views of the kept blocks, valid until the next
         replay. None when graphs are off (the caller runs the forward itself).
-        ``reserve(rows)``: calls whose outputs have the planned sizes of ``call``'s, in the
-        same order, ``rows`` rows each (a capture keeps their blocks). Both are passed per
+        ``reserve(width, rows)``: a call whose output has the planned size of ``call``'s
+        outputs ``width`` wide, ``rows`` rows (a capture keeps its block). Both are passed per
         call, so this object holds no reference to the model that owns it."""
-        if not self.enabled:
+        if not self.enabled or self.failed:
             return None
         g = self.graphs.get(key)
         if g is None:
             try:
                 g = self._capture(key, arrays, call, reserve)
             except Exception as err:  # noqa: BLE001 -- any failure: decode without graphs, same kernels
-                self.close()
-                warnings.warn(f"CUDA graph capture failed, decoding without graphs: {err}", RuntimeWarning,
+                self.close(f"{type(err).__name__}: {err}")
+                warnings.warn(f"CUDA graph capture failed, decoding without graphs: {self.failed}", RuntimeWarning,
                               stacklevel=3)
                 return None
         else:
@@ -151,7 +165,7 @@ class CudaGraphs:
         self.driver.check(self.driver.cu.cuGraphLaunch(g.exe, None), "cuGraphLaunch")
         self.replays += 1
         if g.outs is None:
-            g.outs = [t._create_view(shape) for t, shape in zip(self.kept, g.out_shapes)]
+            g.outs = [self.kept[c][i]._create_view(shape) for (c, i), shape in zip(g.slots, g.out_shapes)]
         return g.outs
 
     def _capture(self, key: tuple, arrays: list[np.ndarray], call, reserve) -> _Graph:
@@ -159,15 +173,12 @@ class CudaGraphs:
             self._drop_all()
         g = _Graph(self.driver, [tvm.runtime.empty(a.shape, a.dtype.name, self.device) for a in arrays])
         g.upload(self.driver.cu, arrays)
-        before = [t.data_ptr() for t in self.kept]
-        self.kept = []  # the output blocks back to the pool, for this capture's call to take
-        for graph in self.graphs.values():
-            graph.outs = None
+        before = {c: [t.data_ptr() for t in ts] for c, ts in self.kept.items()}
+        self._release()
         # An uncaptured call first: loads the kernels, makes the VM's lifted intermediates and
-        # frees one block of each output size on top of the pool. It writes the KV slots the
+        # leaves the output blocks on top of the pool in order. It writes the KV slots the
         # graph will write, with the same values.
-        warm = call(g.inputs)
-        del warm
+        _free(list(call(g.inputs)))
         self.device.sync()
         drv, graph = self.driver, ctypes.c_void_p()
         old = drv.set_stream(self.device_id, self.capture_stream)
@@ -188,29 +199,40 @@ class CudaGraphs:
         finally:
             drv.cu.cuGraphDestroy(graph)
         g.exe, g.out_shapes = exe, [tuple(t.shape) for t in outs]
+        classes = [_out_class(t) for t in outs]
         written = [t.data_ptr() for t in outs]
-        del outs  # their blocks back on top of the pool: reserve() takes them
-        self.kept = list(reserve(self.max_rows))
-        if [t.data_ptr() for t in self.kept] != written:
+        _free(outs)  # their blocks back on top of the pool, in order: reserve() takes them
+        for c in classes:
+            g.slots.append((c, sum(1 for s in g.slots if s[0] == c)))
+        need = {c: max(len(before.get(c, ())), classes.count(c)) for c in dict.fromkeys([*before, *classes])}
+        self.kept = {c: [reserve(c[1], self.max_rows) for _ in range(n)] for c, n in need.items()}
+        if [self.kept[c][i].data_ptr() for c, i in g.slots] != written:
             g.destroy()
             raise GraphError("the output blocks the graph writes could not be kept (the pool gave others)")
-        if before and before != written:
+        if any([t.data_ptr() for t in self.kept[c][:len(p)]] != p for c, p in before.items()):
             self._drop_all()  # the earlier graphs write blocks this object no longer keeps
         self.graphs[key] = g
         self.captures += 1
         return g
+
+    def _release(self) -> None:
+        for g in self.graphs.values():
+            g.outs = None  # views hold their block: first the views, then the blocks, the last first
+        for ts in self.kept.values():
+            _free(ts)
+        self.kept = {}
 
     def _drop_all(self) -> None:
         for g in self.graphs.values():
             g.destroy()
         self.graphs.clear()
 
-    def close(self) -> None:
-        """Graphs off: every graph dropped, the output blocks back to the pool."""
-        self.enabled = False
+    def close(self, why: str) -> None:
+        """Capturing stops (``failed`` = why): every graph dropped, the kept blocks back to the pool."""
+        self.failed = why
         self._drop_all()
-        self.kept = []
+        self._release()
 
     def stats(self) -> dict:
-        return {"enabled": self.enabled, "graphs": len(self.graphs), "captures": self.captures,
-                "replays": self.replays}
+        return {"enabled": self.enabled, "failed": self.failed, "graphs": len(self.graphs),
+                "captures": self.captures, "replays": self.replays}

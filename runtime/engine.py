@@ -307,6 +307,9 @@ class Engine(GenerationAPI):
         tree = any(d.parents is not None for d in drafts)
         parents = [d.verify_parents() for d in drafts] if tree else None
         try:
+            if self._features() == "hidden":  # one call (one CUDA graph where they apply)
+                hidden, logits = self.model.forward_hidden_logits(self.kv, ids, tokens, parents)
+                return drafts, logits, (hidden.numpy(),)
             if self._features():
                 hidden, feats = self._forward_features(ids, tokens, parents)
                 return drafts, self.model.get_logits(hidden), feats

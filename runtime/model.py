@@ -29,8 +29,8 @@ from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
 
 # Entry points replayed from CUDA graphs (runtime/cuda_graph.py): the forwards of a step, whose
-# logits the step reads before the next forward. Others (prompt chunks, hidden states a draft
-# head keeps) run as calls.
+# logits the step reads before the next forward, and forward_hidden_logits (a step of a head
+# that reads hidden states). Others (prompt chunks, layer features) run as calls.
 GRAPHED = ("decode", "forward_tokens")
 GRAPH_ROWS = 64  # most token rows of a graphed forward
 _PAGE_TABLE = list(FORWARD_META).index("page_table")
@@ -285,33 +285,44 @@ class Model:
         return out
 
     def _run(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra, on_device: bool = False):
+        out = self._forward(name, ids, kv, batch, *extra)[1]
+        return out if on_device else out.numpy()
+
+    def _forward(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra,
+                 logits: bool = False) -> list:
+        """[embeddings, the entry point's output(, get_logits of it)] on device: replayed from a
+        CUDA graph where one applies, else called."""
         # ids were range-checked (and counted: check_rows) by the caller before the KV cache was touched
         arrays = batch.arrays
         if self.page_width is not None and arrays[_PAGE_TABLE].shape[1] < self.page_width:
             table = arrays[_PAGE_TABLE]  # the extra columns name page 0; no token reads past its own pages
             arrays = list(arrays)
             arrays[_PAGE_TABLE] = np.pad(table, ((0, 0), (0, self.page_width - table.shape[1])))
-        if self.graphs is not None and name in GRAPHED and ids.size <= self.graphs.max_rows and not extra:
-            key = (name, kv.tensor.data_ptr(), ids.shape, *(a.shape for a in arrays))
-            outs = self.graphs.run(key, [ids, *arrays], lambda t: self._call(name, t[0], kv, t[1:]), self._reserve)
+        if self.graphs is not None and (name in GRAPHED or logits) and ids.size <= self.graphs.max_rows and not extra:
+            key = (name, logits, kv.tensor.data_ptr(), ids.shape, *(a.shape for a in arrays))
+            outs = self.graphs.run(key, [ids, *arrays], lambda t: self._call(name, t[0], kv, t[1:], logits=logits),
+                                   self._reserve)
             if outs is not None:
-                return outs[-1] if on_device else outs[-1].numpy()
-        _, out = self._call(name, self.uploads.put("ids", ids), kv,
-                            [self.uploads.put(f"meta{i}", a) for i, a in enumerate(arrays)], *extra)
-        return out if on_device else out.numpy()
+                return outs
+        return self._call(name, self.uploads.put("ids", ids), kv,
+                          [self.uploads.put(f"meta{i}", a) for i, a in enumerate(arrays)], *extra, logits=logits)
 
-    def _call(self, name: str, ids, kv: PagedKV, meta: list, *extra) -> list:
-        """[embeddings, the entry point's output] from device ids and metadata."""
+    def _call(self, name: str, ids, kv: PagedKV, meta: list, *extra, logits: bool = False) -> list:
         emb = self._fn["embed"](ids, self.params)
         # contract.ENTRY_POINTS' order: input_embeds, [logit_positions], kv, FORWARD_META..., params
-        return [emb, self._fn[name](emb, *extra, kv.tensor, *meta, self.params)]
+        out = self._fn[name](emb, *extra, kv.tensor, *meta, self.params)
+        return [emb, out, self._fn["get_logits"](out, self.params)] if logits else [emb, out]
 
-    def _reserve(self, rows: int) -> list:
-        """An embedding and logits of ``rows`` rows: the planned output sizes of the graphed
-        forwards, in _call's order (CudaGraphs keeps their blocks)."""
-        ids = to_device(np.zeros(rows, np.int32), self.device)
-        hidden = to_device(np.zeros((rows, self.hidden_size), self.dtype), self.device)
-        return [self._fn["embed"](ids, self.params), self._fn["get_logits"](hidden, self.params)]
+    def _reserve(self, width: int, rows: int):
+        """A tensor of ``rows`` rows from the call whose output has the planned size of a graphed
+        forward's output ``width`` wide: embed for hidden-state rows, get_logits for logits
+        (CudaGraphs keeps its block)."""
+        if width == self.hidden_size:
+            return self._fn["embed"](to_device(np.zeros(rows, np.int32), self.device), self.params)
+        if width == self.vocab_size:
+            hidden = to_device(np.zeros((rows, self.hidden_size), self.dtype), self.device)
+            return self._fn["get_logits"](hidden, self.params)
+        raise ValueError(f"no call makes outputs {width} wide (hidden {self.hidden_size}, vocab {self.vocab_size})")
 
     # ------------------------------------------------------------ forwards
     def prefill(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]]) -> np.ndarray:
@@ -364,6 +375,14 @@ class Model:
         planned as in :meth:`forward_tokens`."""
         return self._run("forward_tokens_hidden", *self._plan(kv, seq_ids, token_lists, tree_parents),
                          on_device=True)
+
+    def forward_hidden_logits(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
+                              tree_parents: list[list[int]] | None = None):
+        """:meth:`forward_hidden` and :meth:`get_logits` of its result in one call (one CUDA graph
+        where they apply): (device hidden [n, hidden], device logits [n, vocab]), what a step of a
+        head that reads hidden states verifies with."""
+        outs = self._forward("forward_tokens_hidden", *self._plan(kv, seq_ids, token_lists, tree_parents), logits=True)
+        return outs[1], outs[2]
 
     def forward_features(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
                          tree_parents: list[list[int]] | None = None):
