@@ -17,16 +17,21 @@ What makes a replay compute the same thing as the call it was captured from:
   allocator on every call, which hands out the block of a size freed last. The graphs of a
   model share blocks, kept here per output class (dtype and row width; each class has one
   planned size): a capture lets the kept blocks go, the last first, so its own call takes
-  the same blocks back in order; then the model's ``reserve`` call of each class (an
+  the same blocks back in order (the VM keeps its last call's result until its next call,
+  so a ``flush`` call that allocates nothing comes between); then the model's ``reserve`` call of each class (an
   embedding for hidden-state rows, a get_logits for logits, ``max_rows`` rows) takes them
   again, as tensors big enough to view any graph's outputs, and keeps them. Were another
   block to come back, the graphs captured earlier would write memory the pool may give to
-  someone else: they are dropped. A result holds until the next replay of any of the
-  model's graphs (a step reads its logits within the step, as with Uploads).
+  someone else: they are dropped. An output the compiler placed in the lifted allocation
+  (forward_tokens_hidden's hidden states) is the VM's own and needs no block. A result holds
+  until the next forward of the model (a step reads its logits within the step, as with
+  Uploads).
 - **Shapes** are fixed per graph: the key is the entry point, the shapes of its arrays and
   the KV tensor's address; runtime/model.py pads the page table to a fixed width, so a
   sequence keeps one decode graph as it grows. Forwards of more than ``max_rows`` rows
   (prompt chunks) run as before: launches are a small share of their time.
+- **Checked:** a new graph's first replay must give the bits of the uncaptured call on the
+  same inputs (the kernels are deterministic), or it is not used.
 Any failure to capture turns graphs off for the model (with one warning) and the call runs
 as before: the same kernels, so the same bits.
 """
@@ -92,7 +97,8 @@ class _Graph:
         self.driver, self.inputs = driver, inputs
         self.ptrs = [t.data_ptr() for t in inputs]
         self.exe = None
-        self.slots: list[tuple[tuple, int]] = []
+        self.slots: list[tuple[tuple | None, int]] = []  # (None, i): output i in g.persistent
+        self.persistent: dict[int, Any] = {}  # outputs in the VM's lifted allocation, as captured
         self.out_shapes: list[tuple] = []
         self.outs: list | None = None  # views of the kept blocks, remade after a capture
 
@@ -127,10 +133,10 @@ class CudaGraphs:
 
     MAX = 64  # graphs kept (one per entry point and shape); past it they are all dropped
 
-    def __init__(self, device, max_rows: int):
+    def __init__(self, device, max_rows: int, driver: _Driver | None = None):
         self.device, self.max_rows = device, max_rows
         self.device_id = int(device.index)
-        self.driver = _Driver()
+        self.driver = driver or _Driver()
         self.capture_stream = self.driver.stream()
         self.graphs: dict[tuple, _Graph] = {}
         self.kept: dict[tuple, list] = {}  # output class -> blocks, as tensors of max_rows rows
@@ -142,19 +148,21 @@ class CudaGraphs:
         return device.dlpack_device_type() == KDL_CUDA and bool(meta.get("cuda_graph"))
 
     def run(self, key: tuple, arrays: list[np.ndarray], call: Callable[[list], list],
-            reserve: Callable[[int, int], Any]) -> list | None:
+            reserve: Callable[[int, int], Any], flush: Callable[[], Any]) -> list | None:
         """``call(input tensors)`` -> the forward's outputs, replayed from the graph keyed by
         ``key`` (captured on first sight): views of the kept blocks, valid until the next
         replay. None when graphs are off (the caller runs the forward itself).
         ``reserve(width, rows)``: a call whose output has the planned size of ``call``'s
-        outputs ``width`` wide, ``rows`` rows (a capture keeps its block). Both are passed per
-        call, so this object holds no reference to the model that owns it."""
+        outputs ``width`` wide, ``rows`` rows (a capture keeps its block). ``flush()``: a call
+        of the same VM that allocates nothing, after which the VM no longer holds the result of
+        its last call (a relax VM keeps it until the next). All are passed per call, so this
+        object holds no reference to the model that owns it."""
         if not self.enabled or self.failed:
             return None
         g = self.graphs.get(key)
         if g is None:
             try:
-                g = self._capture(key, arrays, call, reserve)
+                g = self._capture(key, arrays, call, reserve, flush)  # replayed once already, and checked
             except Exception as err:  # noqa: BLE001 -- any failure: decode without graphs, same kernels
                 self.close(f"{type(err).__name__}: {err}")
                 warnings.warn(f"CUDA graph capture failed, decoding without graphs: {self.failed}", RuntimeWarning,
@@ -162,31 +170,85 @@ class CudaGraphs:
                 return None
         else:
             g.upload(self.driver.cu, arrays)
+            self._launch(g)
+        return self._outputs(g)
+
+    def _launch(self, g: _Graph) -> None:
         self.driver.check(self.driver.cu.cuGraphLaunch(g.exe, None), "cuGraphLaunch")
         self.replays += 1
+
+    def _outputs(self, g: _Graph) -> list:
         if g.outs is None:
-            g.outs = [self.kept[c][i]._create_view(shape) for (c, i), shape in zip(g.slots, g.out_shapes)]
+            g.outs = [g.persistent[i] if c is None else self.kept[c][i]._create_view(shape)
+                      for (c, i), shape in zip(g.slots, g.out_shapes)]
         return g.outs
 
-    def _capture(self, key: tuple, arrays: list[np.ndarray], call, reserve) -> _Graph:
+    def _capture(self, key: tuple, arrays: list[np.ndarray], call, reserve, flush) -> _Graph:
         if len(self.graphs) >= self.MAX:
             self._drop_all()
         g = _Graph(self.driver, [tvm.runtime.empty(a.shape, a.dtype.name, self.device) for a in arrays])
         g.upload(self.driver.cu, arrays)
         before = {c: [t.data_ptr() for t in ts] for c, ts in self.kept.items()}
+        flush()  # the VM may hold a kept block as its last result (a reserve call's)
         self._release()
-        # An uncaptured call first: loads the kernels, makes the VM's lifted intermediates and
-        # leaves the output blocks on top of the pool in order. It writes the KV slots the
+        # Two uncaptured calls, the first's outputs held while the second runs. They load the
+        # kernels and make the VM's lifted intermediates; an output at the same address in both
+        # lives in that lifted allocation (RewriteCUDAGraph lifts an output whose planned
+        # storage intermediates share: forward_tokens_hidden's), not in a pool block; the
+        # first's results are what the graph must reproduce. Both write the KV slots the
         # graph will write, with the same values.
-        _free(list(call(g.inputs)))
+        first = list(call(g.inputs))
+        expect = [x.numpy() for x in first]
+        second = list(call(g.inputs))
+        persistent = [x.data_ptr() == y.data_ptr() for x, y in zip(first, second)]
+        _free(second)
+        flush()  # the VM lets go of its last result (second's); then first's blocks go on top, in order
+        _free(first)
         self.device.sync()
+        g.exe, outs = self._record(call, g.inputs)
+        g.out_shapes = [tuple(t.shape) for t in outs]
+        pooled = []
+        for i, lifted in enumerate(persistent):
+            if lifted:
+                g.persistent[i] = outs[i]  # the VM's own storage: holding it takes nothing from the pool
+                g.slots.append((None, i))
+            else:
+                c = _out_class(outs[i])
+                g.slots.append((c, sum(1 for s in g.slots if s[0] == c)))
+                pooled.append(outs[i])
+        classes = [c for c, _ in g.slots if c is not None]
+        written = [t.data_ptr() for t in pooled]
+        outs.clear()
+        _free(pooled)
+        flush()  # the VM's hold on the call's last result too: every block back on top, in order
+        need = {c: max(len(before.get(c, ())), classes.count(c)) for c in dict.fromkeys([*before, *classes])}
+        self.kept = {c: [reserve(c[1], self.max_rows) for _ in range(n)] for c, n in need.items()}
+        got = [self.kept[c][i].data_ptr() for c, i in g.slots if c is not None]
+        if got != written:
+            g.destroy()
+            raise GraphError(f"the output blocks the graph writes ({classes}: {[hex(p) for p in written]}) could "
+                             f"not be kept (the pool gave {[hex(p) for p in got]})")
+        if any([t.data_ptr() for t in self.kept[c][:len(p)]] != p for c, p in before.items()):
+            self._drop_all()  # the earlier graphs write blocks this object no longer keeps
+        # The first replay must give the uncaptured call's bits, or the graph is not used.
+        self._launch(g)
+        got = [t.numpy() for t in self._outputs(g)]
+        if any(x.shape != y.shape or not np.array_equal(x, y) for x, y in zip(got, expect)):
+            g.destroy()
+            raise GraphError("the captured graph's first replay differs from the call it was captured from")
+        self.graphs[key] = g
+        self.captures += 1
+        return g
+
+    def _record(self, call, inputs: list) -> tuple[ctypes.c_void_p, list]:
+        """(the executable graph of ``call(inputs)`` captured on the side stream, its outputs)."""
         drv, graph = self.driver, ctypes.c_void_p()
         old = drv.set_stream(self.device_id, self.capture_stream)
         try:
             drv.check(drv.cu.cuStreamBeginCapture_v2(self.capture_stream, CU_STREAM_CAPTURE_MODE_RELAXED),
                       "cuStreamBeginCapture")
             try:
-                outs = list(call(g.inputs))
+                outs = list(call(inputs))
             finally:
                 rc = drv.cu.cuStreamEndCapture(self.capture_stream, ctypes.byref(graph))
         finally:
@@ -198,22 +260,7 @@ class CudaGraphs:
                       "cuGraphInstantiate")
         finally:
             drv.cu.cuGraphDestroy(graph)
-        g.exe, g.out_shapes = exe, [tuple(t.shape) for t in outs]
-        classes = [_out_class(t) for t in outs]
-        written = [t.data_ptr() for t in outs]
-        _free(outs)  # their blocks back on top of the pool, in order: reserve() takes them
-        for c in classes:
-            g.slots.append((c, sum(1 for s in g.slots if s[0] == c)))
-        need = {c: max(len(before.get(c, ())), classes.count(c)) for c in dict.fromkeys([*before, *classes])}
-        self.kept = {c: [reserve(c[1], self.max_rows) for _ in range(n)] for c, n in need.items()}
-        if [self.kept[c][i].data_ptr() for c, i in g.slots] != written:
-            g.destroy()
-            raise GraphError("the output blocks the graph writes could not be kept (the pool gave others)")
-        if any([t.data_ptr() for t in self.kept[c][:len(p)]] != p for c, p in before.items()):
-            self._drop_all()  # the earlier graphs write blocks this object no longer keeps
-        self.graphs[key] = g
-        self.captures += 1
-        return g
+        return exe, outs
 
     def _release(self) -> None:
         for g in self.graphs.values():

@@ -299,9 +299,9 @@ class Model:
             arrays = list(arrays)
             arrays[_PAGE_TABLE] = np.pad(table, ((0, 0), (0, self.page_width - table.shape[1])))
         if self.graphs is not None and (name in GRAPHED or logits) and ids.size <= self.graphs.max_rows and not extra:
-            key = (name, logits, kv.tensor.data_ptr(), ids.shape, *(a.shape for a in arrays))
+            key = (name, logits, kv.tensor.data_ptr(), kv.tensor.shape, ids.shape, *(a.shape for a in arrays))
             outs = self.graphs.run(key, [ids, *arrays], lambda t: self._call(name, t[0], kv, t[1:], logits=logits),
-                                   self._reserve)
+                                   self._reserve, self.vm["_metadata"])
             if outs is not None:
                 return outs
         return self._call(name, self.uploads.put("ids", ids), kv,

@@ -1,11 +1,17 @@
 """CUDA graphs (runtime/cuda_graph.py): where they apply and how they are turned off. Replays
 themselves run on a CUDA device only: ``make gpu-check`` decodes with and without them and
 compares the tokens (bench/results/gpu-check-*.json, ``cuda_graph``)."""
+import ctypes
+
+import numpy as np
 import pytest
 import tvm
 
+from test_tiny_model import IDS
+
 from speccompile.runtime.cuda_graph import CudaGraphs
 from speccompile.runtime.engine import Engine, GenerationError
+from speccompile.runtime.model import Model
 from speccompile.runtime.options import EngineConfig
 
 
@@ -28,3 +34,108 @@ def test_a_cpu_library_has_no_graphs_and_a_bad_option_is_refused_before_loading(
     assert eng.model.graphs is None and eng.model.page_width is None and eng.sizes.cuda_graph == "on"
     with pytest.raises(GenerationError, match="cuda_graph"):
         Engine(built.model_dir, built.lib, cuda_graph=True)
+
+
+class _HostDriver:
+    """The driver calls CudaGraphs makes outside a capture, for CPU tensors (device addresses
+    are host addresses there)."""
+
+    class cu:
+        @staticmethod
+        def cuMemcpyHtoDAsync_v2(dst, src, nbytes, _stream):
+            ctypes.memmove(dst.value, src, nbytes.value)
+            return 0
+
+        @staticmethod
+        def cuGraphExecDestroy(_exe):
+            return 0
+
+    def stream(self):
+        return None
+
+    def check(self, rc, what):
+        assert rc == 0, what
+
+
+class Replayed(CudaGraphs):
+    """CudaGraphs with the capture emulated on the CPU: a "graph" re-runs the call it recorded
+    and writes its outputs where a replay writes them (the kept blocks). Everything else --
+    the inputs' uploads, the pooled allocator's blocks kept and reserved, the views, the
+    first-replay check, the keys -- is the class's own code, on TVM's real pooled allocator."""
+
+    def __init__(self, device, max_rows):
+        super().__init__(device, max_rows, driver=_HostDriver())
+        self.recorded = {}
+
+    def _record(self, call, inputs):
+        outs = list(call(inputs))
+        exe = ctypes.c_void_p(len(self.recorded) + 1)
+        self.recorded[exe.value] = (call, inputs)
+        return exe, outs
+
+    def _launch(self, g):
+        call, inputs = self.recorded[g.exe.value]
+        for out, view in zip(call(inputs), self._outputs(g)):
+            out.copyto(view)
+        self.replays += 1
+
+
+def _outputs_of(model, graphs, kv):
+    """Greedy decode, chain verify and hidden-state steps of one sequence: every output."""
+    model.graphs, model.page_width = graphs, (40 if graphs is not None else None)
+    kv.add_sequence(0)
+    out = [model.prefill(kv, [0], [IDS[:9]])]
+    tok = int(out[-1][0].argmax())
+    for _ in range(6):  # decode; then a 4-token and a 2-token chain; then hidden states + logits
+        out.append(model.decode(kv, [0], [tok]))
+        tok = int(out[-1][0].argmax())
+    for chunk in ([tok, 5, 6, 7], [8, 9]):
+        out.append(model.forward_tokens(kv, [0], [chunk]))
+    for chunk in ([3, 4, 5], [6, 7, 8]):
+        hidden, logits = model.forward_hidden_logits(kv, [0], [chunk])
+        out += [hidden.numpy(), logits.numpy()]
+    out.append(model.decode(kv, [0], [1]))
+    kv.remove_sequence(0)
+    return out
+
+
+def test_replays_give_the_calls_bits_with_blocks_kept_across_graphs(build_tiny):
+    built = build_tiny("tiny-llama", "q4f32_1")
+    model = Model(built.model_dir, built.lib)
+    kv = model.create_kv_cache(512)
+    plain = _outputs_of(model, None, kv)
+    graphs = Replayed(model.device, 64)
+    replayed = _outputs_of(model, graphs, kv)
+    assert graphs.failed is None, graphs.failed
+    # one graph per shape (decode, chains of 4 and 2, hidden states of 3), none dropped by a
+    # later capture; each capture replays once (checked), then 6 decodes and 1 hidden step
+    assert graphs.stats() == {"enabled": True, "failed": None, "graphs": 4, "captures": 4, "replays": 4 + 7}
+    assert all(np.array_equal(a, b) for a, b in zip(plain, replayed))
+    kept = {c: [t.data_ptr() for t in ts] for c, ts in graphs.kept.items()}
+    # logits; embeddings and hidden states (on cuda the hidden states live in the VM's lifted allocation)
+    assert sorted(len(v) for v in kept.values()) == [1, 2]
+    again = _outputs_of(model, graphs, kv)  # the same sequence again: every forward replayed
+    assert graphs.captures == 4 and graphs.replays == 11 + 11
+    assert all(np.array_equal(a, b) for a, b in zip(plain, again))
+    assert {c: [t.data_ptr() for t in ts] for c, ts in graphs.kept.items()} == kept
+    model.graphs = None
+    assert all(np.array_equal(a, b) for a, b in zip(plain, _outputs_of(model, None, kv)))
+
+
+def test_a_graph_whose_blocks_cannot_be_kept_turns_graphs_off_and_changes_nothing(build_tiny):
+    built = build_tiny("tiny-llama", "q4f32_1")
+    model = Model(built.model_dir, built.lib)
+    kv = model.create_kv_cache(512)
+    plain = _outputs_of(model, None, kv)
+    graphs = Replayed(model.device, 64)
+    real, held = model._reserve, []
+
+    def reserve(width, rows):  # someone else takes each block the capture freed first
+        held.append(real(width, rows))
+        return real(width, rows)
+
+    model._reserve = reserve
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed, decoding without graphs: GraphError"):
+        out = _outputs_of(model, graphs, kv)
+    assert graphs.failed and "could not be kept" in graphs.failed and graphs.graphs == {} and graphs.kept == {}
+    assert all(np.array_equal(a, b) for a, b in zip(plain, out))
