@@ -300,14 +300,16 @@ def rows_gpu(name, data, commit, date):
             f"{mode} {ratio(v.get('speedup'))} ({frac(*v['identical']) if isinstance(v.get('identical'), list) and len(v['identical']) == 2 else '—'} identical)"
             for mode, v in sorted(spec.items()) if isinstance(v, dict))
         rows.append([code(name), date, commit, model, f"{m.get('quantization', '—')}, {m.get('weights', '—')} weights",
-                     num(m.get("decode_tok_s")), num(capi.get("tok_s")), num(m.get("prefill_tok_s"), 0),
+                     num(m.get("decode_tok_s")), num((m.get("cuda_graph") or {}).get("decode_tok_s_no_graph")),
+                     num(capi.get("tok_s")), num(m.get("prefill_tok_s"), 0),
                      " / ".join(ratio(cost.get(k)) for k in ("8", "16", "32")), num(m.get("host_ms_per_step"), 2),
                      f"{num(peers.get('hf_fp16_tok_s'))} / {num(peers.get('torch_compile_tok_s'))}",
                      spec_s or "—", num(m.get("logits_max_abs_diff_vs_torch"), 4)])
     return rows
 
 
-HEAD_GPU = ["file", "date", "commit", "model", "weights", "decode tok/s (Python)", "decode tok/s (C API)",
+HEAD_GPU = ["file", "date", "commit", "model", "weights", "decode tok/s (Python)", "same, without CUDA graphs",
+            "decode tok/s (C API)",
             "prefill tok/s", "forward cost 8 / 16 / 32 rows vs 1", "host ms/step",
             "transformers fp16 / torch.compile tok/s", "speculative (SmolLM2 heads)", "max logit diff vs torch"]
 
