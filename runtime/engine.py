@@ -13,11 +13,10 @@ One decode step serves every mode and batch size, and reads like the algorithm:
 5. emit the accepted tokens, and account the step once (a ``StepRecord`` that the metrics
    and the policy both read).
 
-Bad input (over-long prompt, out-of-range ids, bad options) is refused before any
-forward runs. The step is exposed as primitives (``new_sequence``, ``attach``, ``prefill``,
-``step``, ``detach``) so that ``generate_batch`` and the continuous-batching scheduler
-(runtime/scheduler.py) drive the very same machinery: the scheduler only decides *which*
-sequences take part in each step, never how a step runs.
+Bad input is refused before any forward runs. The step is exposed as primitives
+(``new_sequence``, ``attach``, ``prefill``, ``step``, ``detach``) that ``generate_batch`` and
+the scheduler (runtime/scheduler.py) drive alike: the scheduler only decides *which*
+sequences take part in a step, never how a step runs.
 """
 from __future__ import annotations
 
@@ -298,21 +297,17 @@ class Engine(GenerationAPI):
 
     def _forward(self, active: list[Sequence], drafts: list[Draft]):
         """(the drafts verified, device logits [n, vocab] of ``[last] + drafts`` of every
-        sequence, their features on the host if the proposer reads some).
-        When the KV cache cannot hold the drafts, none are verified (plain decoding still
-        raises KVCacheFull: the scheduler preempts). With hidden states the forward stops at
-        the final norm and ``get_logits`` finishes it: the same kernels, so the same logits."""
+        sequence, their features on the host if the proposer reads some). When the KV cache
+        cannot hold the drafts, none are verified (plain decoding still raises KVCacheFull: the
+        scheduler preempts). With features the forward stops at the final norm and
+        ``get_logits`` finishes it: the same kernels, so the same logits."""
         ids = [s.seq_id for s in active]
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
         tree = any(d.parents is not None for d in drafts)
         parents = [d.verify_parents() for d in drafts] if tree else None
         try:
-            if self._features() == "hidden":  # one call (one CUDA graph where they apply)
-                hidden, logits = self.model.forward_hidden_logits(self.kv, ids, tokens, parents)
-                return drafts, logits, (hidden.numpy(),)
             if self._features():
-                hidden, feats = self._forward_features(ids, tokens, parents)
-                return drafts, self.model.get_logits(hidden), feats
+                return drafts, *self._forward_features(ids, tokens, parents, logits=True)
             if all(len(d) == 0 for d in drafts):
                 return drafts, self.model.decode(self.kv, ids, [t[0] for t in tokens], on_device=True), None
             return drafts, self.model.forward_tokens(self.kv, ids, tokens, parents, on_device=True), None
@@ -324,9 +319,7 @@ class Engine(GenerationAPI):
     def _features(self) -> str:
         """Which target features this step's forward must return: the proposer's ("" none,
         "hidden", "layers"), or "layers" for the feature sink."""
-        if self.feature_sink is not None:
-            return "layers"
-        return self.proposer.features if self.proposer is not None else ""
+        return "layers" if self.feature_sink is not None else self.proposer.features if self.proposer else ""
 
     def _observe(self, seq_id: int, position: int, feats: tuple[np.ndarray, ...]) -> None:
         """Hand the features of committed tokens at position.. to whoever reads them: the
@@ -336,16 +329,20 @@ class Engine(GenerationAPI):
         if self.feature_sink is not None:
             self.feature_sink(seq_id, position, *feats)
 
-    def _forward_features(self, ids: list[int], tokens: list[list[int]], parents: list[list[int]] | None):
-        """(device final-normed hidden states [n, hidden], a tuple of host features: first what
-        the proposer reads -- those hidden states, or the target's low/mid/high layer outputs
-        [n, 3 * hidden] -- then, for the feature sink, the hidden states too) of one forward
-        that stops before the logits."""
+    def _forward_features(self, ids: list[int], tokens: list[list[int]], parents: list[list[int]] | None,
+                          logits: bool = False):
+        """(device final-normed hidden states [n, hidden] or, with ``logits``, their logits [n, vocab];
+        host features: what the proposer reads -- those hidden states, or the target's low/mid/high
+        layer outputs [n, 3 * hidden] -- then, for the feature sink, the hidden states too)."""
         if self._features() == "layers":
             hidden, feats = self.model.forward_features(self.kv, ids, tokens, parents)
-            return hidden, (feats.numpy(),) + ((hidden.numpy(),) if self.feature_sink is not None else ())
-        hidden = self.model.forward_hidden(self.kv, ids, tokens, parents)
-        return hidden, (hidden.numpy(),)
+            feats = (feats.numpy(),) + ((hidden.numpy(),) if self.feature_sink is not None else ())
+            return (self.model.get_logits(hidden) if logits else hidden), feats
+        if logits:  # one call: one CUDA graph where they apply
+            hidden, out = self.model.forward_hidden_logits(self.kv, ids, tokens, parents)
+        else:
+            hidden = out = self.model.forward_hidden(self.kv, ids, tokens, parents)
+        return out, (hidden.numpy(),)
 
     def _accept(self, active: list[Sequence], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, on the device logits (grammar masks applied): greedy
