@@ -372,7 +372,8 @@ class Model:
         """As :meth:`prefill`/:meth:`forward_tokens` but returning the final-normed hidden states of
         every token on device [n, hidden] (draft heads read them); :meth:`get_logits` turns
         them into the very logits the fused entry points give. Chains are appended, trees
-        planned as in :meth:`forward_tokens`."""
+        planned as in :meth:`forward_tokens`. On a cuda library the result lives in the VM's
+        lifted allocation (passes/pipeline.py): read it before the model's next forward."""
         return self._run("forward_tokens_hidden", *self._plan(kv, seq_ids, token_lists, tree_parents),
                          on_device=True)
 

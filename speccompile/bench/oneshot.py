@@ -90,6 +90,9 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                "accept_rate": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else 0.0,
                "mean_accepted_length": emitted / total["verify_steps"] if total["verify_steps"] else 0.0,
                **{k: v / len(specs) for k, v in total.items()}}  # per spec run
+        failed = sorted({r["cuda_graph"]["failed"] for r in runs if (r.get("cuda_graph") or {}).get("failed")})
+        if failed:  # a cuda run whose graphs were turned off: its speed is not the default's
+            row["cuda_graph_failed"] = failed
         rows.append(row)
         if not quiet:
             print(f"[{i + 1}/{len(prompts)}] {p['category']:<13} plain {row['plain_tokens_per_s']:6.1f} | spec "
@@ -97,7 +100,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                   f" -> {row['spec_request_seconds']:.2f} s x{row['request_speedup']:.2f}) accept {row['accept_rate']:.2f} "
                   f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']:.0f}/"
                   f"{row['verify_steps'] + row['plain_steps']:.0f} steps"
-                  f"{'' if row['identical_output'] else '  OUTPUT DIFFERS'}", flush=True)
+                  f"{'' if row['identical_output'] else '  OUTPUT DIFFERS'}"
+                  f"{'  CUDA GRAPHS OFF: ' + '; '.join(failed) if failed else ''}", flush=True)
     by_cat: dict[str, list[dict]] = {}
     for r in rows:
         by_cat.setdefault(r["category"], []).append(r)

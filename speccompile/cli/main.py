@@ -201,7 +201,8 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, sampling, spec, sizes
         ids = engine.encode_prompt(prompt, raw=raw)
         if as_json:
             res = engine.generate(ids, max_tokens, sampling, list(stop), response_format=fmt)
-            click.echo(json.dumps(res.to_dict()))
+            graphs = engine.model.graphs  # cuda: whether the steps replayed CUDA graphs, and if not, why
+            click.echo(json.dumps({**res.to_dict(), **({"cuda_graph": graphs.stats()} if graphs else {})}))
             return
         res = None
         for delta, res in engine.generate_stream(ids, max_tokens, sampling, list(stop), response_format=fmt):

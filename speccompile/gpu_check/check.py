@@ -508,7 +508,8 @@ class Check:
                     "per_prompt": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                                     if k in ("category", "speedup", "accept_rate", "mean_accepted_length",
                                              "identical_output", "plain_tokens_per_s", "spec_tokens_per_s",
-                                             "verify_steps", "plain_steps")} for r in report["prompts"]]}
+                                             "verify_steps", "plain_steps", "cuda_graph_failed")}
+                                   for r in report["prompts"]]}
                 self.save()
 
     def torch_compile(self, m: dict, model_dir: Path | None) -> None:
