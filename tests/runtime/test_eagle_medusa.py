@@ -403,7 +403,7 @@ def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
     eagle = build_head("eagle", HEADS / "SmolLM2-135M-Instruct-eagle", gguf, "q4f32_1", root / "eagle")
     medusa = build_head("medusa", HEADS / "SmolLM2-135M-Instruct-medusa", gguf, "q4f32_1", root / "medusa")
     eng = Engine(model_dir, lib)
-    prompts = [eng.encode_prompt(p) for p in PROMPTS]
+    prompts = [eng.encode_prompt(p) for p in PROMPTS[:4]]  # the tiny heads above take all eight (CI time)
     expected = [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
     for mode, head in (("eagle", eagle), ("medusa", medusa)):
         stats = check_lossless(model_dir, lib, head, mode, prompts, expected, widths=(1, 2), ks=(2,), nodes=6)

@@ -48,7 +48,7 @@ def _engine(target, mode, random_draft=None):
 def test_greedy_speculation_is_lossless(target, reference, random_draft, mode):
     prompts, expected = reference
     eng = _engine(target, mode, random_draft)
-    for k in (1, 3, 7, 0):
+    for k in (1, 7, 0):  # shortest, longest fixed, adaptive
         eng.set_draft_length(k)
         for i, ids in enumerate(prompts):  # batch 1
             res = eng.generate(ids, NEW_TOKENS, ignore_eos=True)
