@@ -16,7 +16,7 @@ install: opencl-system
 # skip, when it is missing (SPECCOMPILE_REQUIRE_OPENCL=1). One worker per CPU, a test file per worker
 # at a time (its module fixtures built once); tests/conftest.py gives each worker its share of cores.
 test:
-	SPECCOMPILE_REQUIRE_OPENCL=1 $(BIN)/python -m pytest -q -n auto --dist loadfile
+	SPECCOMPILE_REQUIRE_OPENCL=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 
 # The system pieces OpenCL libraries need to build and run here: the OpenCL ICD loader and headers
 # (to build our OpenCL runtime) and PoCL, a CPU OpenCL device, for the tests. Debian/Ubuntu via apt

@@ -275,9 +275,9 @@ def test_smollm2_trained_heads_and_ngram_identical_to_plain_on_opencl(smol_openc
     gguf, model_dir, lib, _, prompts, expected = smol_opencl
     root = tmp_path_factory.mktemp("smol-opencl-heads")
     prompts, expected = prompts[1:2], [expected[1][:SMOL_SPEC_TOKENS]]  # code: the heads draft well there
-    for mode in ("eagle", "medusa"):
+    for mode, width in (("eagle", 1), ("medusa", 2)):  # a chain and a tree (the tiny heads above do both each)
         head = build_head(mode, HEADS / f"SmolLM2-135M-Instruct-{mode}", gguf, "q4f32_1", root / mode, device="opencl")
-        stats = check_lossless(model_dir, lib, head, mode, prompts, expected, widths=(1, 2), ks=(2,), nodes=4,
+        stats = check_lossless(model_dir, lib, head, mode, prompts, expected, widths=(width,), ks=(2,), nodes=4,
                                batches=(1,), new_tokens=SMOL_SPEC_TOKENS)
         assert sum(s.accepted_tokens for _, s in stats) > 0, mode
     eng = Engine(model_dir, lib, speculative_mode="ngram")
