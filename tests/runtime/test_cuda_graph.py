@@ -99,12 +99,16 @@ def _outputs_of(model, graphs, kv):
     return out
 
 
-def test_replays_give_the_calls_bits_with_blocks_kept_across_graphs(build_tiny):
+def _tiny(build_tiny):
+    """(a tiny q4 model, its KV cache, the outputs of ``_outputs_of`` without graphs, emulated graphs)."""
     built = build_tiny("tiny-llama", "q4f32_1")
     model = Model(built.model_dir, built.lib)
     kv = model.create_kv_cache(512)
-    plain = _outputs_of(model, None, kv)
-    graphs = Replayed(model.device, 64)
+    return model, kv, _outputs_of(model, None, kv), Replayed(model.device, 64)
+
+
+def test_replays_give_the_calls_bits_with_blocks_kept_across_graphs(build_tiny):
+    model, kv, plain, graphs = _tiny(build_tiny)
     replayed = _outputs_of(model, graphs, kv)
     assert graphs.failed is None, graphs.failed
     # one graph per shape (decode, chains of 4 and 2, hidden states of 3), none dropped by a
@@ -123,11 +127,7 @@ def test_replays_give_the_calls_bits_with_blocks_kept_across_graphs(build_tiny):
 
 
 def test_a_graph_whose_blocks_cannot_be_kept_turns_graphs_off_and_changes_nothing(build_tiny):
-    built = build_tiny("tiny-llama", "q4f32_1")
-    model = Model(built.model_dir, built.lib)
-    kv = model.create_kv_cache(512)
-    plain = _outputs_of(model, None, kv)
-    graphs = Replayed(model.device, 64)
+    model, kv, plain, graphs = _tiny(build_tiny)
     real, held = model._reserve, []
 
     def reserve(width, rows):  # someone else takes each block the capture freed first
