@@ -53,18 +53,19 @@ class Option:
             f" and <= {self.high}" if self.high is not None else "")
 
     def problem(self, value: Any) -> str | None:
-        """Why ``value`` is not acceptable, or None. None values mean "not given"."""
+        """Why ``value`` is not acceptable: "type" (not what the option takes), "range", or
+        None when it is. None values mean "not given"."""
         if value is None:
             return None
         if self.choices is not None:
-            return None if value in self.choices else f"takes {self.expect()}"
+            return None if value in self.choices else "type"
         if self.kind in (int, float):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
                     self.kind is int and not float(value).is_integer()) or not math.isfinite(value):
-                return f"takes {self.expect()}"
+                return "type"
             below = self.low is not None and (value <= self.low if self.open_low else value < self.low)
             if below or (self.high is not None and value > self.high):
-                return f"is out of range: it takes {self.expect()}"
+                return "range"
         return None
 
     def check(self, value: Any, *, via: str | None = None) -> None:
@@ -72,7 +73,8 @@ class Option:
         why = self.problem(value)
         if why:
             shown = via or (f"{self.flag} {value}" if self.flag else f"{self.override or self.name}={value}")
-            raise ValueError(f"{shown}: {self.override or self.name} {why} ({self.help})")
+            said = "is out of range: it takes" if why == "range" else "takes"
+            raise ValueError(f"{shown}: {self.override or self.name} {said} {self.expect()} ({self.help})")
 
 
 def option(default: Any, help: str, *, kind: type | None = None, low: float | None = None, high: float | None = None,

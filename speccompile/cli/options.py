@@ -17,6 +17,9 @@ from speccompile.runtime.options import Option, options_of
 def click_option(opt: Option, command: str):
     default = opt.default_for(command)
     kwargs = {"default": None if default == () else default, "help": opt.help, "show_default": default not in (None, ())}
+    if opt.kind is bool:  # a "--x/--no-x" pair (the field's flag names both)
+        flag = opt.flag if "/" in opt.flag else f"{opt.flag}/--no-{opt.flag[2:]}"
+        return click.option(flag, opt.name, **kwargs)
     if opt.choices:
         kwargs["type"] = click.Choice(opt.choices)
     elif opt.kind in (int, float):
@@ -30,7 +33,9 @@ def flagged(cls, command: str) -> list[Option]:
 
 
 def config_options(cls, group: str, command: str):
-    """Add ``cls``'s flags for ``command``; the function receives them as the dict ``group``."""
+    """Add ``cls``'s flags for ``command``; the function receives them as the dict ``group``.
+    A flag's parameter is the field's name (the runtime commands read ``ctx.params`` by it), so
+    the classes one command takes share no field names."""
     opts = flagged(cls, command)
 
     def decorate(f):

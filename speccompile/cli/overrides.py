@@ -66,12 +66,12 @@ class OverrideKey:
             value = self.spec.kind(raw)
         except ValueError:
             value = None
-        why = self.spec.problem(value) if value is not None else "takes " + self.spec.expect()
-        if why and why.startswith("takes"):
-            raise OverrideError(f"--overrides {self.name}={raw}: {self.name} {why} ({self.spec.help})")
+        why = "type" if value is None else self.spec.problem(value)
+        given, takes = f"--overrides {self.name}={raw}", f"{self.name} takes {self.spec.expect()} ({self.spec.help})"
+        if why == "range":
+            raise OverrideError(f"{given} is out of range: {takes}")
         if why:
-            raise OverrideError(f"--overrides {self.name}={raw} {why.replace(': it', ': ' + self.name)} "
-                                f"({self.spec.help})")
+            raise OverrideError(f"{given}: {takes}")
         return value
 
 

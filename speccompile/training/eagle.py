@@ -35,9 +35,10 @@ from pathlib import Path
 import numpy as np
 
 from speccompile.runtime.contract import MODEL_CONFIG_FILE
-
+from speccompile.runtime.options import configs_from
 from speccompile.training.common import (Features, draft_vocabulary, llama_blocks, require_torch, rope_tables, split_held_out,
                            target_config, target_embedding_and_head)
+from speccompile.training.settings import DraftSettings
 
 
 # ------------------------------------------------------------------ the head
@@ -253,14 +254,19 @@ def export_eagle(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray | Non
 
 
 # ------------------------------------------------------------------ the command
-def run_train_draft(method: str, target_dir: Path, model_lib: Path, out_dir: Path, num_prompts: int = 600,
-                    max_tokens: int = 384, gen_batch: int = 8, steps: int = 3000, train_batch: int = 4,
-                    draft_vocab: int = 16384, progress: bool = True, work_dir: Path | None = None,
-                    medusa_num_heads: int = 4, medusa_num_layers: int = 1, medusa_freeze_lm_head: bool = True) -> dict:
+def run_train_draft(method: str, target_dir: Path, model_lib: Path | None, out_dir: Path,
+                    settings: DraftSettings | None = None, *, progress: bool = True, work_dir: Path | None = None,
+                    **options) -> dict:
     """Every stage skips the work already on disk, so an interrupted run resumes. The head
     goes to ``out_dir``; data and checkpoints to ``work_dir`` (default ``out_dir/work``).
     Both methods train on the same data, so one work dir can serve an EAGLE and a Medusa
-    head (their checkpoints are ``checkpoint.pt`` and ``medusa-checkpoint.pt``)."""
+    head (their checkpoints are ``checkpoint.pt`` and ``medusa-checkpoint.pt``).
+    ``settings`` or its fields as keywords (``steps=...``): speccompile/training/settings.py."""
+    (s,) = configs_from(options, (DraftSettings, settings))
+    num_prompts, max_tokens, gen_batch, steps, train_batch = s.num_prompts, s.max_tokens, s.gen_batch, s.steps, \
+        s.train_batch
+    draft_vocab, medusa_num_heads, medusa_num_layers = s.draft_vocab or 16384, s.medusa_num_heads, s.medusa_num_layers
+    medusa_freeze_lm_head = s.medusa_freeze_lm_head
     if method not in ("eagle", "medusa"):
         raise ValueError(f"train-draft --method {method} is not supported: choose eagle or medusa")
     target_dir, out_dir = Path(target_dir), Path(out_dir)

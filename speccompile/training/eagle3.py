@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from speccompile.training.answers import conversations, read_shards
+from speccompile.training.settings import Eagle3Settings as Settings
 
 IGNORE = -100  # a row that is not scored (prompt tokens, past the end)
 OOV = -1  # an answer token outside the draft vocabulary: scored, never right, not trained on
@@ -323,32 +324,6 @@ def offline_scores(trainer: "Trainer", answers: Path, settings: "Settings") -> d
     return out
 
 
-@dataclass
-class Settings:
-    """What a run is; a resumed run keeps the head's shape and vocabulary from its state."""
-
-    intermediate_size: int = 2816  # 57 MB of fp16 with a 1536-wide target (fits heads/' 60 MB)
-    draft_vocab: int | None = None  # None: a resumed run's own, DRAFT_VOCAB for a new one
-    steps: int = 4  # TTT steps per batch
-    soft_labels: bool = False  # the target's distributions as labels, not its argmax (module docstring)
-    init: str = "target"  # a new head starts as the target's layer above the high feature, or "random"
-    epochs: int = 8
-    max_steps: int | None = None  # a time box: the run ends at this many steps in all, annealed by then
-    batch_rows: int = 2048  # padded head rows per optimizer step
-    max_rows: int = 2048  # longest conversation (head rows) kept
-    lr: float = 3e-4
-    warmup: int = 100
-    eval_every: int = 50  # optimizer steps between held-out points, at least
-    eval_share: float = 0.1  # and at most this share of the run's time spent scoring them (1.0: no limit)
-    save_every_s: float = 300.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps (--head-max-steps) = {self.max_steps}: give the run's total steps, a positive "
-                             "number, or leave it unset to train every epoch")
-
-
 def planned_steps(done: dict, per_epoch: int, epochs: int, max_steps: int | None = None) -> int:
     """The run's length as it stands, which the learning-rate schedule spans: steps taken,
     the rest of the current epoch's plan, and the epochs still to come at today's
@@ -490,7 +465,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     by_id = {c.id: i for i, c in enumerate(train)}
     per_epoch = len(plan_batches(train, settings.batch_rows, 0))
     total_steps = planned_steps(done, per_epoch, settings.epochs, settings.max_steps)
-    weights = [0.8 ** k for k in range(settings.steps)]
+    weights = [0.8 ** k for k in range(settings.ttt_steps)]
     bar = tqdm(total=total_steps, initial=min(done["step"], total_steps), desc="eagle3 ttt", unit="step",
                disable=not progress, file=sys.stderr, mininterval=10)
     last_save, loss_ema, t_start = time.perf_counter(), None, time.perf_counter() - done["seconds"]
@@ -519,7 +494,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
             for g in opt.param_groups:
                 g["lr"] = settings.lr * schedule(done["step"], total_steps)
             t_step = time.perf_counter()
-            loss, per_step = trainer.run(*trainer.batch(part), steps=settings.steps, weights=weights,
+            loss, per_step = trainer.run(*trainer.batch(part), steps=settings.ttt_steps, weights=weights,
                                          soft_from=trainer.next_hidden(part) if settings.soft_labels else None)
             if loss is not None:
                 opt.zero_grad(set_to_none=True)

@@ -50,10 +50,10 @@ from speccompile.training.prompt_filters import (BenchmarkGuard, NearDupIndex, b
                              looks_like_code)
 from speccompile.training.prompts import GENERAL_FAMILIES, HELD_OUT_GENERAL_FAMILIES, general_prompt
 from speccompile.training.prompts_code import CODE_FAMILIES, HELD_OUT_CODE_FAMILIES
+from speccompile.training.settings import PLAN_VERSION, PromptSetSettings as Settings  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = [REPO / "bench" / "mt_bench.jsonl", REPO / "bench" / "prompts.jsonl"]
-PLAN_VERSION = 1  # bump when slot plans change: a resumed run refuses a different plan
 SPLITS = {"t": "train", "h": "held_out"}
 
 CODER_SYSTEM = ("You are a coding assistant. Your users are programmers who ask for help with code: writing functions, "
@@ -77,32 +77,6 @@ HELD_OUT_WEIGHTS = {"code_review": 3, "code_terse": 3, "code_traceback": 2, "she
                     "socratic": 2, "terse_chat": 2, "versus": 2}
 assert set(WRITTEN_WEIGHTS) == set(CODE_FAMILIES) | set(GENERAL_FAMILIES)
 assert set(HELD_OUT_WEIGHTS) == set(HELD_OUT_CODE_FAMILIES) | set(HELD_OUT_GENERAL_FAMILIES)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything that decides what a slot produces; fixed for the life of a prompt set."""
-
-    seed: int = 0
-    magpie_share: float = 0.5
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_new_tokens: int = 512
-    min_tokens: int = 4
-    max_tokens: int = 1024
-    plan_version: int = PLAN_VERSION
-
-    def check(self) -> None:
-        if not 0 <= self.magpie_share <= 1:
-            raise ValueError(f"--magpie-share {self.magpie_share} must be in [0, 1]")
-        if self.magpie_share and not self.temperature > 0:
-            raise ValueError("Magpie needs --temperature > 0: greedy decoding gives one user turn per prefix")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"--top-p {self.top_p} must be in (0, 1]")
-        if self.max_new_tokens < 8:
-            raise ValueError("--max-new-tokens below 8 cannot hold a user turn")
-        if not 1 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"prompt length bounds {self.min_tokens}..{self.max_tokens} tokens are empty")
 
 
 @dataclass(frozen=True)

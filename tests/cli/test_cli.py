@@ -125,3 +125,28 @@ def test_train_heads_takes_its_settings_as_options_checked_before_anything_loads
     res = r.invoke(main, ["train-heads", "--medusa-epochs", "zero"])
     assert res.exit_code == 2 and "--medusa-epochs" in res.output
     assert HeadsSettings().train_prompts == 20000 and HeadsSettings(heads="eagle3").chosen("x") == ["eagle3"]
+
+
+@pytest.mark.parametrize("command, classes", [
+    ("train-draft", ("DraftSettings", "Eagle3Settings")),
+    ("train-prompts", ("PromptRun", "PromptSetSettings")),
+    ("train-answers", ("AnswerRun",)),
+])
+def test_training_commands_take_generated_options_checked_before_anything_loads(tmp_path, command, classes):
+    """Each training command's flags come from its settings classes (one definition: type,
+    default, range, help), and a value out of range is refused by its flag before the target
+    is read: the target folder here does not exist, so any later check would say so instead."""
+    from speccompile.cli.options import flagged
+    from speccompile.training import settings
+
+    r = CliRunner()
+    shown = r.invoke(main, [command, "--help"]).output
+    opts = [o for name in classes for o in flagged(getattr(settings, name), command)]
+    assert opts and all(o.flag.split("/")[0] in shown for o in opts)
+    numeric = next(o for o in opts if o.kind is int and o.low is not None)
+    args = [command, str(tmp_path / "no-model"), "--model-lib", "x.so", numeric.flag, str(int(numeric.low) - 1)]
+    if command == "train-draft":
+        args[2:2] = ["--method", "eagle", "-o", str(tmp_path / "out")]
+    res = r.invoke(main, args)
+    assert res.exit_code == 2 and f"{numeric.flag} {int(numeric.low) - 1}" in res.output, res.output
+    assert not (tmp_path / "out").exists()

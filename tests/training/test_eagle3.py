@@ -527,7 +527,7 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     again = [c[0] for s in read_shards(train_dir) for c in conversations(s)]
     assert sorted(again) == ["t0", "t1", "t2", "t3"] and not list(train_dir.glob("*.tmp"))
 
-    settings = Settings(intermediate_size=32, draft_vocab=64, steps=2, epochs=1, batch_rows=32, eval_every=2,
+    settings = Settings(intermediate_size=32, draft_vocab=64, ttt_steps=2, epochs=1, batch_rows=32, eval_every=2,
                         eval_share=1.0, warmup=1)
     first = train_eagle3(built.model_dir, tmp_path, tmp_path / "head", settings, progress=False)
     assert first["epochs"] == 1 and first["best"]["top1"]
