@@ -55,6 +55,8 @@ class Draft:
         order (of a chain, a prefix: it stays a chain)."""
         if len(nodes) == len(self):
             return self
+        if not nodes:  # nothing kept: no draft (a tree with no nodes is verified as a plain step)
+            return Draft()
         local = {n: i for i, n in enumerate(nodes)}
         parents = self.parent_list()
         return Draft([self.tokens[n] for n in nodes],

@@ -140,11 +140,11 @@ class Engine(GenerationAPI):
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None,
-                     speculative: bool = True, grammar=None, top_logprobs: int | None = None) -> Sequence:
+                     speculative: bool = True, grammar=None, top_logprobs: int | None = None, tenant=None) -> Sequence:
         """A validated sequence, not yet holding KV pages. ``max_len`` caps prompt + output
         (a server passes its KV capacity so that one sequence alone always fits); ``grammar``:
         its own ``self.grammars.constraint(response_format)``, which every token obeys;
-        ``top_logprobs``: 0..20 alternatives reported with each token's log-probability."""
+        ``top_logprobs``: 0..20 alternatives per token; ``tenant``: whose requests may draft for it."""
         if max_tokens <= 0:
             raise GenerationError("max_tokens must be positive")
         if top_logprobs is not None and not 0 <= top_logprobs <= 20:
@@ -158,7 +158,7 @@ class Engine(GenerationAPI):
         seq = Sequence(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
                        np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
                        GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer), speculative=speculative,
-                       grammar=grammar, top_logprobs=top_logprobs)
+                       grammar=grammar, top_logprobs=top_logprobs, tenant=tenant)
         if top_logprobs is not None:
             seq.result.logprobs = []
         seq.result.stats.spec = SpecMetrics() if self.proposer and speculative else None
@@ -172,7 +172,7 @@ class Engine(GenerationAPI):
         bit-identical logits, so a resumed sequence continues exactly as if never paused."""
         self.kv.add_sequence(seq.seq_id)
         if self.proposer:
-            self.proposer.add_sequence(seq.seq_id, seq.history)
+            self.proposer.add_sequence(seq.seq_id, seq.history, seq.tenant)
             if self.policy is not None:
                 self.policy.acceptance.new_prompt(seq.seq_id)
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
@@ -303,7 +303,7 @@ class Engine(GenerationAPI):
         ``get_logits`` finishes it: the same kernels, so the same logits."""
         ids = [s.seq_id for s in active]
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
-        tree = any(d.parents is not None for d in drafts)
+        tree = any(d.parents is not None and len(d) for d in drafts)  # _commit decides the same way
         parents = [d.verify_parents() for d in drafts] if tree else None
         try:
             if self._features():
@@ -386,7 +386,7 @@ class Engine(GenerationAPI):
         """Keep the accepted tokens' KV entries: a chain rolls back what was rejected, a tree
         moves its accepted path into place. A proposer that reads features gets those of
         the last committed token and the accepted drafts."""
-        tree = any(d.parents is not None for d in drafts)  # as _forward planned the forward
+        tree = any(d.parents is not None and len(d) for d in drafts)  # as _forward planned the forward
         row = 0
         for s, d, verdict in zip(active, drafts, verdicts):
             if tree:

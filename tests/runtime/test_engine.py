@@ -82,8 +82,32 @@ class FakeModel:
         return self._chain(kv, seq_ids, [[t] for t in tokens])
 
     def forward_tokens(self, kv, seq_ids, token_lists, tree_parents=None, on_device=False):
-        assert tree_parents is None, "chains only: trees are covered on real models"
-        return self._chain(kv, seq_ids, token_lists)
+        if tree_parents is None:
+            return self._chain(kv, seq_ids, token_lists)
+        starts = [kv.length(s) for s in seq_ids]
+        try:
+            kv.plan_tree(seq_ids, tree_parents)  # node j at scratch row L + j
+        except KVCacheFull:
+            self.full += 1
+            raise
+        out = []
+        for sid, start, toks, par in zip(seq_ids, starts, token_lists, tree_parents):
+            for j, tok in enumerate(toks):
+                kv.tensor[kv.slot(sid, start + j)] = tok
+            for j in range(len(toks)):  # a node reads the committed rows, then its ancestors and itself
+                chain = [j]
+                while par[chain[-1]] >= 0:
+                    chain.append(par[chain[-1]])
+                stored = [kv.tensor[kv.slot(sid, r)] for r in range(max(0, start - 2), start)]
+                context = ([0, 0, 0] + stored + [toks[a] for a in reversed(chain)])[-3:]
+                row = np.full(VOCAB, -5.0, np.float32)
+                row[next_token(*context, start + len(chain) - 1)] = 5.0
+                out.append(row)
+        return np.stack(out)
+
+    def commit_tree(self, kv, seq_id, path):
+        src, dst = kv.tree_commit_moves(seq_id, path)
+        kv.tensor[dst] = kv.tensor[src]
 
     def accept_greedy(self, logits, token_lists, parents):
         out, row = [], 0
@@ -133,6 +157,44 @@ def test_ngram_steps_emit_what_the_model_alone_emits(model_dir, k, batch):
         assert spec.verify_steps > 0 and spec.accepted_tokens > 0
         assert spec.accepted_tokens < spec.draft_tokens or k == 1
     assert eng.totals.decode_tokens == sum(len(r.token_ids) for r in outs) - batch  # the first comes from prefill
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_suffix_trees_and_empty_trees_commit_exactly_what_was_verified(model_dir, monkeypatch, k, batch):
+    """Token trees from the suffix index, some of them empty trees (a plan that keeps no node
+    of a tree): the cache holds exactly the committed tokens after every step, and the output
+    is the model's own. (An empty tree was once forwarded as a decode and committed as a
+    tree: the cache grew by two rows.)"""
+    from speccompile.runtime.suffix import SuffixProposer
+
+    real, calls = SuffixProposer.propose, [0]
+
+    def propose(self, *args, **kwargs):
+        calls[0] += 1
+        drafts = real(self, *args, **kwargs)
+        return [Draft([], []) if (calls[0] + i) % 3 == 0 else d for i, d in enumerate(drafts)]
+
+    monkeypatch.setattr(SuffixProposer, "propose", propose)
+    eng = engine_module.Engine(model_dir, model_dir / "lib.so", speculative_mode="suffix", spec_tree_width=3,
+                               spec_draft_length=k)
+    seqs = [eng.new_sequence(p, 40, ignore_eos=True) for p in PROMPTS[:batch]]
+    for s in seqs:
+        eng.attach(s)
+    eng.prefill(seqs, 64)
+    drafted = trees = 0
+    while not all(s.done for s in seqs):
+        active = [s for s in seqs if not s.done]
+        step = eng.step(active)
+        drafted += sum(len(d) for d in step.drafts)
+        trees += sum(d.parents is not None and len(d) > 0 for d in step.drafts)
+        for s in active:
+            if not s.done:
+                assert eng.kv.length(s.seq_id) == len(s.history) - 1
+    for s in seqs:
+        assert s.result.token_ids == reference(s.result.prompt_token_ids, 40)
+    assert drafted > 0 or k == 0  # a fixed depth drafts wherever the text repeats
+    assert trees > 0 or batch == 1 or k == 0  # (one sequence's text has one continuation each time)
 
 
 def test_the_step_record_is_what_the_metrics_and_the_kv_cache_saw(model_dir):
