@@ -220,7 +220,7 @@ class EagleProposer:
         self.last_catch_up = 0
 
     # ------------------------------------------------------------ sequences
-    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+    def add_sequence(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
         self.kv.add_sequence(seq_id)
         self.pending[seq_id] = []
         self.coverage.add(seq_id, prompt)

@@ -87,7 +87,7 @@ class MedusaProposer:
         self._tree_cache: tuple | None = None
 
     # ------------------------------------------------------------ sequences
-    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+    def add_sequence(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
         self.proposed[seq_id] = []
         self.coverage.add(seq_id, prompt)
 

@@ -4,7 +4,8 @@ One narrow interface (``Proposer``) serves every mode; the engine never branches
 mode name. ``ngram`` looks up the sequence's own history; ``small_draft`` runs a second
 compiled model with the same vocabulary; ``eagle`` and ``medusa`` (runtime/eagle.py,
 runtime/medusa.py) are heads on the target's features, which the engine hands to
-proposers that name them in ``features``.
+proposers that name them in ``features``; ``suffix`` (runtime/suffix.py) drafts token trees
+from the text seen so far.
 """
 from __future__ import annotations
 
@@ -57,7 +58,10 @@ class Proposer(Protocol):
         and host (the result is cached: runtime/costs.py)."""
         ...
 
-    def add_sequence(self, seq_id: int, prompt: list[int]) -> None: ...
+    def add_sequence(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
+        """A new sequence (or one resumed after preemption: its prompt is then its history).
+        ``tenant``: whose earlier requests may draft for it (a server's API key); None: none."""
+        ...
 
     def remove_sequence(self, seq_id: int) -> None: ...
 
@@ -131,7 +135,7 @@ class NGramProposer:
         one = time_min(lambda: self.lookup(history, 8), 3)
         return {r: r * one for r in rows}, 0.0
 
-    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+    def add_sequence(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
         pass
 
     def remove_sequence(self, seq_id: int) -> None:
@@ -249,7 +253,7 @@ class SmallDraftProposer:
                 self.kv.remove_sequence(s)
         return table, per_token
 
-    def add_sequence(self, seq_id: int, prompt: list[int]) -> None:
+    def add_sequence(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
         self.kv.add_sequence(seq_id)
         self.cached[seq_id] = []
 

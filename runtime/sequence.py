@@ -86,6 +86,7 @@ class Sequence:
     speculative: bool = True  # False: never drafted for (a server's per-request A/B)
     grammar: Any = None  # runtime/grammar.py Constraint: the structure every token obeys, or None
     top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20); None: none
+    tenant: str | None = None  # whose earlier requests may draft for this one (a server's API key); None: none
 
     @property
     def done(self) -> bool:

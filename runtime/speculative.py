@@ -13,15 +13,17 @@ import importlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .options import check_options, option
+from .contract import read_model_config
+from .options import RUNTIME_COMMANDS, check_options, option
 from .sequence import GenerationError
 
 # mode -> the module (in this package) and class of its proposer. Named, not imported: the
 # CLI lists the modes without loading TVM; a mode's module loads when an engine uses it.
 PROPOSERS = {"small_draft": "proposers.SmallDraftProposer", "ngram": "proposers.NGramProposer",
-             "eagle": "eagle.EagleProposer", "medusa": "medusa.MedusaProposer"}
+             "suffix": "suffix.SuffixProposer", "eagle": "eagle.EagleProposer", "medusa": "medusa.MedusaProposer"}
 MODES = ("disable", *PROPOSERS)  # "disable" = plain decoding, no proposer
 DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 1, 64
+DEFAULT_SUFFIX_STORE_TOKENS = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -29,17 +31,23 @@ class SpeculativeConfig:
     """Every speculative option (runtime/options.py: one definition each); the defaults are
     plain decoding."""
 
-    speculative_mode: str = option("disable", "where drafts come from; disable = plain decoding", choices=MODES,
-                                   override=False)
+    # the commands speculate by default (suffix drafting costs no model, and the policy drafts
+    # only where it pays); the Python API decodes plainly unless asked
+    speculative_mode: str = option("disable", "where drafts come from; disable = plain decoding; given "
+                                   "--additional-models, the drafter's mode (small_draft, eagle or medusa)",
+                                   choices=MODES, override=False, defaults={c: "suffix" for c in RUNTIME_COMMANDS})
     # ((DIR, LIB),): a draft model or a head; the CLI form is "DIR,LIB"
     additional_models: tuple[tuple[str, str], ...] = option(
         (), "small_draft: DRAFT_DIR,DRAFT_LIB; eagle/medusa: HEAD_DIR,HEAD_LIB", kind=str, override=False)
     spec_draft_length: int = option(0, "draft length k (chain length, or tree depth); 0 = adaptive "
                                        "(runtime/adaptive.py)", low=0)
-    spec_tree_width: int = option(DEFAULT_TREE_WIDTH, "eagle/medusa: candidates per tree level (top-k); 1 = chain",
+    spec_tree_width: int = option(DEFAULT_TREE_WIDTH, "eagle/medusa/suffix: candidates per tree level (top-k); 1 = chain",
                                   low=1)
-    spec_tree_nodes: int = option(DEFAULT_TREE_NODES, "eagle/medusa: most draft nodes verified per step", low=1,
+    spec_tree_nodes: int = option(DEFAULT_TREE_NODES, "eagle/medusa/suffix: most draft nodes verified per step", low=1,
                                   high=256)
+    suffix_store_tokens: int = option(DEFAULT_SUFFIX_STORE_TOKENS, "suffix: tokens of recent finished requests a "
+                                      "server keeps per API key to draft from (about 0.5 KB each; 0 = none)", low=0,
+                                      commands=("serve",))
     ngram_min: int = option(1, "ngram: shortest suffix matched", low=1)
     ngram_max: int = option(4, "ngram: longest suffix matched", low=1)
 
@@ -83,6 +91,10 @@ class SpeculativeConfig:
         if cls.additional_model and not self.additional_models:
             raise GenerationError(f"--speculative-mode {self.speculative_mode} needs {cls.additional_model}: "
                                   f"--additional-models {cls.additional_model_form}")
+        if self.additional_models and not cls.additional_model:
+            takers = ", ".join(n for n in PROPOSERS if proposer_class(n).additional_model)
+            raise GenerationError(f"--speculative-mode {self.speculative_mode} drafts without a model: "
+                                  f"--additional-models is for {takers}")
         try:
             cls.check(self, Path(model_dir))
         except ValueError as err:
@@ -105,6 +117,14 @@ def proposer_class(mode: str) -> type:
     cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
     assert cls.name == mode, f"{cls.__name__}.name is {cls.name!r}, registered as {mode!r}"
     return cls
+
+
+def drafter_mode(additional_models) -> str:
+    """The mode that drives this drafter (``--additional-models`` given without a mode): an
+    EAGLE or Medusa head by its converted config's ``model_type``, else a draft model."""
+    (draft_dir, _), = parse_additional_models(additional_models)
+    kind = read_model_config(Path(draft_dir)).get("model_type")
+    return {"eagle": "eagle", "eagle3": "eagle", "medusa": "medusa"}.get(kind, "small_draft")
 
 
 def parse_additional_models(value) -> tuple[tuple[str, str], ...]:

@@ -25,6 +25,9 @@ from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_promp
 from speccompile.runtime.speculative import SpeculativeConfig
 
 
+PLAIN = {"speculative_mode": "disable"}  # generate speculates unless told not to
+
+
 def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
               overrides: str | None = None, response_format: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
@@ -66,7 +69,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         plains, specs = [], []
         for _ in range(repeat):
             a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"])
-                            for sp in (None, spec, spec, None))
+                            for sp in (PLAIN, spec, spec, PLAIN))
             plains += [a, b]
             specs += [s1, s2]
         runs = plains + specs

@@ -43,6 +43,10 @@ def _runtime_settings(command: str, text: str | None, mode: str | None, model_di
     speccompile/cli/overrides.py."""
     from speccompile.cli.overrides import resolve_runtime, runtime_configs
 
+    if spec.get("additional_models") and "speculative_mode" not in _typed():  # the drafter says which mode
+        from speccompile.runtime.speculative import drafter_mode
+
+        spec = {**spec, "speculative_mode": drafter_mode(spec["additional_models"])}
     runtime_configs(spec, sizes)  # the flags' ranges, before --mode and --overrides join them
     ctx = click.get_current_context()
     settings, summary = resolve_runtime(command, text, mode, ctx.params, _typed(), model_dir, model_lib,

@@ -159,7 +159,8 @@ class CompletionRun:
         try:
             return self.server.scheduler.submit(job.ids, job.req.token_limit(), job.sampling, job.stop, self._deliver,
                                                 ignore_eos=job.req.ignore_eos, speculative=job.req.speculative,
-                                                grammar=job.grammar, top_logprobs=job.top)
+                                                grammar=job.grammar, top_logprobs=job.top,
+                                                tenant=self.server.tenant(self.request))
         except QueueFull as err:
             raise APIError(429, f"the server is busy: {err}; retry later", "rate_limit_error",
                            code="queue_full") from err

@@ -1,6 +1,7 @@
 """The state every route of ``speccompile serve`` shares (``serving/app.py`` builds one per app)."""
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,14 @@ class ServingState:
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
             raise APIError(401, "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.",
                            code="invalid_api_key")
+
+    def tenant(self, request: Request) -> str:
+        """Whose earlier requests may draft for this one (runtime/suffix.py's store): a digest
+        of the API key the request was authorized with; one tenant when the server has none."""
+        if self.api_key is None:
+            return ""
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        return hashlib.sha256(token.encode()).hexdigest()[:16]
 
     def max_model_len(self) -> int:
         """The longest sequence (prompt and answer) one request can have: the model's context

@@ -49,7 +49,7 @@ def test_greedy_64_tokens_identical_to_transformers(engine, hf_model, prompt):
 
     ids = engine.encode_prompt(prompt)
     with torch.no_grad():
-        out = hf_model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, use_cache=False,
+        out = hf_model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
                                 eos_token_id=None, pad_token_id=0)
     ref = out[0, len(ids):].tolist()
     ours = engine.generate(ids, max_tokens=64, ignore_eos=True).token_ids

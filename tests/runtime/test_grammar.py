@@ -165,11 +165,11 @@ def test_sampling_under_a_schema_keeps_the_target_distribution(target):
     for mode in ("plain", "spec"):
         eng = (Engine(model_dir, lib, max_num_sequence=batch) if mode == "plain" else
                Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[(str(model_dir), str(lib))],
-                      spec_draft_length=4, max_num_sequence=batch))
+                      spec_draft_length=2, max_num_sequence=batch))
         ids = eng.encode_prompt("Name a color, as JSON.")
         seen = []
         for first in range(0, 150, batch):
-            runs = eng.generate_batch([ids] * batch, 12, [SamplingParams(temperature=1.5, seed=s)
+            runs = eng.generate_batch([ids] * batch, 24, [SamplingParams(temperature=1.5, seed=s)
                                                           for s in range(first, first + batch)], response_format=fmt)
             seen += [json.loads(r.text)["color"] for r in runs]
         counts[mode] = np.array([seen.count(c) for c in choices], float)

@@ -1,7 +1,8 @@
 """Greedy speculative decoding is token-for-token the target's own greedy output.
 
 SmolLM2-135M-Instruct is the target. Drafts: the target itself, a random-weight model
-with the same vocabulary, and n-gram lookup; batch 1 and 4; k = 1, 3, 7 and adaptive.
+with the same vocabulary, the suffix index (chains and trees) and n-gram lookup; batch 1
+and 4; k = 1, 7 and adaptive.
 """
 import numpy as np
 import pytest
@@ -38,17 +39,22 @@ def reference(target):
 
 def _engine(target, mode, random_draft=None):
     model_dir, lib = target
-    if mode == "ngram":
-        return Engine(model_dir, lib, speculative_mode="ngram")
+    if mode in ("ngram", "suffix"):
+        return Engine(model_dir, lib, speculative_mode=mode)
+    if mode == "suffix-tree":
+        return Engine(model_dir, lib, speculative_mode="suffix", spec_tree_width=3)
     draft = (str(model_dir), str(lib)) if mode == "self" else random_draft
     return Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[draft])
 
 
-@pytest.mark.parametrize("mode", ["self", "random", "ngram"])
-def test_greedy_speculation_is_lossless(target, reference, random_draft, mode):
+@pytest.mark.parametrize("mode, ks", [("self", (1, 7, 0)), ("random", (1, 0)), ("suffix", (1, 7, 0)),
+                                      ("suffix-tree", (7, 0)), ("ngram", (0,))])
+def test_greedy_speculation_is_lossless(target, reference, random_draft, mode, ks):
+    """k: shortest, longest fixed, adaptive (a random draft, rarely right, and n-gram lookup,
+    the suffix index's predecessor, fewer: CI time)."""
     prompts, expected = reference
     eng = _engine(target, mode, random_draft)
-    for k in (1, 7, 0):  # shortest, longest fixed, adaptive
+    for k in ks:
         eng.set_draft_length(k)
         for i, ids in enumerate(prompts):  # batch 1
             res = eng.generate(ids, NEW_TOKENS, ignore_eos=True)
@@ -56,6 +62,8 @@ def test_greedy_speculation_is_lossless(target, reference, random_draft, mode):
             if mode == "self" and k > 0:
                 st = res.stats.spec
                 assert st.accept_rate >= 0.98 and st.mean_accepted_length >= 0.98 * (k + 1)
+            if mode.startswith("suffix") and k == 7 and i == 2:  # "Repeat after me": the answer copies the prompt
+                assert res.stats.spec.mean_accepted_length > 2, res.stats.spec
         for start in (0, 4):  # batch 4
             results = eng.generate_batch(prompts[start:start + 4], NEW_TOKENS, ignore_eos=True)
             assert [r.token_ids for r in results] == expected[start:start + 4], f"{mode} k={k} batch at {start}"
