@@ -369,8 +369,9 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
               per_category, spec, sizes, endpoint, concurrency, api_key, compare, ab, soak, llama_bench, gguf, llama_spec, draft_gguf,
               one_shot, repeat, llama_modes, llama_draft_max, overrides):
-    """Measure decode tokens/s at batch 1 (plain, and side by side with speculation when a
-    --speculative-mode is given) and the share of the bandwidth roofline. With --endpoint,
+    """Measure decode tokens/s at batch 1 (plain and speculative side by side: the default
+    suffix drafting, or --speculative-mode; disable measures plain alone) and the share of
+    the bandwidth roofline. With --endpoint,
     drive a running server at several concurrency levels instead (throughput, TTFT/ITL
     percentiles); run it against a speculative and a plain server to compare them."""
     from speccompile.bench.runner import run_bench, run_endpoint_bench
