@@ -126,3 +126,18 @@ def test_suffix_takes_no_drafter(bad, tmp_path):
 
     with pytest.raises(GenerationError, match="drafts without a model"):
         SpeculativeConfig(**bad).check(tmp_path, 64)
+
+
+def test_a_drafter_given_without_a_mode_names_its_mode(tmp_path):
+    """``--additional-models`` without ``--speculative-mode``: the drafter's converted config says
+    which mode drives it (the commands' default, suffix, drafts without a model)."""
+    import json
+
+    from speccompile.runtime.speculative import drafter_mode
+
+    for kind, mode in (("eagle", "eagle"), ("eagle3", "eagle"), ("medusa", "medusa"), ("qwen2", "small_draft")):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "speccompile-config.json").write_text(json.dumps({"model_type": kind}))
+        assert drafter_mode(f"{tmp_path / kind},{tmp_path / kind}.so") == mode
+    with pytest.raises(ValueError, match="not found"):
+        drafter_mode(f"{tmp_path / 'none'},x.so")
