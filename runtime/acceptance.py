@@ -55,8 +55,6 @@ class Draft:
         order (of a chain, a prefix: it stays a chain)."""
         if len(nodes) == len(self):
             return self
-        if not nodes:  # nothing kept: no draft (a tree with no nodes is verified as a plain step)
-            return Draft()
         local = {n: i for i, n in enumerate(nodes)}
         parents = self.parent_list()
         return Draft([self.tokens[n] for n in nodes],
@@ -67,6 +65,13 @@ class Draft:
     def verify_parents(self) -> list[int]:
         """Parents for the verify forward of [last] + nodes (node j -> row j + 1)."""
         return [-1] + [p + 1 for p in self.parent_list()]
+
+
+def verified_as_tree(drafts: list[Draft]) -> bool:
+    """Whether a step verifies these drafts as token trees (scratch rows, then a tree commit)
+    rather than as chains (appended rows, rolled back). The forward and the commit must agree:
+    an empty draft is a chain whatever its parent list, since no tree row is written for it."""
+    return any(d.parents is not None and len(d) for d in drafts)
 
 
 @dataclass

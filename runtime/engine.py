@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .acceptance import Draft, Verdict
+from .acceptance import Draft, Verdict, verified_as_tree
 from .adaptive import MAX_DEPTH, AcceptanceModel, Policy, StepPlan
 from .contract import read_model_config
 from .costs import load_or_measure, weights_key
@@ -303,7 +303,7 @@ class Engine(GenerationAPI):
         ``get_logits`` finishes it: the same kernels, so the same logits."""
         ids = [s.seq_id for s in active]
         tokens = [[s.history[-1]] + d.tokens for s, d in zip(active, drafts)]
-        tree = any(d.parents is not None and len(d) for d in drafts)  # _commit decides the same way
+        tree = verified_as_tree(drafts)
         parents = [d.verify_parents() for d in drafts] if tree else None
         try:
             if self._features():
@@ -386,7 +386,7 @@ class Engine(GenerationAPI):
         """Keep the accepted tokens' KV entries: a chain rolls back what was rejected, a tree
         moves its accepted path into place. A proposer that reads features gets those of
         the last committed token and the accepted drafts."""
-        tree = any(d.parents is not None and len(d) for d in drafts)  # as _forward planned the forward
+        tree = verified_as_tree(drafts)  # as _forward planned the forward
         row = 0
         for s, d, verdict in zip(active, drafts, verdicts):
             if tree:

@@ -36,8 +36,8 @@ class ServingState:
         (compared in constant time); every request passes when no key is set."""
         if self.api_key is None:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        scheme, token = _bearer(request)
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.api_key.encode()):
             raise APIError(401, "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.",
                            code="invalid_api_key")
 
@@ -46,8 +46,7 @@ class ServingState:
         of the API key the request was authorized with; one tenant when the server has none."""
         if self.api_key is None:
             return ""
-        token = request.headers.get("authorization", "").partition(" ")[2].strip()
-        return hashlib.sha256(token.encode()).hexdigest()[:16]
+        return hashlib.sha256(_bearer(request)[1].encode()).hexdigest()[:16]
 
     def max_model_len(self) -> int:
         """The longest sequence (prompt and answer) one request can have: the model's context
@@ -57,3 +56,9 @@ class ServingState:
     def model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "speccompile",
                 "max_model_len": self.max_model_len()}
+
+
+def _bearer(request: Request) -> tuple[str, str]:
+    """(scheme, token) of the request's Authorization header ("", "" without one)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme, token.strip()

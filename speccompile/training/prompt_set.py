@@ -168,7 +168,6 @@ class PromptSet:
 
     def __init__(self, out_dir: Path, settings: Settings, count_tokens: Callable[[str], int],
                  benchmarks: list[Path] | None = None, max_non_latin: float = 0.1):
-        settings.check()
         self.dir, self.settings, self.count_tokens = Path(out_dir), settings, count_tokens
         self.max_non_latin = max_non_latin
         self.guard = BenchmarkGuard(benchmark_texts(BENCHMARKS if benchmarks is None else benchmarks))
@@ -415,7 +414,6 @@ def run_train_prompts(model_dir: Path, model_lib: Path, work_dir: Path | None, n
     from speccompile.runtime.contract import MODEL_CONFIG_FILE, read_model_config
     from speccompile.runtime.engine import Engine
 
-    settings.check()
     model_dir, model_lib = Path(model_dir), Path(model_lib)
     if not (model_dir / MODEL_CONFIG_FILE).exists():
         raise FileNotFoundError(f"{model_dir} is not a converted model (no {MODEL_CONFIG_FILE})")

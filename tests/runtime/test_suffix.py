@@ -119,13 +119,12 @@ def test_measure_prices_every_row_count():
     assert catch_up == 0.0 and 0 < table[1] < table[2] < table[4]
 
 
-@pytest.mark.parametrize("bad", [{"speculative_mode": "suffix", "additional_models": [("d", "l")]}])
-def test_suffix_takes_no_drafter(bad, tmp_path):
+def test_suffix_takes_no_drafter(tmp_path):
     from speccompile.runtime.sequence import GenerationError
     from speccompile.runtime.speculative import SpeculativeConfig
 
     with pytest.raises(GenerationError, match="drafts without a model"):
-        SpeculativeConfig(**bad).check(tmp_path, 64)
+        SpeculativeConfig(speculative_mode="suffix", additional_models=[("d", "l")]).check(tmp_path, 64)
 
 
 def test_a_drafter_given_without_a_mode_names_its_mode(tmp_path):
