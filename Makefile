@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test test-fast demo bench heads clean opencl opencl-system docs
+.PHONY: install test test-durations test-fast demo bench heads clean opencl opencl-system docs
 
 install: opencl-system
 	$(PY) -m venv $(VENV)
@@ -14,9 +14,16 @@ install: opencl-system
 
 # `make test` runs the OpenCL tests on the CPU OpenCL device `make install` sets up: they fail, not
 # skip, when it is missing (SPECCOMPILE_REQUIRE_OPENCL=1). One worker per CPU, a test file per worker
-# at a time (its module fixtures built once); tests/conftest.py gives each worker its share of cores.
+# at a time (its module fixtures built once), longest file first by tests/durations.json (xdist would
+# otherwise reorder files by their number of tests); tests/conftest.py gives each worker its share of cores.
+PYTEST_RUN := SPECCOMPILE_REQUIRE_OPENCL=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 test:
-	SPECCOMPILE_REQUIRE_OPENCL=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
+	$(PYTEST_RUN) --durations=15
+
+# `make test`, then (when every test passed) each file's measured seconds into tests/durations.json,
+# the order the next runs hand files out in: rerun after adding or much changing slow tests.
+test-durations:
+	SPECCOMPILE_RECORD_DURATIONS=1 $(PYTEST_RUN) --durations=15
 
 # The system pieces OpenCL libraries need to build and run here: the OpenCL ICD loader and headers
 # (to build our OpenCL runtime) and PoCL, a CPU OpenCL device, for the tests. Debian/Ubuntu via apt

@@ -33,7 +33,9 @@ def pytest_configure(config):
 
 REAL_MODEL_FIXTURES = {"smollm2", "smollm2_q4", "random_draft"}
 TIERS = ("unit", "tiny", "real_model", "opencl", "gpu")
-TIER_WEIGHT = {"unit": 0.1, "tiny": 3.0, "gpu": 5.0, "opencl": 8.0, "real_model": 10.0}  # rough seconds a test
+# A file's seconds when tests/durations.json has no entry for it: rough seconds per test of its tier
+TIER_WEIGHT = {"unit": 0.1, "tiny": 3.0, "gpu": 5.0, "opencl": 8.0, "real_model": 10.0}
+DURATIONS = Path(__file__).parent / "durations.json"  # measured seconds per test file (`make test-durations`)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -58,13 +60,47 @@ def pytest_collection_modifyitems(config, items):
             tier = "unit"
         if not given:
             item.add_marker(tier)
-    # heaviest files first: `make test` hands whole files to its workers in this order, and a
-    # long file started last keeps one worker busy while the others idle
-    weight: dict[str, float] = {}
+    seconds = file_seconds(items)
+    items.sort(key=lambda item: -seconds[_file_key(item)])  # stable: a file's own order is kept
+
+
+def _file_key(item) -> str:
+    return item.nodeid.split("::", 1)[0]  # tests/runtime/test_engine.py
+
+
+def file_seconds(items) -> dict[str, float]:
+    """Seconds each test file takes, longest first being the order `make test` hands whole files
+    to its workers (``--dist loadfile --no-loadscope-reorder``): a long file started last keeps
+    one worker busy while the others idle. Measured seconds from tests/durations.json; a file
+    it lacks (new, or renamed) is guessed from its tests' tiers."""
+    measured = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    guess: dict[str, float] = {}
     for item in items:
         tier = next(m.name for m in item.iter_markers() if m.name in TIERS)
-        weight[item.path] = weight.get(item.path, 0.0) + TIER_WEIGHT[tier]
-    items.sort(key=lambda item: -weight[item.path])  # stable: a file's own order is kept
+        guess[_file_key(item)] = guess.get(_file_key(item), 0.0) + TIER_WEIGHT[tier]
+    return {f: measured.get(f, g) for f, g in guess.items()}
+
+
+_RECORDED: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's setup, call and teardown seconds, summed per file (module fixtures count in
+    their file's first setup); under xdist the controller sees every worker's reports."""
+    path = report.nodeid.split("::", 1)[0]
+    _RECORDED[path] = _RECORDED.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """``SPECCOMPILE_RECORD_DURATIONS=1`` (``make test-durations``): after a run with no failure,
+    write the measured seconds per file into tests/durations.json for the next runs' order."""
+    import os
+
+    if os.environ.get("SPECCOMPILE_RECORD_DURATIONS") != "1" or exitstatus != 0 or \
+            hasattr(session.config, "workerinput"):
+        return
+    DURATIONS.write_text(json.dumps({f: round(s, 1) for f, s in
+                                     sorted(_RECORDED.items(), key=lambda kv: -kv[1])}, indent=1) + "\n")
 
 
 @pytest.fixture(autouse=True)
