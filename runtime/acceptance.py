@@ -36,6 +36,7 @@ class Draft:
     parents: list[int] | None = None  # [k] local parent index, -1 = root; None = chain
     probs: np.ndarray | None = None  # [k, vocab] draft distribution at each node; None = one-hot
     conf: list[float] | None = None  # [k] the proposer's confidence in each node (runtime/adaptive.py)
+    source: list[int] | None = None  # [k] which source drafted each node (adaptive.SOURCES); None = all 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -60,7 +61,8 @@ class Draft:
         return Draft([self.tokens[n] for n in nodes],
                      None if self.parents is None else [local[parents[n]] if parents[n] >= 0 else -1 for n in nodes],
                      None if self.probs is None else self.probs[nodes],
-                     None if self.conf is None else [self.conf[n] for n in nodes])
+                     None if self.conf is None else [self.conf[n] for n in nodes],
+                     None if self.source is None else [self.source[n] for n in nodes])
 
     def verify_parents(self) -> list[int]:
         """Parents for the verify forward of [last] + nodes (node j -> row j + 1)."""

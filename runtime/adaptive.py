@@ -36,6 +36,11 @@ from .costs import CostModel
 from .acceptance import Draft
 
 BINS = 10  # confidence bins of the calibration curve
+# Sources of one draft, each with its own calibration and prompt scaling: a merged draft's
+# suffix-index nodes (source 0) and its drafter's (source 1, runtime/merged.py); a proposer of
+# one source uses 0. A suffix match of confidence 0.5 and a head's probability 0.5 are accepted
+# at different rates, and a head confidently wrong on a prompt must not silence the index.
+SOURCES = 2
 PRIOR_TRIALS = 4.0  # pseudo-observations of the prior per bin: a few real ones outweigh it
 DECAY = 0.998  # per verified node: evidence fades over ~500 nodes (prompts change)
 RESTORED_TRIALS = 20.0  # most observations per bin carried over from earlier processes
@@ -101,7 +106,8 @@ class PromptState:
     def __init__(self, first_hits: float = 0.0, first_trials: float = 0.0):
         self.first_hits, self.first_trials = first_hits, first_trials
         self.backoff = 1.0  # how much slower plain steps relax the first-token evidence
-        self.local_hits = self.local_expected = 0.0  # decayed, of the last tried nodes (LOCAL_DECAY)
+        # [SOURCES] decayed, of the last tried nodes of each source (LOCAL_DECAY)
+        self.local_hits, self.local_expected = np.zeros(SOURCES), np.zeros(SOURCES)
 
 
 class AcceptanceModel:
@@ -112,8 +118,8 @@ class AcceptanceModel:
 
     def __init__(self, first_prior: float = 0.7):
         self.prior = np.clip((np.arange(BINS) + 0.5) / BINS, 0.01, 0.99)  # confidence is acceptance
-        self.hits = np.zeros(BINS)
-        self.trials = np.zeros(BINS)
+        self.hits = np.zeros((SOURCES, BINS))
+        self.trials = np.zeros((SOURCES, BINS))
         self.first_prior = first_prior
         # first-token evidence pooled over every sequence: what a new sequence starts from
         self.first_hits = self.first_trials = 0.0
@@ -134,34 +140,39 @@ class AcceptanceModel:
         keep = min(1.0, FIRST_PRIOR_TRIALS / max(self.first_trials, 1e-9))
         return PromptState(self.first_hits * keep, self.first_trials * keep)
 
-    def calibrated(self, conf: float) -> float:
-        """Acceptance of a draft token of this confidence, by the calibration curve alone."""
+    def calibrated(self, conf: float, source: int = 0) -> float:
+        """Acceptance of a draft token of this confidence from this source, by its calibration
+        curve alone."""
         b = self._bin(conf)
-        return float((self.prior[b] * PRIOR_TRIALS + self.hits[b]) / (PRIOR_TRIALS + self.trials[b]))
+        return float((self.prior[b] * PRIOR_TRIALS + self.hits[source, b]) / (PRIOR_TRIALS + self.trials[source, b]))
 
-    def local(self, seq=None) -> float:
-        """How this sequence's recent drafts fared against their calibrated predictions (1: as
-        predicted; LOCAL_PRIOR pseudo-nodes keep a single miss from silencing a draft)."""
+    def local(self, seq=None, source: int = 0) -> float:
+        """How this sequence's recent drafts from this source fared against their calibrated
+        predictions (1: as predicted; LOCAL_PRIOR pseudo-nodes keep a single miss from
+        silencing a draft)."""
         st = self.state_of(seq)
-        return min(LOCAL_MAX, (st.local_hits + LOCAL_PRIOR) / (st.local_expected + LOCAL_PRIOR))
+        return min(LOCAL_MAX, (st.local_hits[source] + LOCAL_PRIOR) / (st.local_expected[source] + LOCAL_PRIOR))
 
-    def predict(self, conf: float, seq=None) -> float:
-        return min(0.99, self.calibrated(conf) * self.local(seq))
+    def predict(self, conf: float, seq=None, source: int = 0) -> float:
+        return min(0.99, self.calibrated(conf, source) * self.local(seq, source))
 
-    def observe(self, conf: list[float], parents: list[int], path: list[int], seq=None) -> None:
+    def observe(self, conf: list[float], parents: list[int], path: list[int], seq=None,
+                sources: list[int] | None = None) -> None:
         """One verified draft of sequence ``seq``: node j was *tried* if its parent was
-        accepted (or it hangs off the root), and accepted if it is on the accepted path."""
+        accepted (or it hangs off the root), and accepted if it is on the accepted path;
+        ``sources``: each node's (None: all 0)."""
         st = self.state_of(seq)
         on_path = set(path)
         for j, (c, p) in enumerate(zip(conf, parents)):
             if p < 0 or p in on_path:
-                st.local_hits = LOCAL_DECAY * st.local_hits + (j in on_path)
-                st.local_expected = LOCAL_DECAY * st.local_expected + self.calibrated(c)
+                src = sources[j] if sources is not None else 0
+                st.local_hits[src] = LOCAL_DECAY * st.local_hits[src] + (j in on_path)
+                st.local_expected[src] = LOCAL_DECAY * st.local_expected[src] + self.calibrated(c, src)
                 b = self._bin(c)
-                self.hits *= DECAY
-                self.trials *= DECAY
-                self.hits[b] += j in on_path
-                self.trials[b] += 1.0
+                self.hits[src] *= DECAY
+                self.trials[src] *= DECAY
+                self.hits[src, b] += j in on_path
+                self.trials[src, b] += 1.0
         self._first(st, 1.0 if path else 0.0)
         st.backoff = 1.0 if path else min(2 * st.backoff, MAX_BACKOFF)
 
@@ -212,10 +223,13 @@ class AcceptanceModel:
         calibration is theirs more than the prompt's), each bin worth at most
         RESTORED_TRIALS observations and the first-token counts halved, so that this
         process's prompt -- n-gram matches on a Q&A prompt are far worse than on a summary --
-        moves them within a few dozen nodes. A malformed state is ignored."""
+        moves them within a few dozen nodes. A malformed state is ignored; one saved with a
+        single curve ([BINS]) is source 0's."""
         try:
             hits, trials = np.asarray(state["hits"], float), np.asarray(state["trials"], float)
-            if hits.shape == trials.shape == (BINS,) and (0 <= hits).all() and (hits <= trials).all():
+            if hits.shape == trials.shape == (BINS,):
+                hits, trials = (np.stack([a] + [np.zeros(BINS)] * (SOURCES - 1)) for a in (hits, trials))
+            if hits.shape == trials.shape == (SOURCES, BINS) and (0 <= hits).all() and (hits <= trials).all():
                 keep = np.minimum(1.0, RESTORED_TRIALS / np.maximum(trials, 1e-9))
                 self.hits, self.trials = hits * keep, trials * keep
                 self.first_hits = 0.5 * float(state["first_hits"])
@@ -239,10 +253,10 @@ class StepPlan:
         self.probs: list[float] = []  # path probability of every node drafted so far
         self.plain_rate = batch / policy.plain_step_time(batch)
 
-    def p(self, conf: float, seq=None) -> float:
+    def p(self, conf: float, seq=None, source: int = 0) -> float:
         """Predicted acceptance of a token that sequence ``seq`` (its id) drafted with this
-        confidence."""
-        return self.policy.acceptance.predict(conf, seq)
+        confidence, from this source."""
+        return self.policy.acceptance.predict(conf, seq, source)
 
     def first(self, seq=None) -> float:
         """Predicted acceptance of sequence ``seq``'s next first draft token."""
@@ -260,13 +274,15 @@ class StepPlan:
             e, rows, t = e + p, rows + 1, t + dt
         return e, t, rows
 
-    def should_draft(self, rows: int, expansions: list[tuple[float, float]], catch_up_tokens: int = 0) -> bool:
+    def should_draft(self, rows: int, expansions: list[tuple[float, float]], catch_up_tokens: int = 0,
+                     free: bool = False) -> bool:
         """Whether to run a draft forward over ``rows`` rows that extends these nodes:
         (P of the node, predicted acceptance of its best child -- for a sequence's first
         token, ``first(seq)``). True if some number of such forwards (up to LOOKAHEAD) raises the step's
         expected rate above both what it has and plain decoding. ``catch_up_tokens``: rows the
         draft must build first, inside the first forward (a prompt, a plain stretch); the
-        decision charges CATCH_UP_AMORTIZED of them, what the plan prices is all of them."""
+        decision charges CATCH_UP_AMORTIZED of them, what the plan prices is all of them.
+        ``free``: nodes that cost no draft forward (an index's)."""
         if self.fixed:
             return True
         if self.off or not expansions:
@@ -279,7 +295,7 @@ class StepPlan:
         for j in range(1, LOOKAHEAD + 1):
             runs = [(p * a, a) for p, a in runs]
             probs.extend(p for p, _ in runs if p >= 1e-3)
-            e, t, _ = self._best(probs, extra_seconds + j * self.cost.draft(rows))
+            e, t, _ = self._best(probs, extra_seconds + (0.0 if free else j * self.cost.draft(rows)))
             if e / t > bar * (1 + 1e-9):
                 self.priced += (self.cost.catch_up(catch_up_tokens) + self.cost.draft(rows)) / self.cost.draft_overhead
                 return True
@@ -300,7 +316,7 @@ class StepPlan:
             return [Draft() for _ in drafts]
         nodes = []  # (P, depth, sequence, node): every sequence's nodes compete for the batch's rows
         for i, d in enumerate(drafts):
-            probs, depths = node_probs(d, lambda c: self.p(c, self.seq_ids[i]))
+            probs, depths = node_probs(d, lambda c, src: self.p(c, self.seq_ids[i], src))
             nodes.extend((probs[j], depths[j], i, j) for j in range(len(d)))
         nodes.sort(key=lambda n: (-n[0], n[1]))
         keep: list[set[int]] = [set() for _ in drafts]
@@ -347,17 +363,19 @@ class Policy:
     def plan(self, batch: int, seq_ids: list | None = None) -> StepPlan:
         return StepPlan(self, batch, seq_ids)
 
-    def hopeless(self, batch: int) -> bool:
+    def hopeless(self, batch: int, free_drafts: bool = False) -> bool:
         """Not even drafts accepted every time could pay at this batch size (a draft slower
         than its target, verify rows that cost whole steps): the step skips the proposer.
-        Cached per batch size while the pace stays within 5%."""
+        ``free_drafts``: the proposer has drafts that cost no forward (an index), so only the
+        verify rows' cost can make it hopeless. Cached per batch size while the pace stays
+        within 5%."""
         if self.fixed_k is not None:
             return False
-        key = (batch, round(math.log(max(self.cost.pace, 1e-9)) * 20))
+        key = (batch, round(math.log(max(self.cost.pace, 1e-9)) * 20), free_drafts)
         if key not in self._hopeless:
             plan = self.plan(batch)
             plan.off = False
-            self._hopeless[key] = not plan.should_draft(batch, [(1.0, 1.0)] * batch)
+            self._hopeless[key] = not plan.should_draft(batch, [(1.0, 1.0)] * batch, free=free_drafts)
         return self._hopeless[key]
 
     def save(self) -> None:
@@ -441,7 +459,7 @@ class Policy:
 
     def observe_verdict(self, draft: Draft, path: list[int], seq=None) -> None:
         if len(draft) and draft.conf is not None:
-            self.acceptance.observe(draft.conf, draft.parent_list(), path, seq)
+            self.acceptance.observe(draft.conf, draft.parent_list(), path, seq, draft.source)
 
     def observe_step(self, batch: int, drafted: bool, tokens: int, seconds: float, forward_seconds: float) -> None:
         """A whole decode step: ``forward_seconds`` of it in target and draft forwards."""
@@ -473,13 +491,15 @@ class Policy:
             self.cooldown.pop(batch, None)  # drafting pays again: a later trip starts short
 
 
-def node_probs(draft: Draft, predict: Callable[[float], float]) -> tuple[list[float], list[int]]:
-    """(path probability, depth) of every node of a draft, from its per-node confidences."""
+def node_probs(draft: Draft, predict: Callable[[float, int], float]) -> tuple[list[float], list[int]]:
+    """(path probability, depth) of every node of a draft, from its per-node confidences
+    (``predict(conf, source)``: a node's acceptance)."""
     probs: list[float] = []
     depths: list[int] = []
     conf = draft.conf if draft.conf is not None else [1.0] * len(draft)
+    sources = draft.source if draft.source is not None else [0] * len(draft)
     for j, p in enumerate(draft.parent_list()):
-        a = predict(conf[j])
+        a = predict(conf[j], sources[j])
         probs.append(a if p < 0 else probs[p] * a)
         depths.append(1 if p < 0 else depths[p] + 1)
     return probs, depths

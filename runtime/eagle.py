@@ -185,6 +185,8 @@ class EagleProposer:
     name = "eagle"
     supports_trees = True
     additional_model, additional_model_form = "its EAGLE head", "HEAD_DIR,HEAD_LIB"
+    additional_model_optional = False
+    free_drafts = False
     features = "hidden"  # an EAGLE-3 head's proposer reads "layers" (set from the head in __init__)
 
     @classmethod

@@ -284,7 +284,7 @@ class Engine(GenerationAPI):
         limit = self.max_batch_tokens // b - 1
         room = min(self.context_window - len(s.history) for s in active)
         cap = min(self.policy.fixed_k or MAX_DEPTH, limit, room - 1)
-        if cap <= 0 or self.policy.hopeless(b):
+        if cap <= 0 or self.policy.hopeless(b, self.proposer.free_drafts):
             return plain, 0, None
         plan, before = self.policy.plan(b, [s.seq_id for s in active]), self.proposer.forwards
         try:

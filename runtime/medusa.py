@@ -52,6 +52,8 @@ class MedusaProposer:
     name = "medusa"
     supports_trees = True
     additional_model, additional_model_form = "its Medusa heads", "HEAD_DIR,HEAD_LIB"
+    additional_model_optional = False
+    free_drafts = False
     features = "hidden"  # the final-normed hidden state of the last committed token
 
     @classmethod

@@ -30,8 +30,12 @@ class Proposer(Protocol):
 
     name: str  # the --speculative-mode it serves (runtime/speculative.py registers it)
     supports_trees: bool  # drafts may be token trees (--spec-tree-width/--spec-tree-nodes apply)
-    additional_model: str  # what --additional-models must name ("" = nothing)
+    additional_model: str  # what --additional-models names ("" = nothing)
     additional_model_form: str  # how, e.g. "DRAFT_DIR,DRAFT_LIB"
+    additional_model_optional: bool  # the mode also drafts without it
+    # some of its drafts cost no draft forward (an index over the text): a step's proposing is
+    # never skipped for what draft forwards cost (Policy.hopeless), only for what verify rows cost
+    free_drafts: bool
     # which target features the engine hands to observe_hidden: "" none (the target runs its
     # fused logits entry points), "hidden" its final-normed hidden states [m, hidden] (EAGLE-1,
     # Medusa), "layers" its low/mid/high layer outputs [m, 3 * hidden] (EAGLE-3)
@@ -114,6 +118,8 @@ class NGramProposer:
     name = "ngram"
     supports_trees = False
     additional_model = additional_model_form = ""
+    additional_model_optional = False
+    free_drafts = True
     features = ""
 
     @classmethod
@@ -191,6 +197,8 @@ class SmallDraftProposer:
     name = "small_draft"
     supports_trees = False
     additional_model, additional_model_form = "the draft model", "DRAFT_DIR,DRAFT_LIB"
+    additional_model_optional = False
+    free_drafts = False
     features = ""
     MAX_BACKLOG = 256  # tokens of catch-up one step may carry, shared by the batch
 

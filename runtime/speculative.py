@@ -88,7 +88,7 @@ class SpeculativeConfig:
         if self.spec_draft_length + 1 > max_batch_tokens:
             raise GenerationError(f"the token budget per forward ({max_batch_tokens}) cannot hold "
                                   f"spec_draft_length + 1 = {self.spec_draft_length + 1} tokens; lower --spec-draft-length")
-        if cls.additional_model and not self.additional_models:
+        if cls.additional_model and not self.additional_models and not cls.additional_model_optional:
             raise GenerationError(f"--speculative-mode {self.speculative_mode} needs {cls.additional_model}: "
                                   f"--additional-models {cls.additional_model_form}")
         if self.additional_models and not cls.additional_model:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .acceptance import Draft
 from .costs import time_min
-from .speculative import DEFAULT_SUFFIX_STORE_TOKENS
+from .speculative import DEFAULT_SUFFIX_STORE_TOKENS, drafter_mode, proposer_class
 
 MAX_MATCH = 8  # longest context (tokens) a sequence's own index matches
 STORE_MATCH = 4  # ... and a tenant's store (its memory grows with this)
@@ -153,20 +153,33 @@ def confidence(count: int, total: int, n: int) -> float:
 
 class SuffixProposer:
     """``--speculative-mode suffix``: token trees from the sequence's text and its tenant's
-    recent requests (module docstring). No model, no forward: its cost is host time."""
+    recent requests (module docstring). No model, no forward: its cost is host time. Given a
+    drafter (``--additional-models``), it drafts together with it: runtime/merged.py."""
 
     name = "suffix"
     supports_trees = True
-    additional_model = additional_model_form = ""
+    additional_model = "a drafter (a draft model, or an EAGLE or Medusa head) to merge with, optionally"
+    additional_model_form = "DIR,LIB"
+    additional_model_optional = True
+    free_drafts = True
     features = ""
 
     @classmethod
     def check(cls, config, model_dir: Path) -> None:
-        """Nothing beyond SpeculativeConfig's own checks."""
+        """The drafter's own checks, if one is given."""
+        if config.additional_models:
+            proposer_class(drafter_mode(config.additional_models)).check(config, model_dir)
 
     @classmethod
-    def build(cls, config, target, kv_tokens: int, max_num_sequence: int, device: str) -> "SuffixProposer":
-        return cls(config.spec_tree_width, config.spec_tree_nodes, SuffixStore(config.suffix_store_tokens))
+    def build(cls, config, target, kv_tokens: int, max_num_sequence: int, device: str):
+        """The index alone, or merged with the drafter ``--additional-models`` names."""
+        index = cls(config.spec_tree_width, config.spec_tree_nodes, SuffixStore(config.suffix_store_tokens))
+        if not config.additional_models:
+            return index
+        from .merged import MergedProposer
+
+        drafter = proposer_class(drafter_mode(config.additional_models))
+        return MergedProposer(index, drafter.build(config, target, kv_tokens, max_num_sequence, device))
 
     def __init__(self, tree_width: int = 1, max_nodes: int = 64, store: SuffixStore | None = None):
         self.width, self.max_nodes = tree_width, max_nodes

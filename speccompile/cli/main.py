@@ -36,15 +36,6 @@ def _model_overrides(command: str, text: str | None, params: dict) -> tuple[dict
     return {**params, **settings}, head
 
 
-def _drafter_mode(spec: dict) -> dict:
-    """``spec`` with the mode a drafter given without --speculative-mode needs (from its config)."""
-    if not spec.get("additional_models") or "speculative_mode" in _typed():
-        return spec
-    from speccompile.runtime.speculative import drafter_mode
-
-    return {**spec, "speculative_mode": drafter_mode(spec["additional_models"])}
-
-
 def _runtime_settings(command: str, text: str | None, mode: str | None, model_dir, model_lib, spec: dict,
                       sizes: dict) -> tuple[dict, dict, str | None]:
     """--overrides and --mode for serve/chat/generate/bench: (the Engine's config objects by
@@ -52,7 +43,6 @@ def _runtime_settings(command: str, text: str | None, mode: str | None, model_di
     speccompile/cli/overrides.py."""
     from speccompile.cli.overrides import resolve_runtime, runtime_configs
 
-    spec = _drafter_mode(spec)
     runtime_configs(spec, sizes)  # the flags' ranges, before --mode and --overrides join them
     ctx = click.get_current_context()
     settings, summary = resolve_runtime(command, text, mode, ctx.params, _typed(), model_dir, model_lib,
@@ -406,7 +396,7 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
     try:
         if soak is not None:
             raise ValueError("--soak drives a running server: give its --endpoint")
-        cli_spec = _drafter_mode(dict(spec))  # --one-shot hands it to each generate process
+        cli_spec = dict(spec)  # --one-shot hands it to each generate process
         spec, _, _ = _runtime_settings("bench", overrides, None, model_dir, model_lib, spec, sizes)
         model_dir, model_lib = resolve_target(model_dir, model_lib, model_name, quantization)
         if model_name and (llama_bench or llama_spec) and gguf is None:

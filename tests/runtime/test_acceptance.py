@@ -74,6 +74,21 @@ def test_one_hot_draft_keeps_target_distribution():
     assert 0.5 * np.abs(counts / n - p).sum() < 4.0 / np.sqrt(n)
 
 
+def test_deterministic_siblings_from_two_sources_keep_target_distribution():
+    """A merged draft (runtime/merged.py): the suffix index's token and a head's other token
+    as siblings, both one-hot, tried in turn against the residual: the target's law."""
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((4, V))
+    sampling = SamplingParams(temperature=0.9)
+    p = probs_from_logits(logits[0], sampling)
+    d = Draft([2, 5, 1], parents=[-1, -1, 1], source=[0, 1, 0])
+    n = 30000
+    counts = np.zeros(V)
+    for _ in range(n):
+        counts[accept_reference(logits, d, sampling, rng).tokens[0]] += 1
+    assert 0.5 * np.abs(counts / n - p).sum() < 4.0 / np.sqrt(n)
+
+
 def test_stream_decoder_reassembles_the_full_text():
     from conftest import make_byte_tokenizer  # byte-level: emoji and accents span several tokens
     from tokenizers import Tokenizer

@@ -170,9 +170,9 @@ def test_each_sequence_of_a_batch_keeps_its_own_corrections():
 def test_only_nodes_whose_parent_was_accepted_are_evidence():
     acc = AcceptanceModel()
     acc.observe([0.95, 0.95, 0.15], [-1, 0, 1], [0])  # node 1 rejected, node 2 never reached
-    assert acc.trials[9] == pytest.approx(1 + 0.998)  # nodes 0 and 1, decayed once
-    assert acc.hits[9] == pytest.approx(0.998)
-    assert acc.trials[1] == 0
+    assert acc.trials[0, 9] == pytest.approx(1 + 0.998)  # nodes 0 and 1, decayed once
+    assert acc.hits[0, 9] == pytest.approx(0.998)
+    assert acc.trials[0, 1] == 0 and not acc.trials[1].any()  # all source 0's
 
 
 def test_first_token_estimate_falls_with_misses_and_recovers_slower_after_each():
@@ -212,7 +212,7 @@ def test_learned_calibration_survives_the_process():
         acc.observe([0.95], [-1], [])
     again = AcceptanceModel().restore(acc.state())
     assert again.predict(0.95) < 0.2  # what was learned carries over ...
-    assert again.trials[9] == pytest.approx(20.0)  # ... worth at most 20 observations: a new prompt moves it
+    assert again.trials[0, 9] == pytest.approx(20.0)  # ... worth at most 20 observations: a new prompt moves it
     assert AcceptanceModel().restore({"hits": [1] * 3}).predict(0.95) == pytest.approx(0.95)  # malformed: ignored
 
 
@@ -254,6 +254,10 @@ def test_a_draft_slower_than_its_target_never_drafts():
     assert not policy.expects_drafting([None])
     assert policy.hopeless(1) and policy.hopeless(4)  # the step does not even ask the proposer
     assert not Policy(_model(QWEN, draft_ms=13), AcceptanceModel()).hopeless(1)
+    # ... unless it also drafts for free (the suffix index merged with that draft): then only
+    # verify rows that cost whole steps make it hopeless
+    assert not policy.hopeless(1, free_drafts=True)
+    assert Policy(_model({1: 40, 2: 80, 4: 160}), AcceptanceModel()).hopeless(1, free_drafts=True)
 
 
 def test_measured_qwen_costs_draft_at_good_acceptance_and_not_at_poor():
@@ -279,7 +283,7 @@ def test_batch_sizes_use_the_costs_of_their_row_counts():
 def test_tree_selection_keeps_parents_and_the_most_probable_nodes():
     policy = Policy(_model(QWEN), AcceptanceModel())
     d = Draft([10, 11, 12, 13, 14], parents=[-1, -1, 0, 0, 2], conf=[0.9, 0.05, 0.8, 0.05, 0.7])
-    probs, depths = node_probs(d, policy.acceptance.predict)
+    probs, depths = node_probs(d, lambda c, src: policy.acceptance.predict(c, None, src))
     assert depths == [1, 1, 2, 2, 3] and probs[4] == pytest.approx(0.95 * 0.85 * 0.75)  # bin centers
     kept = policy.plan(1).select([d])[0]
     assert kept.tokens == [10, 12, 14] and kept.parents == [-1, 0, 1]

@@ -208,6 +208,35 @@ def test_tiny_target_sampling_and_adaptive_run(tiny):
         assert a.token_ids == b.token_ids and len(a.token_ids) == 16 and max(a.token_ids) < 272
 
 
+def test_tiny_heads_merged_with_the_suffix_index_are_lossless(tiny):
+    """--speculative-mode suffix with a head (runtime/merged.py): one tree per step from both,
+    batch 1 and 4, chains and trees, fixed and adaptive k; both sources' drafts get accepted;
+    sampling runs and reproduces."""
+    from speccompile.runtime.engine import Engine
+    from speccompile.runtime.sampling import SamplingParams
+
+    built, eagle, medusa, prompts, expected, _ = tiny
+    for head in (eagle, medusa):
+        for width in (1, 3):
+            eng = Engine(built.model_dir, built.lib, speculative_mode="suffix", additional_models=[head],
+                         spec_tree_width=width)
+            assert type(eng.proposer).__name__ == "MergedProposer"
+            for k in (3, 0):
+                eng.set_draft_length(k)
+                assert [r.token_ids for r in eng.generate_batch(prompts[:4], NEW_TOKENS, ignore_eos=True)] \
+                    == expected[:4], (head, width, k)
+                for i in (4, 5):
+                    assert eng.generate(prompts[i], NEW_TOKENS, ignore_eos=True).token_ids == expected[i]
+                if k:  # (an adaptive run's policy starts afresh)
+                    hits = eng.policy.acceptance.hits.sum(axis=1)
+                    assert (hits > 0).all(), (head, width, hits)  # the index's nodes and the head's
+    eng.set_draft_length(3)
+    sp = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+    a = eng.generate(prompts[1], 16, sp, ignore_eos=True)
+    eng.set_draft_length(3)
+    assert eng.generate(prompts[1], 16, sp, ignore_eos=True).token_ids == a.token_ids
+
+
 def test_eagle_catch_up_longer_than_one_head_call(tiny):
     """The head catches up on every prompt token's features at the first propose; when they
     exceed what one call of the head takes (its buffers are planned for prefill_chunk_size
@@ -244,6 +273,13 @@ def test_cli_generate_with_eagle(tiny):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["stats"]["draft_tokens"] > 0 and "per_position_accept_rate" in data["stats"]
+    # no mode given: the default, the suffix index merged with the head (runtime/merged.py)
+    res = CliRunner().invoke(main, ["generate", str(built.model_dir), "--model-lib", str(built.lib), "--prompt",
+                                    PROMPTS[2], "--max-tokens", "12", "--json", "--additional-models", ",".join(eagle),
+                                    "--spec-draft-length", "3"])
+    assert res.exit_code == 0, res.output
+    merged = json.loads(res.output)
+    assert merged["stats"]["draft_tokens"] > 0 and merged["token_ids"] == data["token_ids"]
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])

@@ -43,12 +43,14 @@ def _engine(target, mode, random_draft=None):
         return Engine(model_dir, lib, speculative_mode=mode)
     if mode == "suffix-tree":
         return Engine(model_dir, lib, speculative_mode="suffix", spec_tree_width=3)
-    draft = (str(model_dir), str(lib)) if mode == "self" else random_draft
-    return Engine(model_dir, lib, speculative_mode="small_draft", additional_models=[draft])
+    draft = (str(model_dir), str(lib)) if mode.endswith("self") else random_draft
+    # suffix-self: the index merged with a draft model (runtime/merged.py), one tree per step
+    return Engine(model_dir, lib, speculative_mode="suffix" if mode == "suffix-self" else "small_draft",
+                  additional_models=[draft])
 
 
 @pytest.mark.parametrize("mode, ks", [("self", (1, 7, 0)), ("random", (1, 0)), ("suffix", (1, 7, 0)),
-                                      ("suffix-tree", (7, 0)), ("ngram", (0,))])
+                                      ("suffix-tree", (7, 0)), ("ngram", (0,)), ("suffix-self", (3, 0))])
 def test_greedy_speculation_is_lossless(target, reference, random_draft, mode, ks):
     """k: shortest, longest fixed, adaptive (a random draft, rarely right, and n-gram lookup,
     the suffix index's predecessor, fewer: CI time)."""
@@ -62,11 +64,14 @@ def test_greedy_speculation_is_lossless(target, reference, random_draft, mode, k
             if mode == "self" and k > 0:
                 st = res.stats.spec
                 assert st.accept_rate >= 0.98 and st.mean_accepted_length >= 0.98 * (k + 1)
-            if mode.startswith("suffix") and k == 7 and i == 2:  # "Repeat after me": the answer copies the prompt
+            if mode in ("suffix", "suffix-tree") and k == 7 and i == 2:  # "Repeat after me": the answer copies the prompt
                 assert res.stats.spec.mean_accepted_length > 2, res.stats.spec
         for start in (0, 4):  # batch 4
             results = eng.generate_batch(prompts[start:start + 4], NEW_TOKENS, ignore_eos=True)
             assert [r.token_ids for r in results] == expected[start:start + 4], f"{mode} k={k} batch at {start}"
+        if mode == "suffix-self":  # both sources had drafts accepted (k fixed: the self draft always drafts)
+            hits = eng.policy.acceptance.hits.sum(axis=1)
+            assert (hits > 0).all() if k else hits[0] > 0, (k, hits)  # adaptive: the index drafts, free
 
 
 def test_stop_tokens_and_max_tokens_inside_an_accepted_run(target, reference):

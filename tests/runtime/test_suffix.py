@@ -119,17 +119,20 @@ def test_measure_prices_every_row_count():
     assert catch_up == 0.0 and 0 < table[1] < table[2] < table[4]
 
 
-def test_suffix_takes_no_drafter(tmp_path):
+def test_a_drafter_for_a_mode_without_one_is_refused_and_suffix_takes_one_optionally(tmp_path):
     from speccompile.runtime.sequence import GenerationError
     from speccompile.runtime.speculative import SpeculativeConfig
 
     with pytest.raises(GenerationError, match="drafts without a model"):
-        SpeculativeConfig(speculative_mode="suffix", additional_models=[("d", "l")]).check(tmp_path, 64)
+        SpeculativeConfig(speculative_mode="ngram", additional_models=[("d", "l")]).check(tmp_path, 64)
+    SpeculativeConfig(speculative_mode="suffix").check(tmp_path, 64)  # the index alone
+    with pytest.raises(GenerationError, match="speccompile-config.json not found"):  # the drafter's own checks run
+        SpeculativeConfig(speculative_mode="suffix", additional_models=[(str(tmp_path / "d"), "l")]).check(tmp_path, 64)
 
 
-def test_a_drafter_given_without_a_mode_names_its_mode(tmp_path):
-    """``--additional-models`` without ``--speculative-mode``: the drafter's converted config says
-    which mode drives it (the commands' default, suffix, drafts without a model)."""
+def test_the_drafter_merged_with_the_index_is_driven_by_its_own_mode(tmp_path):
+    """``--additional-models`` with the suffix index (the commands' default): the drafter's
+    converted config says which proposer drives it (runtime/merged.py)."""
     import json
 
     from speccompile.runtime.speculative import drafter_mode
