@@ -14,7 +14,7 @@ from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics
 from .sampling import SamplingParams
 from .sequence import GenerationError, GenerationResult, Stats
-from .tokenizer import render_chat
+from .tokenizer import render_messages
 
 
 class GenerationAPI:
@@ -65,10 +65,7 @@ class GenerationAPI:
     def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The chat template applied; ``tools``: OpenAI function definitions, for a template
         with a tools section (runtime/tools.py ``template_messages`` covers one without)."""
-        cfg = self.config
-        extra = {"tools": [{"type": "function", "function": f} for f in tools]} if tools else {}
-        return render_chat(cfg["chat_template"], messages, add_generation_prompt=True,
-                           bos_token=cfg.get("bos_token") or "", eos_token=cfg.get("eos_token") or "", **extra)
+        return render_messages(self.config, messages, tools)
 
     @property
     def template_has_tools(self) -> bool:

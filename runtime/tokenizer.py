@@ -26,6 +26,15 @@ def load_tokenizer(model_dir: Path) -> Tokenizer:
         raise TokenizerError(f"{path} cannot be loaded: {err}") from err
 
 
+def render_messages(config: dict, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """A model's chat template (its ``speccompile-config.json``: ``config``) applied to these
+    messages, ready for generation: what the engine tokenizes, and what bench hands to
+    llama.cpp so that both decode the same text. ``tools``: OpenAI function definitions."""
+    extra = {"tools": [{"type": "function", "function": f} for f in tools]} if tools else {}
+    return render_chat(config["chat_template"], messages, add_generation_prompt=True,
+                       bos_token=config.get("bos_token") or "", eos_token=config.get("eos_token") or "", **extra)
+
+
 def render_chat(template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True,
                 **special: Any) -> str:
     import jinja2

@@ -8,7 +8,9 @@ files our models were converted from):
   context depth so that attention costs compare;
 - ``llama-speculative-simple``: speculative decoding with a draft GGUF, or with n-gram
   lookup (``--spec-type ngram-simple``), greedy, on each of our bench prompts rendered with
-  the same chat template, so that both engines decode the very same text.
+  the same chat template, so that both engines decode the very same text. It is itself a
+  one-shot process (load, prefill, decode), so ``bench --one-shot`` runs it beside each
+  prompt's fresh ``generate`` processes.
 """
 from __future__ import annotations
 
@@ -41,11 +43,21 @@ def run_llama_bench(binary: Path, gguf: Path, threads: int | None = None, depth:
 
 
 _DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
+_ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
 _COUNT = re.compile(r"\b(n_drafted|n_accept|n_predict)\s*=\s*(\d+)")
 
 
 # our --speculative-mode -> llama-speculative-simple's --spec-type for the same idea
 SPEC_TYPES = {"small_draft": "draft-simple", "ngram": "ngram-simple"}
+
+
+def default_peers(mode: str, draft_gguf: Path | None) -> list[str]:
+    """llama.cpp's modes to run beside ours when none are named: ours where llama.cpp has it;
+    else (suffix drafting, the default, or a head) every mode it can run here -- n-gram
+    lookup, and a draft model when its GGUF is given -- so ours meets llama.cpp's best."""
+    if mode in SPEC_TYPES:
+        return [mode]
+    return ["ngram"] + (["small_draft"] if draft_gguf is not None else [])
 
 
 def speculative_command(binary: Path, gguf: Path, prompt_file: Path, max_tokens: int, mode: str,
@@ -68,25 +80,32 @@ def run_llama_speculative(binary: Path, gguf: Path, prompts: list[str], max_toke
                           draft_gguf: Path | None = None, draft_max: int = 3, threads: int | None = None) -> list[dict]:
     """One llama.cpp speculative run per (already chat-rendered) prompt: decode tokens/s as
     llama.cpp reports it, and its draft counts."""
+    return [run_llama_prompt(binary, gguf, text, max_tokens, mode, draft_gguf, draft_max, threads)
+            for text in prompts]
+
+
+def run_llama_prompt(binary: Path, gguf: Path, text: str, max_tokens: int, mode: str,
+                     draft_gguf: Path | None = None, draft_max: int = 3, threads: int | None = None) -> dict:
+    """One llama-speculative-simple process on one rendered prompt: its decode tokens/s, its
+    request seconds (prompt encoding + decode, as llama.cpp times them) and draft counts."""
     threads = threads or os.cpu_count() or 1
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, text in enumerate(prompts):
-            pf = Path(tmp) / f"prompt{i}.txt"
-            pf.write_text(text)
-            cmd = speculative_command(binary, gguf, pf, max_tokens, mode, draft_gguf, draft_max, threads)
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            log = res.stdout + res.stderr
-            m = _DECODED.search(log)
-            if res.returncode != 0 or not m:
-                raise ValueError(f"llama.cpp speculative run failed ({' '.join(cmd[:1])}): {log[-800:]}")
-            counts = {k: int(v) for k, v in _COUNT.findall(log)}
-            tokens, seconds = int(m.group(1)), float(m.group(2))
-            drafted, accepted = counts.get("n_drafted", 0), counts.get("n_accept", 0)
-            rows.append({"decode_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                         "draft_tokens": drafted, "accepted_tokens": accepted,
-                         "accept_rate": accepted / drafted if drafted else 0.0})
-    return rows
+        pf = Path(tmp) / "prompt.txt"
+        pf.write_text(text)
+        cmd = speculative_command(binary, gguf, pf, max_tokens, mode, draft_gguf, draft_max, threads)
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    m = _DECODED.search(log)
+    if res.returncode != 0 or not m:
+        raise ValueError(f"llama.cpp speculative run failed ({' '.join(cmd[:1])}): {log[-800:]}")
+    counts = {k: int(v) for k, v in _COUNT.findall(log)}
+    tokens, seconds = int(m.group(1)), float(m.group(2))
+    enc = _ENCODED.search(log)
+    drafted, accepted = counts.get("n_drafted", 0), counts.get("n_accept", 0)
+    return {"decode_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "request_seconds": seconds + (float(enc.group(2)) if enc else 0.0),
+            "draft_tokens": drafted, "accepted_tokens": accepted,
+            "accept_rate": accepted / drafted if drafted else 0.0}
 
 
 def summarize_llama_speculative(rows: list[dict], binary: Path, mode: str, draft_max: int) -> dict:

@@ -8,7 +8,10 @@ linear drift), and the four outputs must be token-identical at temperature 0. De
 is what each process reports for its own decode loop; a request's end-to-end seconds are its
 prefill plus that decode (what a user waits for once the model is loaded: a draft model
 prefills every prompt too), and ``request_speedup`` is quoted on them. Model loading and the
-one-time cost profile are outside both and reported apart as process seconds.
+one-time cost profile are outside both and reported apart as process seconds. With
+``llama_speculative``, llama.cpp's ``llama-speculative-simple`` -- a one-shot process too --
+decodes each prompt, rendered with the same chat template, right after its quartet, in each
+peer mode.
 """
 from __future__ import annotations
 
@@ -21,8 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from speccompile.bench.llama_cpp import run_llama_prompt
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
+from speccompile.runtime.contract import read_model_config
 from speccompile.runtime.speculative import SpeculativeConfig
+from speccompile.runtime.tokenizer import render_messages
 
 
 PLAIN = {"speculative_mode": "disable"}  # generate speculates unless told not to
@@ -53,11 +59,14 @@ def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, sp
 def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Path | None = None,
                  max_tokens: int = 128, categories: list[str] | None = None, per_category: int | None = None,
                  limit: int | None = None, out_json: Path | None = None, quiet: bool = False,
-                 overrides: str | None = None, repeat: int = 1) -> dict:
+                 overrides: str | None = None, repeat: int = 1, llama_speculative: dict | None = None) -> dict:
     """``repeat``: plain / spec / spec / plain quartets per prompt (one fresh process each run);
     a prompt's times are the means over all its plain and all its spec runs, its counts the
     sums over its spec runs. Fresh processes on this kind of machine swing ~10% apart, and a
-    category holds few prompts: repeats are what make a category's number mean something."""
+    category holds few prompts: repeats are what make a category's number mean something.
+    ``llama_speculative`` (binary, gguf, draft_gguf, draft_max, modes): llama.cpp's run of each
+    prompt per mode and repeat (prompts under a response_format are not given to it: it would
+    decode them without the schema)."""
     if not SpeculativeConfig(**spec).enabled:
         raise ValueError("--one-shot compares plain and speculative decoding: give a --speculative-mode")
     if repeat < 1:
@@ -65,13 +74,20 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     rows = []
     counts = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "draft_steps")
+    peers = llama_speculative["modes"] if llama_speculative else []
+    config = read_model_config(model_dir) if peers else None
     for i, p in enumerate(prompts):
-        plains, specs = [], []
+        plains, specs, llama = [], [], {}
         for _ in range(repeat):
             a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"])
                             for sp in (PLAIN, spec, spec, PLAIN))
             plains += [a, b]
             specs += [s1, s2]
+            for mode in peers if not p["response_format"] else ():
+                text = render_messages(config, [{"role": "user", "content": p["prompt"]}])
+                llama.setdefault(mode, []).append(run_llama_prompt(
+                    llama_speculative["binary"], llama_speculative["gguf"], text, max_tokens, mode,
+                    llama_speculative.get("draft_gguf"), llama_speculative.get("draft_max", 3)))
         runs = plains + specs
         tokens = plains[0]["stats"]["decode_tokens"]
         plain_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in plains)
@@ -93,6 +109,14 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                "accept_rate": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else 0.0,
                "mean_accepted_length": emitted / total["verify_steps"] if total["verify_steps"] else 0.0,
                **{k: v / len(specs) for k, v in total.items()}}  # per spec run
+        for mode, lruns in llama.items():  # its means over the repeats, and ours over it
+            lr = {k: statistics.fmean(r[k] for r in lruns) for k in lruns[0]}
+            lr["tokens_per_s"] = lr["decode_tokens"] / lr["seconds"]
+            lr["accept_rate"] = (sum(r["accepted_tokens"] for r in lruns) / sum(r["draft_tokens"] for r in lruns)
+                                 if sum(r["draft_tokens"] for r in lruns) else 0.0)
+            row.setdefault("llama_cpp_spec", {})[mode] = {
+                **lr, "ours_over": row["spec_tokens_per_s"] / lr["tokens_per_s"],
+                "ours_over_request": lr["request_seconds"] / row["spec_request_seconds"]}
         failed = sorted({r["cuda_graph"]["failed"] for r in runs if (r.get("cuda_graph") or {}).get("failed")})
         if failed:  # a cuda run whose graphs were turned off: its speed is not the default's
             row["cuda_graph_failed"] = failed
@@ -104,7 +128,9 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                   f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']:.0f}/"
                   f"{row['verify_steps'] + row['plain_steps']:.0f} steps"
                   f"{'' if row['identical_output'] else '  OUTPUT DIFFERS'}"
-                  f"{'  CUDA GRAPHS OFF: ' + '; '.join(failed) if failed else ''}", flush=True)
+                  f"{'  CUDA GRAPHS OFF: ' + '; '.join(failed) if failed else ''}"
+                  + "".join(f" | llama.cpp {m} {v['tokens_per_s']:.1f} tok/s (ours x{v['ours_over']:.2f})"
+                            for m, v in row.get("llama_cpp_spec", {}).items()), flush=True)
     by_cat: dict[str, list[dict]] = {}
     for r in rows:
         by_cat.setdefault(r["category"], []).append(r)
@@ -114,15 +140,28 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         spec_rate = sum(r["decode_tokens"] for r in group) / sum(r["spec_seconds"] for r in group)
         drafted = sum(r["draft_tokens"] for r in group)
         steps = sum(r["verify_steps"] for r in group)
-        return {"prompts": len(group), "plain_tokens_per_s": plain, "spec_tokens_per_s": spec_rate,
-                "speedup": spec_rate / plain,
-                "request_speedup": (sum(r["plain_request_seconds"] for r in group)
-                                    / sum(r["spec_request_seconds"] for r in group)),
-                "accept_rate": sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0,
-                "mean_accepted_length": (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
-                                         if steps else 0.0),
-                "identical_outputs": sum(r["identical_output"] for r in group),
-                "verify_steps": steps, "draft_tokens": drafted}
+        out = {"prompts": len(group), "plain_tokens_per_s": plain, "spec_tokens_per_s": spec_rate,
+               "speedup": spec_rate / plain,
+               "request_speedup": (sum(r["plain_request_seconds"] for r in group)
+                                   / sum(r["spec_request_seconds"] for r in group)),
+               "accept_rate": sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0,
+               "mean_accepted_length": (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
+                                        if steps else 0.0),
+               "identical_outputs": sum(r["identical_output"] for r in group),
+               "verify_steps": steps, "draft_tokens": drafted}
+        ran = [r for r in group if "llama_cpp_spec" in r]
+        if ran:  # on the prompts llama.cpp decoded: its rate per mode, ours over it and over its best
+            ours = sum(r["decode_tokens"] for r in ran) / sum(r["spec_seconds"] for r in ran)
+            ours_req = sum(r["spec_request_seconds"] for r in ran)
+            peer = {m: {"spec_tokens_per_s": sum(r["llama_cpp_spec"][m]["decode_tokens"] for r in ran)
+                        / sum(r["llama_cpp_spec"][m]["seconds"] for r in ran),
+                        "request_seconds": sum(r["llama_cpp_spec"][m]["request_seconds"] for r in ran)} for m in peers}
+            for v in peer.values():
+                v["ours_over"] = ours / v["spec_tokens_per_s"]
+                v["ours_over_request"] = v["request_seconds"] / ours_req
+            out["llama_cpp_spec"] = peer
+            out["ours_over_best_llama_cpp"] = ours / max(v["spec_tokens_per_s"] for v in peer.values())
+        return out
 
     categories_out = {c: summarize(g) for c, g in by_cat.items()}
     report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,
@@ -133,7 +172,9 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         print(f"overall x{report['overall']['speedup']:.2f} (end to end x{report['overall']['request_speedup']:.2f}), "
               f"mean of categories x{report['mean_of_categories']:.2f}, "
               + ", ".join(f"{c} {v['speedup']:.2f}" for c, v in categories_out.items())
-              + f"; identical {report['overall']['identical_outputs']}/{len(rows)}", flush=True)
+              + f"; identical {report['overall']['identical_outputs']}/{len(rows)}"
+              + ("; ours over llama.cpp's best x{:.2f}".format(report["overall"]["ours_over_best_llama_cpp"])
+                 if "ours_over_best_llama_cpp" in report["overall"] else ""), flush=True)
     if out_json:
         Path(out_json).parent.mkdir(parents=True, exist_ok=True)
         Path(out_json).write_text(json.dumps(report, indent=1))

@@ -349,8 +349,8 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
 @click.option("--gguf", type=click.Path(path_type=Path), default=None,
               help="with --llama-bench / --llama-speculative: the target's GGUF file")
 @click.option("--llama-speculative", "llama_spec", type=click.Path(path_type=Path), default=None,
-              help="also run llama.cpp's llama-speculative-simple binary on the same prompts, in the same mode "
-                   "(small_draft with --draft-gguf, or ngram)")
+              help="also run llama.cpp's llama-speculative-simple binary on the same prompts (with --one-shot: "
+                   "one process per prompt beside ours), in its peer modes (--llama-spec-mode)")
 @click.option("--draft-gguf", type=click.Path(path_type=Path), default=None,
               help="with --llama-speculative in small_draft mode: the draft's GGUF file")
 @click.option("--one-shot", is_flag=True, default=False,
@@ -358,7 +358,8 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="with --one-shot: plain/spec/spec/plain quartets per prompt (fresh processes swing ~10%%)")
 @click.option("--llama-spec-mode", "llama_modes", multiple=True, type=click.Choice(["small_draft", "ngram"]),
-              help="with --llama-speculative: llama.cpp's modes to run beside ours (repeatable; default: ours)")
+              help="with --llama-speculative: llama.cpp's modes to run beside ours (repeatable; default: ours where "
+                   "llama.cpp has it, else ngram, and small_draft given --draft-gguf)")
 @click.option("--llama-draft-max", type=int, default=3, show_default=True,
               help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP + "; not with --endpoint")
@@ -406,30 +407,32 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
         if repeat != 1 and not one_shot:
             raise ValueError("--repeat is for --one-shot runs (a warm bench already alternates plain and spec "
                              "per prompt)")
-        if one_shot:
-            from speccompile.bench.oneshot import run_one_shot
-
-            run_one_shot(model_dir, model_lib, cli_spec, prompts, max_tokens, list(categories) or None, per_category,
-                         num_prompts, out_json, overrides=overrides, repeat=repeat)
-            return
-        if llama_bench and (gguf is None or not Path(llama_bench).exists()):
-            raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")
         lspec = None
         if llama_spec:
-            from speccompile.bench.llama_cpp import SPEC_TYPES
+            from speccompile.bench.llama_cpp import SPEC_TYPES, default_peers
 
             mode = spec["speculative"].speculative_mode
-            peers = list(llama_modes) or [mode]
+            peers = list(llama_modes) or default_peers(mode, draft_gguf)
             if mode == "disable" or any(m not in SPEC_TYPES for m in peers):
-                raise ValueError(f"--llama-speculative runs llama.cpp in the modes it has ({', '.join(SPEC_TYPES)}): "
-                                 "ours in one of them, or --llama-spec-mode to name its peers of ours "
-                                 "(e.g. --speculative-mode eagle --llama-spec-mode small_draft --llama-spec-mode ngram)")
+                raise ValueError(f"--llama-speculative runs llama.cpp in the modes it has ({', '.join(SPEC_TYPES)}) "
+                                 "beside a speculative mode of ours (e.g. --speculative-mode eagle "
+                                 "--llama-spec-mode small_draft --llama-spec-mode ngram)")
             if gguf is None or not Path(llama_spec).exists():
                 raise ValueError("--llama-speculative needs an existing llama-speculative-simple binary and --gguf")
             if "small_draft" in peers and (draft_gguf is None or not Path(draft_gguf).exists()):
                 raise ValueError("llama.cpp's small_draft peer needs the draft's --draft-gguf file")
             lspec = {"binary": llama_spec, "gguf": gguf, "draft_gguf": draft_gguf, "draft_max": llama_draft_max,
                      "modes": peers}
+        if one_shot:
+            from speccompile.bench.oneshot import run_one_shot
+
+            if llama_bench:
+                raise ValueError("--llama-bench is for a warm bench; --one-shot takes --llama-speculative")
+            run_one_shot(model_dir, model_lib, cli_spec, prompts, max_tokens, list(categories) or None, per_category,
+                         num_prompts, out_json, overrides=overrides, repeat=repeat, llama_speculative=lspec)
+            return
+        if llama_bench and (gguf is None or not Path(llama_bench).exists()):
+            raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")
         run_bench(model_dir, model_lib, prompts, max_tokens, num_prompts, out_json, spec=spec,
                   categories=list(categories) or None, per_category=per_category,
                   llama_bench=(llama_bench, gguf) if llama_bench else None, llama_speculative=lspec)

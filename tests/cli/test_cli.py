@@ -89,18 +89,42 @@ def test_one_shot_bench_refuses_plain_decoding_before_running_anything(tmp_path)
         run_one_shot(tmp_path, tmp_path / "lib.so", {"speculative_mode": "disable"})
 
 
+LLAMA = """#!/bin/sh
+echo "$@" >> {log}
+echo "encoded 5 tokens in 0.05 seconds, speed: 100.0 t/s"
+echo "decoded 8 tokens in 0.25 seconds, speed: 32.0 t/s"; echo "n_drafted = 4"; echo "n_accept = 3"
+"""
+
+
 def test_one_shot_bench_repeats_fresh_generate_processes(build_tiny, tmp_path):
     """--one-shot --repeat 2: two plain/spec/spec/plain quartets of fresh `speccompile generate`
     processes per prompt (the runtime-only TVM import included), all eight outputs identical,
-    counts summed over the spec runs and reported per run."""
+    counts summed over the spec runs and reported per run; llama.cpp's one-shot process (a
+    stand-in printing what llama-speculative-simple prints) beside each quartet, on the prompt
+    rendered with the same chat template."""
+    import stat
+
+    from speccompile.bench.llama_cpp import default_peers
     from speccompile.bench.oneshot import run_one_shot
 
     built = build_tiny("tiny-llama", "q0f32")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "code", "turns": ["def add(a, b): return a + b"]}) + "\n")
-    report = run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, max_tokens=10,
-                          quiet=True, repeat=2)
+    llama = tmp_path / "llama-speculative-simple"
+    llama.write_text(LLAMA.format(log=tmp_path / "calls.log"))
+    llama.chmod(llama.stat().st_mode | stat.S_IEXEC)
+    assert default_peers("suffix", None) == ["ngram"] and default_peers("eagle", tmp_path) == ["ngram", "small_draft"]
+    assert default_peers("small_draft", tmp_path) == ["small_draft"]
+    report = run_one_shot(built.model_dir, built.lib, {"speculative_mode": "suffix"}, prompts, max_tokens=10,
+                          quiet=True, repeat=2, llama_speculative={"binary": llama, "gguf": tmp_path / "t.gguf",
+                                                                  "modes": ["ngram"]})
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert len(calls) == 2 and all("--spec-type ngram-simple" in c for c in calls)  # once per repeat
     row = report["prompts"][0]
+    peer = row["llama_cpp_spec"]["ngram"]
+    assert peer["tokens_per_s"] == pytest.approx(32.0) and peer["request_seconds"] == pytest.approx(0.30)
+    assert peer["ours_over"] == pytest.approx(row["spec_tokens_per_s"] / 32.0) and peer["accept_rate"] == 0.75
+    assert report["overall"]["ours_over_best_llama_cpp"] == pytest.approx(row["spec_tokens_per_s"] / 32.0)
     assert report["repeat"] == 2 and row["runs"] == 8 and row["identical_output"]
     assert row["verify_steps"] + row["plain_steps"] <= 10 and row["plain_seconds"] > 0 and row["spec_seconds"] > 0
     assert report["overall"]["identical_outputs"] == 1
