@@ -188,6 +188,10 @@ def spec_label(spec: dict | None) -> str:
         extra.append(f"tree width {spec['spec_tree_width']}")
     if spec.get("spec_draft_length"):
         extra.append(f"k={spec['spec_draft_length']}")
+    drafter = spec.get("additional_models")
+    if drafter:  # "DIR,LIB" or [[DIR, LIB]]: the drafter by its folder's name
+        first = drafter.split(",")[0] if isinstance(drafter, str) else drafter[0][0]
+        mode += f" + {Path(str(first)).name}"
     return mode + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -217,12 +221,22 @@ def rows_one_shot(name, data, commit, date):
              num(o.get("plain_tokens_per_s")), num(o.get("spec_tokens_per_s")), ratio(o.get("speedup")),
              ratio(data.get("mean_of_categories")), ratio(e2e), per_cat or "—",
              f"{num(o.get('accept_rate'), 2)} / {num(o.get('mean_accepted_length'), 2)}",
-             frac(o.get("identical_outputs"), o.get("prompts"))]]
+             frac(o.get("identical_outputs"), o.get("prompts")), llama_one_shot(o)]]
+
+
+def llama_one_shot(o: dict) -> str:
+    """llama.cpp's one-shot runs of the same prompts: its rate per mode, ours over its best."""
+    peers = o.get("llama_cpp_spec")
+    if not isinstance(peers, dict) or not peers:
+        return "—"
+    rates = "; ".join(f"{m} {num(v.get('spec_tokens_per_s'))} tok/s" for m, v in sorted(peers.items())
+                      if isinstance(v, dict))
+    return f"{rates}; ours over its best {ratio(o.get('ours_over_best_llama_cpp'))}"
 
 
 HEAD_ONE_SHOT = ["file", "date", "commit", "model", "mode", "prompts", "plain tok/s", "spec tok/s",
                  "decode speedup", "mean of categories", "end-to-end", "per category", "accept / mean len",
-                 "identical"]
+                 "identical", "llama.cpp, same prompts"]
 
 
 def rows_bench(name, data, commit, date):

@@ -33,8 +33,9 @@ class SpeculativeConfig:
 
     # the commands speculate by default (suffix drafting costs no model, and the policy drafts
     # only where it pays); the Python API decodes plainly unless asked
-    speculative_mode: str = option("disable", "where drafts come from; disable = plain decoding; given "
-                                   "--additional-models, the drafter's mode (small_draft, eagle or medusa)",
+    speculative_mode: str = option("disable", "where drafts come from; disable = plain decoding; suffix (the "
+                                   "commands' default) merges the suffix index with the drafter --additional-models "
+                                   "names, if any; small_draft, eagle, medusa: that drafter alone",
                                    choices=MODES, override=False, defaults={c: "suffix" for c in RUNTIME_COMMANDS})
     # ((DIR, LIB),): a draft model or a head; the CLI form is "DIR,LIB"
     additional_models: tuple[tuple[str, str], ...] = option(
@@ -120,8 +121,8 @@ def proposer_class(mode: str) -> type:
 
 
 def drafter_mode(additional_models) -> str:
-    """The mode that drives this drafter (``--additional-models`` given without a mode): an
-    EAGLE or Medusa head by its converted config's ``model_type``, else a draft model."""
+    """The mode whose proposer drives this drafter (merged with the suffix index): an EAGLE or
+    Medusa head by its converted config's ``model_type``, else a draft model."""
     (draft_dir, _), = parse_additional_models(additional_models)
     kind = read_model_config(Path(draft_dir)).get("model_type")
     return {"eagle": "eagle", "eagle3": "eagle", "medusa": "medusa"}.get(kind, "small_draft")
