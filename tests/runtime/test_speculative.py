@@ -50,10 +50,11 @@ def _engine(target, mode, random_draft=None):
 
 
 @pytest.mark.parametrize("mode, ks", [("self", (1, 7, 0)), ("random", (1, 0)), ("suffix", (1, 7, 0)),
-                                      ("suffix-tree", (7, 0)), ("ngram", (0,)), ("suffix-self", (3, 0))])
+                                      ("suffix-tree", (7, 0)), ("ngram", (0,)), ("suffix-self", (3,))])
 def test_greedy_speculation_is_lossless(target, reference, random_draft, mode, ks):
-    """k: shortest, longest fixed, adaptive (a random draft, rarely right, and n-gram lookup,
-    the suffix index's predecessor, fewer: CI time)."""
+    """k: shortest, longest fixed, adaptive (a random draft, rarely right, n-gram lookup, the
+    suffix index's predecessor, and the index merged with a draft, adaptive on the tiny heads
+    in test_eagle_medusa.py, fewer: CI time)."""
     prompts, expected = reference
     eng = _engine(target, mode, random_draft)
     for k in ks:
@@ -71,7 +72,7 @@ def test_greedy_speculation_is_lossless(target, reference, random_draft, mode, k
             assert [r.token_ids for r in results] == expected[start:start + 4], f"{mode} k={k} batch at {start}"
         if mode == "suffix-self":  # both sources had drafts accepted (k fixed: the self draft always drafts)
             hits = eng.policy.acceptance.hits.sum(axis=1)
-            assert (hits > 0).all() if k else hits[0] > 0, (k, hits)  # adaptive: the index drafts, free
+            assert (hits > 0).all(), hits
 
 
 def test_stop_tokens_and_max_tokens_inside_an_accepted_run(target, reference):
