@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from speccompile.bench.llama_cpp import run_llama_prompt
+from speccompile.bench.llama_cpp import run_llama_prompt, summarize_llama_speculative
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
 from speccompile.runtime.contract import read_model_config
 from speccompile.runtime.speculative import SpeculativeConfig
@@ -78,13 +78,13 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
     config = read_model_config(model_dir) if peers else None
     for i, p in enumerate(prompts):
         plains, specs, llama = [], [], {}
+        text = render_messages(config, [{"role": "user", "content": p["prompt"]}]) if peers else None
         for _ in range(repeat):
             a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"])
                             for sp in (PLAIN, spec, spec, PLAIN))
             plains += [a, b]
             specs += [s1, s2]
             for mode in peers if not p["response_format"] else ():
-                text = render_messages(config, [{"role": "user", "content": p["prompt"]}])
                 llama.setdefault(mode, []).append(run_llama_prompt(
                     llama_speculative["binary"], llama_speculative["gguf"], text, max_tokens, mode,
                     llama_speculative.get("draft_gguf"), llama_speculative.get("draft_max", 3)))
@@ -153,8 +153,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         if ran:  # on the prompts llama.cpp decoded: its rate per mode, ours over it and over its best
             ours = sum(r["decode_tokens"] for r in ran) / sum(r["spec_seconds"] for r in ran)
             ours_req = sum(r["spec_request_seconds"] for r in ran)
-            peer = {m: {"spec_tokens_per_s": sum(r["llama_cpp_spec"][m]["decode_tokens"] for r in ran)
-                        / sum(r["llama_cpp_spec"][m]["seconds"] for r in ran),
+            peer = {m: {**summarize_llama_speculative([r["llama_cpp_spec"][m] for r in ran], llama_speculative["binary"],
+                                                      m, llama_speculative.get("draft_max", 3)),
                         "request_seconds": sum(r["llama_cpp_spec"][m]["request_seconds"] for r in ran)} for m in peers}
             for v in peer.values():
                 v["ours_over"] = ours / v["spec_tokens_per_s"]

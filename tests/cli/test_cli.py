@@ -125,6 +125,9 @@ def test_one_shot_bench_repeats_fresh_generate_processes(build_tiny, tmp_path):
     assert peer["tokens_per_s"] == pytest.approx(32.0) and peer["request_seconds"] == pytest.approx(0.30)
     assert peer["ours_over"] == pytest.approx(row["spec_tokens_per_s"] / 32.0) and peer["accept_rate"] == 0.75
     assert report["overall"]["ours_over_best_llama_cpp"] == pytest.approx(row["spec_tokens_per_s"] / 32.0)
+    summary = report["categories"]["code"]["llama_cpp_spec"]["ngram"]
+    assert summary["spec_tokens_per_s"] == pytest.approx(32.0) and summary["accept_rate"] == 0.75
+    assert summary["ours_over_request"] == pytest.approx(0.30 / row["spec_request_seconds"])
     assert report["repeat"] == 2 and row["runs"] == 8 and row["identical_output"]
     assert row["verify_steps"] + row["plain_steps"] <= 10 and row["plain_seconds"] > 0 and row["spec_seconds"] > 0
     assert report["overall"]["identical_outputs"] == 1
