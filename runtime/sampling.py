@@ -44,15 +44,35 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     p = np.exp(z)
     p /= p.sum(axis=-1, keepdims=True)
     if params.top_p < 1.0:
-        order = np.argsort(-p, axis=-1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        cum = np.cumsum(sorted_p, axis=-1)
-        keep_sorted = (cum - sorted_p) < params.top_p  # keep the smallest prefix reaching top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        keep = np.zeros(p.shape, dtype=bool)
+        for row, out in zip(p.reshape(-1, p.shape[-1]), keep.reshape(-1, p.shape[-1])):
+            out[_nucleus(row, params.top_p)] = True
         p = np.where(keep, p, 0.0)
         p /= p.sum(axis=-1, keepdims=True)
     return p
+
+
+def _nucleus(p: np.ndarray, top_p: float, first: int = 64) -> np.ndarray:
+    """Indices of the smallest prefix of ``p`` [vocab], in descending order (ties by index), that
+    holds ``top_p``: every token whose predecessors in that order hold less than ``top_p``.
+
+    Why not one argsort: sorting a 152k vocabulary costs ~25 ms a row, more than a 1.5B model's
+    decode step on two cores, and the nucleus is almost always a few dozen tokens. So the
+    likeliest ``first`` tokens are found by partition, with every token tied with the last of them
+    (so the candidates are exactly a prefix of the full order), and sorted alone; only when they
+    hold less than ``top_p`` is the set widened (up to the whole vocabulary). The cumulative sums
+    run over the same values in the same order as a full sort's, so the set is the same, bit for bit."""
+    n = p.shape[-1]
+    k = min(first, n)
+    while True:
+        kth = np.partition(p, n - k)[n - k] if k < n else -np.inf
+        cand = np.flatnonzero(p >= kth)  # ascending index: the tie order of a stable sort
+        order = cand[np.argsort(-p[cand], kind="stable")]
+        sorted_p = p[order]
+        cum = np.cumsum(sorted_p)
+        if k >= n or cum[-1] >= top_p:
+            return order[(cum - sorted_p) < top_p]
+        k *= 4
 
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
