@@ -104,7 +104,7 @@ def train_answers_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
         run = AnswerRun(**run)
         model_dir, model_lib = resolve_target(model_dir, model_lib, model_name, quantization)
         report = run_train_answers(model_dir, model_lib, work_dir, run.num_prompts, run.held_out, run.mt_bench,
-                                   run.max_tokens, run.batch, data_dir=data_dir)
+                                   run.max_tokens, run.batch, data_dir=data_dir, features=run.features)
     except USER_ERRORS as err:
         fail(err)
     click.echo(json.dumps(report, indent=1))

@@ -104,6 +104,8 @@ def split_prompts(work_dir: Path, split: str, mt_bench: Path) -> list[dict]:
 class ShardWriter:
     """Collects finished conversations and writes them as shards of about ``shard_tokens``."""
 
+    features = True  # its shards hold the features (store.TokenShardWriter's do not)
+
     def __init__(self, split_dir: Path, shard_tokens: int, on_flush=None):
         self.dir, self.shard_tokens, self.on_flush = Path(split_dir), shard_tokens, on_flush
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -184,13 +186,17 @@ class FeatureBuffers:
 
 
 def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_tokens: int, batch: int,
-                 shard_tokens: int, progress: bool = True, on_flush=None) -> dict:
+                 shard_tokens: int, progress: bool = True, on_flush=None, writer=None) -> dict:
     """Answer (greedily) the first ``limit`` prompts not yet answered, ``batch`` sequences
     decoding together; returns this run's counts and throughput. ``on_flush`` is called after
-    each shard is written (the data dir's copy)."""
+    each shard is written (the data dir's copy). ``writer``: where the answers go (default a
+    ShardWriter of ``split_dir``, with features; a store.TokenShardWriter keeps tokens only)."""
+    from contextlib import nullcontext
+
     from tqdm import tqdm
 
-    writer = ShardWriter(split_dir, shard_tokens, on_flush)
+    writer = writer or ShardWriter(split_dir, shard_tokens, on_flush)
+    capture = writer.features
     done = writer.done_ids()
     wanted = prompts[:limit]
     todo = [p for p in wanted if p["id"] not in done]
@@ -199,13 +205,14 @@ def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_t
                disable=not progress, file=sys.stderr, mininterval=20)
     active, owner, made, t0 = [], {}, 0, time.perf_counter()
     queue = list(reversed(todo))
-    with engine.capture_features(sink):
+    with engine.capture_features(sink) if capture else nullcontext():
         while queue or active:
             while queue and len(active) < batch:
                 row = queue.pop()
                 ids = engine.encode_prompt(row["prompt"])
                 seq = engine.new_sequence(ids, max_tokens)
-                sink.open(seq.seq_id, len(ids) + seq.budget + 1)
+                if capture:
+                    sink.open(seq.seq_id, len(ids) + seq.budget + 1)
                 engine.attach(seq)
                 while seq.prefilling:
                     engine.prefill([seq], engine.model.prefill_chunk_size)
@@ -218,7 +225,7 @@ def answer_split(engine, split_dir: Path, prompts: list[dict], limit: int, max_t
                 active.remove(s)
                 engine.detach(s)
                 pid, plen = owner.pop(s.seq_id)
-                feats, hidden = sink.close(s.seq_id, len(s.history))
+                feats, hidden = sink.close(s.seq_id, len(s.history)) if capture else (None, None)
                 writer.add(pid, list(s.history), plen, feats, hidden)
                 made += len(s.history) - plen
                 bar.update(1)
@@ -297,11 +304,14 @@ def summarize(answers_dir: Path) -> dict:
 
 def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, num_prompts: int | None,
                       held_out: int, mt_bench: bool, max_tokens: int, batch: int, shard_tokens: int = 16384,
-                      bench_file: Path | None = None, progress: bool = True, data_dir: Path | None = None) -> dict:
+                      bench_file: Path | None = None, progress: bool = True, data_dir: Path | None = None,
+                      features: bool = True) -> dict:
     """The stage: held-out answers first (checkpoint selection needs them), MT-bench first turns
     (offline evaluation), then the training answers. With ``data_dir`` (speccompile/training/store.py)
     the prompts and the answers' tokens are kept there too, and shards the work dir lacks are
-    rebuilt from it by prefill before anything new is answered."""
+    rebuilt from it by prefill before anything new is answered. ``features=False`` (needs
+    ``data_dir``): new answers go to the data dir as tokens only, and nothing is rebuilt; the
+    training run rebuilds every shard's features from the data dir."""
     from speccompile.runtime.engine import Engine
 
     from speccompile.training.prompt_set import REPO, default_work_dir
@@ -316,6 +326,8 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
         raise FileNotFoundError(f"{work_dir / 'prompts'} holds no prompt set: run `speccompile train-prompts` first")
     if max_tokens < 1 or batch < 1:
         raise ValueError("--max-tokens and --batch must be positive")
+    if not features and data_dir is None:
+        raise ValueError("--no-features writes the answers' tokens to the data dir: give --data-dir")
     plan = [("held_out", held_out), ("mt_bench", 10**9 if mt_bench else 0), ("train", num_prompts or 10**9)]
     prompts = {split: split_prompts(work_dir, split, bench_file) for split, n in plan if n}
     longest = max(len(p["prompt"]) for rows in prompts.values() for p in rows)  # characters >= tokens
@@ -325,8 +337,14 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
     for split, n in plan:
         if not n:
             continue
-        split_dir, mirror = work_dir / "answers" / split, None
-        if data_dir is not None:
+        split_dir, mirror, writer = work_dir / "answers" / split, None, None
+        if not features:
+            from speccompile.training.store import TokenShardWriter
+
+            data_split = Path(data_dir) / "answers" / split
+            save_answers(split_dir, data_split)  # what the work dir has beyond the data dir, first
+            writer = TokenShardWriter(data_split, shard_tokens)
+        elif data_dir is not None:
             data_split = Path(data_dir) / "answers" / split
             sink = FeatureBuffers(engine.model.hidden_size)
             with engine.capture_features(sink):
@@ -335,7 +353,7 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
             save_answers(split_dir, data_split)
             mirror = lambda s=split_dir, d=data_split: save_answers(s, d)  # noqa: E731
         report["runs"][split] = answer_split(engine, split_dir, prompts[split], n, max_tokens, batch, shard_tokens,
-                                             progress, mirror)
+                                             progress, mirror, writer)
     report["totals"] = summarize(work_dir / "answers")
     (work_dir / "answers" / "summary.json").write_text(json.dumps(report, indent=1))
     return report

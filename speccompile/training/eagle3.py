@@ -300,7 +300,8 @@ def evaluate(trainer: "Trainer", convs: list[Conv], batch_rows: int, steps: int 
 
 def offline_scores(trainer: "Trainer", answers: Path, settings: "Settings") -> dict:
     """The exported checkpoint's scores on data it was not chosen on: MT-bench first turns
-    per category (never trained on), and the held-out set split into code and other."""
+    per category (never trained on), and the held-out set split into code, other, and each grounded
+    family of the wide mix (doc_summary, doc_rag, doc_translate, doc_extract)."""
     from speccompile.training.prompt_set import REPO
 
     out = {}
@@ -318,7 +319,9 @@ def offline_scores(trainer: "Trainer", answers: Path, settings: "Settings") -> d
                 row = json.loads(line)
             except json.JSONDecodeError:
                 break
-            kinds[row["id"]] = "code" if row.get("code") else "other"
+            # grounded requests (summaries, answers from passages, translations, extraction) by family
+            kinds[row["id"]] = row["family"] if row.get("source") == "grounded" else "code" if row.get("code") else \
+                "other"
     if held:
         out["held_out"] = evaluate(trainer, held, settings.batch_rows, groups=kinds)
     return out

@@ -62,8 +62,9 @@ def eagle3_pipeline(model: str, quant: str, settings: HeadsSettings) -> dict:
     while target < final:  # rounds: prompts up to the next block, then their answers (each returns at once if done)
         target = min(final, target + block)
         run_train_prompts(target_dir, lib, work, target, settings.held_out_prompts, PromptSettings(), data_dir=data)
-        run_train_answers(target_dir, lib, work, min(target, limit), held_out=200, mt_bench=True, max_tokens=768,
-                          batch=settings.answer_batch, data_dir=data)
+        run_train_answers(target_dir, lib, work, min(target, limit), held_out=settings.held_out_prompts,
+                          mt_bench=True, max_tokens=768,
+                          batch=settings.answer_batch, data_dir=data, features=settings.answer_features)
     which = settings.chosen("eagle3,medusa")
     reports = {}
     if "eagle3" in which:

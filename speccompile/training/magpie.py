@@ -109,6 +109,7 @@ class Job:
     key: str
     prompt_ids: tuple[int, ...]
     seed: int
+    stop: tuple[str, ...] | None = None  # None: the sampler's (the answer leaks of a user turn)
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ class MagpieSampler:
                         exhausted = True
                         break
                     seq = eng.new_sequence(list(job.prompt_ids), self.max_new_tokens,
-                                           SamplingParams(self.temperature, self.top_p, seed=job.seed), self.stop)
+                                           SamplingParams(self.temperature, self.top_p, seed=job.seed),
+                                           self.stop if job.stop is None else list(job.stop))
                     eng.attach(seq)
                     active.append((job, seq))
                     while seq.prefilling:

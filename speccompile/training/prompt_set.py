@@ -9,7 +9,17 @@ Two sources of user turns, mixed slot by slot (``--magpie-share``):
   summarization, translation, role-play (speccompile/training/prompts.py);
 - **Magpie**: the target samples the user turn itself after the chat template's opening
   of a user turn (speccompile/training/magpie.py), under the default system prompt or a
-  coding-assistant one, free or after an opener ("How do I", "```python").
+  coding-assistant one, free or after an opener ("How do I", "```python");
+- **grounded**: the target writes a document (a news article, retrieved passages, a
+  paragraph, a memo), which the slot wraps into a request about it: summarize, answer from
+  the passages, translate, extract (speccompile/training/prompts_grounded.py).
+
+Two mixes of these. The *coder* mix (plan 1: a little over half code, as a coder model's
+traffic is) made the first 10,000 training prompts; the *wide* mix (plan 2) is mostly not
+code: half grounded requests, then math, short questions, translation and general chat,
+and a little code. A set keeps the slots it decided: ``settings.json``'s ``wide_from`` names
+the first slot of each split planned with the wide mix (a plan-1 set is upgraded to plan 2
+with ``wide_from`` just past its decided slots; a new set is wide from slot 0).
 
 Every candidate goes through the filters of speccompile/training/prompt_filters.py: length bounds
 in tokens, degenerate samples, n-gram overlap with the benchmark prompts (never trained
@@ -50,10 +60,15 @@ from speccompile.training.prompt_filters import (BenchmarkGuard, NearDupIndex, b
                              looks_like_code)
 from speccompile.training.prompts import GENERAL_FAMILIES, HELD_OUT_GENERAL_FAMILIES, general_prompt
 from speccompile.training.prompts_code import CODE_FAMILIES, HELD_OUT_CODE_FAMILIES
+from speccompile.training.prompts_grounded import (DOC, GROUNDED_FAMILIES, clean_document, complete_paragraphs,
+                                                   document_problem, grounded_slot)
+from speccompile.runtime.tokenizer import render_messages
 from speccompile.training.settings import PLAN_VERSION, PromptSetSettings as Settings  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = [REPO / "bench" / "mt_bench.jsonl", REPO / "bench" / "prompts.jsonl"]
+# the benchmark sets (and the unseen evaluation prompts of bench/unseen_*.jsonl): never trained on
+BENCHMARKS = [REPO / "bench" / "mt_bench.jsonl", REPO / "bench" / "prompts.jsonl",
+              *sorted((REPO / "bench").glob("unseen_*.jsonl"))]
 SPLITS = {"t": "train", "h": "held_out"}
 
 CODER_SYSTEM = ("You are a coding assistant. Your users are programmers who ask for help with code: writing functions, "
@@ -75,8 +90,16 @@ WRITTEN_WEIGHTS = {  # training families: a little over half about code, as a co
     "math": 6, "reasoning": 3, "translation": 4, "summarization": 4, "qa": 3, "advice": 3}
 HELD_OUT_WEIGHTS = {"code_review": 3, "code_terse": 3, "code_traceback": 2, "shell_explain": 2, "constrained": 3,
                     "socratic": 2, "terse_chat": 2, "versus": 2}
+WIDE_WRITTEN_WEIGHTS = {  # the wide mix's written families: mostly not code
+    "math": 6, "qa": 4, "translation": 3, "summarization": 2, "extraction": 2, "topics": 4, "writing": 3, "reasoning": 2,
+    "advice": 2, "roleplay": 1, "code_write": 3, "code_explain": 2, "code_debug": 2, "sql": 1, "shell": 1}
+GROUNDED_WEIGHTS = {"doc_summary": 3, "doc_rag": 3, "doc_translate": 2, "doc_extract": 2}
+QUESTION_OPENERS = ["Why does", "Why do", "What causes", "How does", "How do", "What is the difference between",
+                    "Who invented", "When did", "Where does", "What happens when", "Is it true that", "How long does",
+                    "Why is", "How many", "What makes"]
 assert set(WRITTEN_WEIGHTS) == set(CODE_FAMILIES) | set(GENERAL_FAMILIES)
 assert set(HELD_OUT_WEIGHTS) == set(HELD_OUT_CODE_FAMILIES) | set(HELD_OUT_GENERAL_FAMILIES)
+assert set(WIDE_WRITTEN_WEIGHTS) <= set(WRITTEN_WEIGHTS) and set(GROUNDED_WEIGHTS) == set(GROUNDED_FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -91,13 +114,19 @@ class Slot:
     system: str | None = None
     opener: str = ""
     seed: int = 0
+    request: str | None = None  # grounded: what the target is asked to write (the document)
+    wrap: str | None = None  # grounded: the user turn, with {doc} where the document goes
 
 
-def plan_slot(settings: Settings, split: str, k: int) -> Slot:
-    """Slot k of split "t" or "h": a pure function of (seed, split, k), so a rerun makes the same."""
+def plan_slot(settings: Settings, split: str, k: int, wide_from: dict[str, int] | None = None) -> Slot:
+    """Slot k of split "t" or "h": a pure function of (seed, split, k) and the set's ``wide_from``
+    (the first slot of each split planned with the wide mix; None: wide from slot 0), so a rerun
+    makes the same."""
     rng = random.Random(f"{settings.seed}:{split}:{k}")
     key = f"{split}{k:06d}"
     held = split == "h"
+    if k >= (wide_from or {}).get(split, 0):
+        return _wide_slot(rng, key, split, settings.magpie_share)
     if rng.random() >= settings.magpie_share:
         weights = HELD_OUT_WEIGHTS if held else WRITTEN_WEIGHTS
         family = rng.choices(list(weights), list(weights.values()))[0]
@@ -118,6 +147,33 @@ def plan_slot(settings: Settings, split: str, k: int) -> Slot:
         return Slot(key, split, "magpie", "magpie_free", seed=seed)
     if r < 0.66:
         return Slot(key, split, "magpie", "magpie_code_opener", opener=rng.choice(CODE_OPENERS), seed=seed)
+    return Slot(key, split, "magpie", "magpie_general_opener", opener=rng.choice(GENERAL_OPENERS), seed=seed)
+
+
+def _wide_slot(rng: random.Random, key: str, split: str, magpie_share: float) -> Slot:
+    """A slot of the wide mix: half grounded requests about a document the target writes; of the
+    other half, ``0.8 * magpie_share`` Magpie questions and general requests (a fifth of all slots
+    at the default 0.5), the rest written families (mostly not code)."""
+    held = split == "h"
+    r = rng.random()
+    if r < 0.5:
+        family = rng.choices(list(GROUNDED_WEIGHTS), list(GROUNDED_WEIGHTS.values()))[0]
+        request, wrap = grounded_slot(family, rng, held)
+        return Slot(key, split, "grounded", family, request=request, wrap=wrap, seed=rng.getrandbits(63))
+    if r < 1.0 - 0.4 * magpie_share:
+        weights = HELD_OUT_WEIGHTS if held else WIDE_WRITTEN_WEIGHTS
+        family = rng.choices(list(weights), list(weights.values()))[0]
+        if family in CODE_FAMILIES or family in HELD_OUT_CODE_FAMILIES:
+            text = {**CODE_FAMILIES, **HELD_OUT_CODE_FAMILIES}[family](rng, held)
+        else:
+            text = general_prompt(family, rng, held)
+        return Slot(key, split, "written", family, text=text)
+    seed = rng.getrandbits(63)
+    if held:
+        return Slot(key, split, "magpie", "magpie_held_out", system=rng.choice([None, HELD_OUT_SYSTEM]),
+                    opener=rng.choice(HELD_OUT_OPENERS), seed=seed)
+    if r < 1.0 - 0.1 * magpie_share:  # short factual questions in the model's own words (3/4 of the Magpie slots)
+        return Slot(key, split, "magpie", "magpie_question", opener=rng.choice(QUESTION_OPENERS), seed=seed)
     return Slot(key, split, "magpie", "magpie_general_opener", opener=rng.choice(GENERAL_OPENERS), seed=seed)
 
 
@@ -172,19 +228,28 @@ class PromptSet:
         self.max_non_latin = max_non_latin
         self.guard = BenchmarkGuard(benchmark_texts(BENCHMARKS if benchmarks is None else benchmarks))
         self.dir.mkdir(parents=True, exist_ok=True)
-        saved = self.dir / "settings.json"
-        if saved.exists():
-            old = json.loads(saved.read_text())
-            if old != asdict(settings):
-                diff = {k: (old.get(k), v) for k, v in asdict(settings).items() if old.get(k) != v}
-                raise ValueError(f"{self.dir} was started with other settings {diff} (saved, given): resume with the "
-                                 "saved values, or choose another --work-dir")
-        else:
-            saved.write_text(json.dumps(asdict(settings), indent=1))
-        self.index = {split: NearDupIndex() for split in SPLITS}
         self.rows = {s: _read_jsonl(self.dir / f"{s}.jsonl") for s in SPLITS.values()}
         self.rejected = _read_jsonl(self.dir / "rejected.jsonl")
         self.done = {r["id"] for rows in self.rows.values() for r in rows} | {r["id"] for r in self.rejected}
+        saved = self.dir / "settings.json"
+        old = json.loads(saved.read_text()) if saved.exists() else None
+        if old is not None and old.get("plan_version") == 1 and settings.plan_version == 2:
+            # plan 1 made every slot with the coder mix: its decided slots stay as they are, the wide mix
+            # starts just past them (an interrupted Magpie slot is regenerated as plan 1 made it)
+            old = {**old, "plan_version": 2, "wide_from": {s: 1 + max((int(i[1:]) for i in self.done if i[0] == s),
+                                                                        default=-1) for s in SPLITS}}
+            saved.write_text(json.dumps(old, indent=1))
+        if old is not None:
+            given = {**asdict(settings), "wide_from": old.get("wide_from")}
+            if old != given:
+                diff = {k: (old.get(k), v) for k, v in given.items() if old.get(k) != v}
+                raise ValueError(f"{self.dir} was started with other settings {diff} (saved, given): resume with the "
+                                 "saved values, or choose another --work-dir")
+        else:
+            old = {**asdict(settings), "wide_from": {s: 0 for s in SPLITS}}
+            saved.write_text(json.dumps(old, indent=1))
+        self.wide_from: dict[str, int] = old["wide_from"]
+        self.index = {split: NearDupIndex() for split in SPLITS}
         for split, name in SPLITS.items():
             for r in self.rows[name]:
                 self.index[split].add(r["id"], r["prompt"])
@@ -237,9 +302,12 @@ class PromptSet:
             return f"benchmark:{hit}", text
         return self.duplicate(slot, text), text
 
-    def offer(self, slot: Slot, text: str, finish_reason: str = "stop", leak: bool = False) -> bool:
-        """File one candidate under its slot id: accepted into its split, or rejected with a reason."""
+    def offer(self, slot: Slot, text: str, finish_reason: str = "stop", leak: bool = False,
+              problem: str | None = None) -> bool:
+        """File one candidate under its slot id: accepted into its split, or rejected with a reason
+        (``problem``: one the caller found, such as a grounded slot's unusable document)."""
         why, text = self.judge(slot, text, finish_reason)
+        why = problem or why
         base = {"id": slot.key, "source": slot.source, "family": slot.family}
         if why:
             row = {**base, "reason": why, "prompt": text[:400]}
@@ -254,6 +322,8 @@ class PromptSet:
                    "tokens": self.count_tokens(text)}
             if slot.source == "magpie":
                 row.update(system=slot.system, opener=slot.opener, seed=slot.seed, answer_leak_cut=leak)
+            elif slot.source == "grounded":
+                row.update(request=slot.request, seed=slot.seed)
             self.files[split].write(json.dumps(row, ensure_ascii=False) + "\n")
             self.files[split].flush()
             self.rows[split].append(row)
@@ -278,7 +348,7 @@ class PromptSet:
         while f"{split}{k:06d}" in self.done:
             k += 1
         self.next_k[split] = k + 1
-        return plan_slot(self.settings, split, k)
+        return plan_slot(self.settings, split, k, self.wide_from)
 
     def summary(self, generated_tokens: int = 0) -> dict:
         out = {"settings": asdict(self.settings), "rejected": len(self.rejected), "reasons": dict(self.reasons)}
@@ -316,9 +386,8 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
     """Fill ``out_dir`` until it holds ``num_prompts`` training and ``num_held_out`` held-out prompts.
 
     ``sampler`` (a speccompile.training.magpie.MagpieSampler, or anything with its ``encode``, ``run``
-    and ``generated_tokens``) samples the Magpie slots; ``chat`` is the model config that
-    holds ``chat_template``, ``bos_token`` and ``eos_token``. Both may be None only when
-    ``settings.magpie_share`` is 0. Stops with an error when ``max_idle_slots`` slots in a
+    and ``generated_tokens``) samples the Magpie user turns and the grounded slots' documents; ``chat``
+    is the model config that holds ``chat_template``, ``bos_token`` and ``eos_token``. Stops with an error when ``max_idle_slots`` slots in a
     row are rejected: the filters or the model are not producing usable prompts. ``on_summary``
     is called after each summary (every ``summary_every`` seconds and at the end), with the
     files flushed: the data dir's copy (speccompile/training/store.py)."""
@@ -326,8 +395,8 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
 
     if num_prompts < 1 or num_held_out < 0:
         raise ValueError(f"--num-prompts {num_prompts} must be >= 1 and --held-out {num_held_out} >= 0")
-    if settings.magpie_share and (sampler is None or chat is None):
-        raise ValueError("Magpie slots need a sampler and the model's chat template")
+    if sampler is None or chat is None:
+        raise ValueError("Magpie and grounded slots need a sampler and the model's chat template")
     if count_tokens is None:
         if sampler is None:
             raise ValueError("give count_tokens, or a sampler whose tokenizer counts them")
@@ -336,6 +405,8 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
     prefixes: dict[str | None, str] = {}
 
     def prefix_ids(slot: Slot) -> tuple[int, ...]:
+        if slot.source == "grounded":  # the target answers the document request
+            return tuple(sampler.encode(render_messages(chat, [{"role": "user", "content": slot.request}])))
         if slot.system not in prefixes:
             prefixes[slot.system] = magpie_prefix(chat["chat_template"], slot.system, chat.get("bos_token") or "",
                                                   chat.get("eos_token") or "")
@@ -344,6 +415,7 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
     if settings.magpie_share:  # a template that cannot open a user turn fails here, before any sampling
         for system in (None, CODER_SYSTEM, HELD_OUT_SYSTEM):
             prefix_ids(Slot("check", "t", "magpie", "check", system=system))
+    prefix_ids(Slot("check", "t", "grounded", "check", request="Write a short news article."))
     targets = {"t": num_prompts, "h": num_held_out}
     bar = tqdm(total=num_prompts + num_held_out, initial=min(ps.accepted("t"), num_prompts) + min(ps.accepted("h"),
                num_held_out), desc="prompts", unit="prompt", disable=not progress, smoothing=0.05,
@@ -378,23 +450,28 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
                 continue
             ps.inflight[split] += 1
             inflight[slot.key] = slot
-            yield Job(slot.key, prefix_ids(slot), slot.seed)
+            # a document ends at the end of its turn: the stops that cut an answer out of a user turn don't apply
+            yield Job(slot.key, prefix_ids(slot), slot.seed, () if slot.source == "grounded" else None)
 
     def on_sample(sample: Sample) -> None:
         slot = inflight.pop(sample.key)
         ps.inflight[slot.split] -= 1
         ps.samples += 1
+        if slot.source == "grounded":
+            doc, finish = sample.text, sample.finish_reason
+            if finish == "length":  # the whole paragraphs before the cap are still a document
+                doc, finish = complete_paragraphs(doc), "stop"
+            doc = clean_document(doc)
+            why = "truncated" if not doc else document_problem(doc)
+            after(ps.offer(slot, slot.wrap.replace(DOC, doc), finish, problem=why))
+            return
         text, cut = cut_answer_leak(slot.opener + sample.text)
         finish = "stop" if cut else sample.finish_reason  # a cut turn ended before the length cap did
         after(ps.offer(slot, text, finish, sample.leak or cut))
 
     try:
         while ps.pick_split(targets) is not None:
-            if settings.magpie_share:
-                sampler.run(jobs(), on_sample)
-            else:
-                for _ in jobs():
-                    raise AssertionError("a Magpie slot with --magpie-share 0")
+            sampler.run(jobs(), on_sample)
     finally:
         bar.close()
         report = ps.write_summary(tokens())
@@ -422,6 +499,9 @@ def run_train_prompts(model_dir: Path, model_lib: Path, work_dir: Path | None, n
     if not 1 <= batch <= 64:
         raise ValueError(f"--batch {batch} must be in 1..64")
     config = read_model_config(model_dir)
+    if not config.get("chat_template"):
+        raise ValueError(f"{model_dir} has no chat template: the target writes the grounded prompts' documents and "
+                         "the Magpie user turns in its chat format")
     if settings.magpie_share:
         magpie_prefix(config.get("chat_template") or "", CODER_SYSTEM)  # the template, before loading anything
     out = (Path(work_dir) if work_dir else default_work_dir(model_dir)) / "prompts"

@@ -20,7 +20,7 @@ _DRAFT = _for("train-draft")
 _PROMPTS = _for("train-prompts")
 _ANSWERS = _for("train-answers")
 
-PLAN_VERSION = 1  # bump when slot plans change: a resumed run refuses a different plan
+PLAN_VERSION = 2  # bump when slot plans change: a resumed run refuses a different plan (2: the wide mix)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class HeadsSettings:
     answer_prompts: int | None = option(None, "EAGLE-3: training prompts answered at most (default: all)", kind=int,
                                         low=1, **_HEADS)
     answer_batch: int = option(32, "EAGLE-3: sequences answering together", low=1, **_HEADS)
+    answer_features: bool = option(True, "EAGLE-3: capture features while answering (--no-answer-features: the "
+                                         "answers' tokens only, into heads/data, nothing rebuilt first; with --heads "
+                                         "none, since training needs every feature)",
+                                   flag="--answer-features/--no-answer-features", **_HEADS)
     head_epochs: int = option(8, "EAGLE-3: passes over the answers", low=1, **_HEADS)
     head_draft_vocab: int = option(16384, "EAGLE-3: draft vocabulary (tokens counted from the answers)", low=2,
                                    **_HEADS)
@@ -48,6 +52,9 @@ class HeadsSettings:
 
     def __post_init__(self):
         check_options(self)
+        if not self.answer_features and self.heads != "none":
+            raise ValueError("--no-answer-features makes data without features: give --heads none (a later run with "
+                             "features rebuilds them and trains)")
 
     def chosen(self, default: str) -> list[str]:
         return (self.heads or default).split(",")
@@ -119,9 +126,11 @@ class PromptSetSettings:
     a prompt set (saved beside it, and a resumed run must match)."""
 
     seed: int = option(0, "decides every slot; fixed for a work dir", low=0, **_PROMPTS)
-    magpie_share: float = option(0.5, "share of slots whose user turn the target samples itself (the rest are written "
-                                      "families)", low=0.0, high=1.0, **_PROMPTS)
-    temperature: float = option(1.0, "Magpie sampling temperature (> 0 unless --magpie-share 0)", low=0.0, **_PROMPTS)
+    magpie_share: float = option(0.5, "share of the coder mix's slots whose user turn the target samples itself (the "
+                                      "rest are written families); the wide mix samples 0.4 of it", low=0.0, high=1.0,
+                                 **_PROMPTS)
+    temperature: float = option(1.0, "sampling temperature of Magpie turns and grounded documents (> 0)", low=0.0,
+                                **_PROMPTS)
     top_p: float = option(0.95, "Magpie nucleus sampling", low=0.0, high=1.0, open_low=True, **_PROMPTS)
     max_new_tokens: int = option(512, "longest sampled user turn (longer ones are dropped as truncated)", low=8,
                                  **_PROMPTS)
@@ -134,8 +143,9 @@ class PromptSetSettings:
 
     def check(self) -> None:
         check_options(self)
-        if self.magpie_share and not self.temperature > 0:
-            raise ValueError("Magpie needs --temperature > 0: greedy decoding gives one user turn per prefix")
+        if not self.temperature > 0:
+            raise ValueError("--temperature must be > 0: Magpie turns and grounded documents are sampled (greedy "
+                             "decoding gives one text per request)")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"prompt length bounds {self.min_tokens}..{self.max_tokens} tokens are empty")
 
@@ -163,6 +173,9 @@ class AnswerRun:
                             flag="--mt-bench/--no-mt-bench", **_ANSWERS)
     max_tokens: int = option(768, "longest answer", low=1, **_ANSWERS)
     batch: int = option(8, "sequences decoded together", low=1, **_ANSWERS)
+    features: bool = option(True, "capture the target's features as it answers (--no-features: tokens only, into "
+                                  "--data-dir; the training run rebuilds the features by prefill)",
+                            flag="--features/--no-features", **_ANSWERS)
 
     def __post_init__(self):
         check_options(self)

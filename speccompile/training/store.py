@@ -68,7 +68,16 @@ def sync_prompts(work_prompts: Path, data_prompts: Path) -> dict[str, str]:
         # an interrupted append leaves a torn last line: compare the complete lines only
         xc, yc = x[: x.rfind(b"\n") + 1], y[: y.rfind(b"\n") + 1]
         if name == "settings.json":
-            if json.loads(x) != json.loads(y):
+            sx, sy = json.loads(x), json.loads(y)
+            if sx == sy:
+                continue
+            if _upgrade_of(sx, sy):
+                _copy(a, b)
+                done[name] = "saved"
+            elif _upgrade_of(sy, sx):
+                _copy(b, a)
+                done[name] = "restored"
+            else:
                 raise DataConflict(f"{a} and {b} hold other train-prompts settings: choose another --work-dir or "
                                    "--data-dir")
         elif len(xc) > len(yc) and xc.startswith(yc):
@@ -81,6 +90,13 @@ def sync_prompts(work_prompts: Path, data_prompts: Path) -> dict[str, str]:
             raise DataConflict(f"{a} and {b} differ beyond a common beginning (two different prompt sets): "
                                "choose another --work-dir or --data-dir")
     return done
+
+
+def _upgrade_of(new: dict, old: dict) -> bool:
+    """``new`` is ``old`` carried to a later slot plan (prompt_set.PromptSet upgrades a set in place:
+    the same settings, a higher ``plan_version``, and what the new plan adds, such as ``wide_from``)."""
+    return (new.get("plan_version", 1) > old.get("plan_version", 1)
+            and all(new.get(k) == v for k, v in old.items() if k != "plan_version"))
 
 
 def read_index(split_dir: Path) -> list[dict]:
@@ -144,3 +160,59 @@ def load_tokens(data_split: Path, entry: dict) -> dict[str, np.ndarray]:
         raise DataConflict(f"{data_split}/{token_file(entry['shard'])} does not hold the conversations its index "
                            "line names (a partial copy?): delete the line and the file to regenerate them")
     return out
+
+
+class TokenShardWriter:
+    """Answers written straight into a data dir, without their features (``train-answers
+    --no-features``): the token half of each shard under the name and index line the work dir's
+    shard will get when it is rebuilt by prefill. Why: the features are a pure function of the
+    tokens, so a machine can add answers to a data set without first rebuilding the features of
+    everything already in it (hours for a few million tokens); the run that trains rebuilds them
+    all at once. The same interface as training/answers.ShardWriter."""
+
+    features = False
+
+    def __init__(self, data_split: Path, shard_tokens: int, on_flush=None):
+        self.dir, self.shard_tokens, self.on_flush = Path(data_split), shard_tokens, on_flush
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.entries = read_index(self.dir)
+        (self.dir / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.entries))
+        named = {token_file(e["shard"]) for e in self.entries}
+        for p in self.dir.glob("tokens_*.npz*"):  # what an interrupted write left
+            if p.name not in named:
+                p.unlink()
+        self.next = len(self.entries)
+        self.rows: list[tuple[str, list[int], int]] = []
+
+    def done_ids(self) -> set[str]:
+        return {i for e in self.entries for i in e["ids"]}
+
+    def add(self, pid: str, tokens: list[int], prompt_len: int, feats=None, hidden=None) -> None:
+        self.rows.append((pid, tokens, prompt_len))
+        if sum(len(r[1]) for r in self.rows) >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        name = f"shard_{self.next:05d}.npz"
+        lens = [len(r[1]) for r in self.rows]
+        dst = self.dir / token_file(name)
+        with open(dst.with_name(dst.name + ".tmp"), "wb") as f:
+            np.savez_compressed(f, tokens=np.concatenate([np.asarray(r[1], np.int32) for r in self.rows]),
+                                offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                                prompt_lens=np.asarray([r[2] for r in self.rows], np.int32),
+                                ids=np.asarray([r[0] for r in self.rows]))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(dst.with_name(dst.name + ".tmp"), dst)
+        entry = {"shard": name, "ids": [r[0] for r in self.rows], "tokens": int(sum(lens)),
+                 "answer_tokens": int(sum(n - r[2] for n, r in zip(lens, self.rows)))}
+        with open(self.dir / "index.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        self.entries.append(entry)
+        self.next += 1
+        self.rows = []
+        if self.on_flush is not None:
+            self.on_flush()
+

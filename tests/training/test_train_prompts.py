@@ -1,12 +1,15 @@
 """The prompt-set stage (speccompile/training/prompt_set.py): the Magpie prefix read from chat
 templates, the sampler on the tiny model (a job's text depends only on its prefix and seed,
 which resuming relies on), the filters and the benchmark exclusion, resuming after an
-interruption without repeating or losing a slot, and the held-out set's disjointness.
-Magpie output is faked where the model's text does not matter; no real model is loaded."""
+interruption without repeating or losing a slot, and the held-out set's disjointness; the wide
+mix's grounded slots (a document the target writes, wrapped into a request) and the upgrade of
+a coder-mix set to it. Sampled text is faked where the model's text does not matter; no real
+model is loaded."""
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import asdict
 
 import pytest
 from click.testing import CliRunner
@@ -14,8 +17,11 @@ from click.testing import CliRunner
 from speccompile.training.magpie import Job, MagpieError, MagpieSampler, Sample, cut_answer_leak, magpie_prefix
 from speccompile.training.prompt_filters import (BenchmarkGuard, NearDupIndex, benchmark_texts, degenerate,
                                         looks_like_code)
-from speccompile.training.prompt_set import (BENCHMARKS, HELD_OUT_WEIGHTS, WRITTEN_WEIGHTS, PromptSet, Settings,
-                                       build_prompt_set, plan_slot, read_prompts)
+from speccompile.training.prompt_set import (BENCHMARKS, GROUNDED_WEIGHTS, HELD_OUT_WEIGHTS, WIDE_WRITTEN_WEIGHTS,
+                                             WRITTEN_WEIGHTS, PromptSet, Settings, build_prompt_set, plan_slot,
+                                             read_prompts)
+from speccompile.training.prompts_code import CODE_FAMILIES
+from speccompile.training.prompts_grounded import clean_document, complete_paragraphs, document_problem
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -184,6 +190,13 @@ class FakeSampler:
             self.calls += 1
             rng = random.Random(job.seed)
             r = rng.random()
+            if job.stop == ():  # a grounded slot's document: paragraphs, some cut by the cap, some templates
+                paras = [" ".join(f"{rng.choice(NOUNS)} {rng.randint(1, 10 ** 6)}" for _ in range(12))
+                         for _ in range(rng.randint(2, 4))]
+                text = "Sure! Here is the article:\n\n" + "\n\n".join(paras)
+                text += " [insert date]" if r < 0.1 else ""
+                on_sample(Sample(job.key, text, tuple(range(len(text.split()))), "length" if r > 0.8 else "stop"))
+                continue
             if r < 0.1:
                 text = " Sure! Here is what you asked for."
             elif r < 0.2:
@@ -222,9 +235,9 @@ def test_an_interrupted_run_resumes_where_it_stopped_and_ends_as_an_uninterrupte
     ids = [r["id"] for r in rows] + [json.loads(x)["id"] for x in resumed["rejected"]]
     assert len(ids) == len(set(ids))  # no slot twice
     assert len({r["prompt"] for r in rows}) == len(rows) == 72
-    assert {r["source"] for r in rows} == {"written", "magpie"}
+    assert {r["source"] for r in rows} == {"written", "magpie", "grounded"}
     reasons = {json.loads(x)["reason"] for x in resumed["rejected"]}
-    assert "truncated" in reasons and any(r.startswith("duplicate_") for r in reasons)
+    assert {"document_placeholder", "document_too_short"} <= reasons
 
 
 def test_a_larger_target_continues_and_other_settings_are_refused(tmp_path):
@@ -248,8 +261,10 @@ def test_a_model_that_only_writes_rejects_stops_with_an_error(tmp_path):
             for job in jobs:
                 on_sample(Sample(job.key, " <|im_start|>assistant", (1,), "stop"))  # every turn broken
 
+    settings = Settings(magpie_share=1.0)  # every slot of the coder mix sampled (the wide mix also writes some)
+    (tmp_path / "settings.json").write_text(json.dumps({**asdict(settings), "wide_from": {"t": 10**6, "h": 10**6}}))
     with pytest.raises(RuntimeError, match="slots in a row were rejected"):
-        build_prompt_set(tmp_path, 10, 0, Settings(magpie_share=1.0), Chatty(), CHAT, lambda t: len(t.split()),
+        build_prompt_set(tmp_path, 10, 0, settings, Chatty(), CHAT, lambda t: len(t.split()),
                          progress=False, max_idle_slots=50)
 
 
@@ -282,8 +297,64 @@ def test_slots_are_a_pure_function_of_seed_split_and_index():
     s = Settings(seed=7)
     assert [plan_slot(s, "t", k) for k in range(50)] == [plan_slot(s, "t", k) for k in range(50)]
     assert [plan_slot(s, "t", k) for k in range(50)] != [plan_slot(Settings(seed=8), "t", k) for k in range(50)]
-    fams = {plan_slot(s, "t", k).family for k in range(2000)}
-    assert set(WRITTEN_WEIGHTS) <= fams and not fams & set(HELD_OUT_WEIGHTS)
+    coder = [plan_slot(s, "t", k, {"t": 2000, "h": 0}) for k in range(2000)]  # the coder mix below wide_from
+    wide = [plan_slot(s, "t", k, {"t": 2000, "h": 0}) for k in range(2000, 4000)]
+    assert wide == [plan_slot(s, "t", k) for k in range(2000, 4000)]  # a new set: wide from slot 0
+    fams = {x.family for x in coder}
+    assert set(WRITTEN_WEIGHTS) <= fams and not fams & (set(HELD_OUT_WEIGHTS) | set(GROUNDED_WEIGHTS))
+    wide_fams = {x.family for x in wide}
+    assert set(GROUNDED_WEIGHTS) | set(WIDE_WRITTEN_WEIGHTS) <= wide_fams and not wide_fams & set(HELD_OUT_WEIGHTS)
+
+    def code_share(slots):
+        return sum(x.family in CODE_FAMILIES or x.family.startswith("magpie_co") for x in slots) / len(slots)
+
+    assert code_share(coder) > 0.45 and code_share(wide) < 0.1  # the wide mix is mostly not code
+    assert 0.45 < sum(x.source == "grounded" for x in wide) / len(wide) < 0.55
+    held = [plan_slot(s, "h", k) for k in range(400)]
+    assert {x.family for x in held if x.source == "written"} <= set(HELD_OUT_WEIGHTS)
+    for x in wide + held:  # a grounded slot asks for a document and wraps it into a request about it
+        if x.source == "grounded":
+            assert x.request.startswith("Write ") and x.wrap.count("{doc}") == 1 and "{" not in x.wrap.replace(
+                "{doc}", "")
+    # held-out slots write about other things, in other phrasings
+    train_reqs = {x.wrap for x in wide if x.source == "grounded"}
+    assert not train_reqs & {x.wrap for x in held if x.source == "grounded"}
+
+
+def test_a_coder_mix_set_is_upgraded_in_place_and_goes_on_with_the_wide_mix(tmp_path):
+    _build(tmp_path, 40, 6, FakeSampler())
+    before = _files(tmp_path)
+    rows = read_prompts(tmp_path) + read_prompts(tmp_path, "held_out")
+    decided = {s: 1 + max(int(r["id"][1:]) for r in rows + [json.loads(x) for x in before["rejected"]]
+                          if r["id"][0] == s) for s in "th"}
+    saved = json.loads((tmp_path / "settings.json").read_text())
+    assert saved["plan_version"] == 2 and saved["wide_from"] == {"t": 0, "h": 0}
+    # what plan 1 wrote: no wide_from
+    old = {k: v for k, v in saved.items() if k != "wide_from"} | {"plan_version": 1}
+    (tmp_path / "settings.json").write_text(json.dumps(old))
+    _build(tmp_path, 60, 6, FakeSampler())
+    upgraded = json.loads((tmp_path / "settings.json").read_text())
+    assert upgraded == {**old, "plan_version": 2, "wide_from": decided}
+    after = _files(tmp_path)
+    for name, lines in before.items():
+        assert after[name][:len(lines)] == lines  # nothing decided was touched
+    new = [r for r in read_prompts(tmp_path)[40:]]
+    assert len(new) == 20 and all(int(r["id"][1:]) >= decided["t"] for r in new)
+    with pytest.raises(ValueError, match="other settings"):  # the upgrade keeps refusing other settings
+        build_prompt_set(tmp_path, 60, 6, Settings(seed=4, magpie_share=0.6), FakeSampler(), CHAT,
+                         lambda t: len(t.split()), progress=False)
+
+
+def test_grounded_documents_are_cleaned_cut_to_whole_paragraphs_and_refused_as_templates():
+    doc = "Headline\n\n" + "word " * 50 + "\n\nSecond paragraph."
+    assert clean_document("Sure! Here is the article:\n\n" + doc + "\n\nI hope this helps!") == doc
+    assert clean_document("```\n" + doc + "\n```") == doc
+    assert document_problem(doc) is None
+    assert document_problem("Dear [Your Name], " + doc) == "document_placeholder"
+    assert document_problem("Too short.") == "document_too_short"
+    cut = "[1] " + "a " * 40 + "\n[2] " + "b " * 40 + "\n[3] the cap hit in the middle of"
+    assert complete_paragraphs(cut).endswith("b") and "[3]" not in complete_paragraphs(cut)
+    assert complete_paragraphs("one long paragraph " * 20) == ""  # nothing whole is left
 
 
 # ------------------------------------------------------------------ the command

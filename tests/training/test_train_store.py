@@ -130,3 +130,69 @@ def test_shard_arrays_are_memory_mapped_as_saved(tmp_path):
         np.savez_compressed(f, **arrays)
     with pytest.raises(ValueError, match="compressed"):
         npz_memmap(tmp_path / "c.npz", "features")
+
+
+def _by_id(split_dir):
+    from speccompile.training.answers import conversations, read_shards
+
+    return {i: (t.copy(), p, np.asarray(f).copy()) for s in read_shards(split_dir) for i, t, p, f in conversations(s)}
+
+
+def test_answers_without_features_go_to_the_data_dir_and_rebuild_as_if_captured(build_tiny, tmp_path):
+    """--no-features adds answers to a data set without rebuilding the features of what it holds:
+    token files only, in the data dir. The machine that trains rebuilds every shard, and each
+    conversation then equals the one a capturing run made (same greedy answer, same features)."""
+    from speccompile.training.answers import run_train_answers
+
+    built = build_tiny("tiny-qwen2", "q0f32")
+    texts = ["Tell me a story.", "Write a poem.", "Hello there.", "Sort a list.", "Go on.", "Count to five."]
+    for d in ("captured", "work"):
+        (tmp_path / d / "prompts").mkdir(parents=True)
+        for split, items in (("train", texts), ("held_out", ["Name a color."])):
+            rows = [{"id": f"{split[0]}{i}", "prompt": t} for i, t in enumerate(items)]
+            (tmp_path / d / "prompts" / f"{split}.jsonl").write_text(_lines(rows))
+    data = tmp_path / "data"
+
+    def run(work_dir, n, features=True, data_dir=data):
+        return run_train_answers(built.model_dir, built.lib, work_dir, n, held_out=1, mt_bench=False, max_tokens=12,
+                                 batch=3, shard_tokens=40, progress=False, data_dir=data_dir, features=features)
+
+    run(tmp_path / "captured", None, data_dir=None)  # the reference: every answer with its features
+    run(tmp_path / "work", 2)  # two answers with features (mirrored into the data dir) ...
+    work_index = (tmp_path / "work" / "answers" / "train" / "index.jsonl").read_text()
+    report = run(tmp_path / "work", None, features=False)  # ... the other four as tokens only
+    assert report["runs"]["train"]["answered"] == 4 and "restored" not in report
+    assert (tmp_path / "work" / "answers" / "train" / "index.jsonl").read_text() == work_index  # untouched
+    data_index = [json.loads(x) for x in (data / "answers" / "train" / "index.jsonl").read_text().splitlines()]
+    assert sorted(i for e in data_index for i in e["ids"]) == [f"t{i}" for i in range(6)]
+    assert not list((data / "answers" / "train").glob("shard_*"))  # no features were written anywhere
+    assert run(tmp_path / "work", None, features=False)["runs"]["train"]["answered"] == 0  # all done
+    with pytest.raises(ValueError, match="give --data-dir"):
+        run(tmp_path / "work", None, features=False, data_dir=None)
+
+    # the training machine: the work dir catches up by prefill, then holds what a capturing run holds
+    again = run(tmp_path / "work", None)
+    assert again["runs"]["train"]["answered"] == 0 and again["restored"]["train"]["rebuilt_shards"] >= 1
+    got, ref = _by_id(tmp_path / "work" / "answers" / "train"), _by_id(tmp_path / "captured" / "answers" / "train")
+    assert got.keys() == ref.keys()
+    for i, (tokens, plen, feats) in ref.items():
+        assert np.array_equal(got[i][0], tokens) and got[i][1] == plen and np.array_equal(got[i][2], feats), i
+
+
+def test_a_prompt_set_upgraded_to_a_later_plan_is_carried_over_not_refused(tmp_path):
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir()
+    old = {"seed": 0, "magpie_share": 0.5, "plan_version": 1}
+    (work / "settings.json").write_text(json.dumps(old))
+    sync_prompts(work, data)
+    new = {**old, "plan_version": 2, "wide_from": {"t": 12, "h": 3}}
+    (work / "settings.json").write_text(json.dumps(new))
+    assert sync_prompts(work, data) == {"settings.json": "saved"}
+    assert json.loads((data / "settings.json").read_text()) == new
+    (data / "settings.json").write_text(json.dumps(old))  # and the other way round
+    (work / "settings.json").write_text(json.dumps(old))
+    (data / "settings.json").write_text(json.dumps(new))
+    assert sync_prompts(work, data) == {"settings.json": "restored"}
+    (work / "settings.json").write_text(json.dumps({**new, "seed": 1, "plan_version": 3}))
+    with pytest.raises(DataConflict, match="other train-prompts settings"):
+        sync_prompts(work, data)  # a later plan, but other settings too
