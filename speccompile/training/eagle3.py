@@ -353,7 +353,8 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     to ``out_dir`` in the published EAGLE-3 layout; returns the report. ``export_only``
     exports the best checkpoint so far and writes nothing in the run's folder, so it can run
     beside a training process (to measure a head while the curve still rises)."""
-    from speccompile.training.eagle3_torch import build_eagle3_head, export_eagle3, init_from_target_layer
+    from speccompile.training.eagle3_torch import (build_eagle3_head, export_eagle3, init_from_target_layer,
+                                                   load_exported_head)
     from speccompile.models.config import feature_layers
     from speccompile.training.common import (bf16_pays, draft_vocabulary, release_free_memory, require_torch,
                                target_config, target_embedding_and_head, target_weight)
@@ -361,9 +362,13 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     torch = require_torch()
     from tqdm import tqdm
 
+    start = None  # an exported head to fine-tune: its config
     if settings.init not in ("target", "random"):
-        raise ValueError(f"init={settings.init!r}: a new head starts from 'target' (the target's layer above the "
-                         "high feature) or 'random'")
+        head_dir = Path(settings.init)
+        if not (head_dir / "model.safetensors").exists() or not (head_dir / "config.json").exists():
+            raise ValueError(f"--init {settings.init!r}: a new head starts from 'target' (the target's layer above the "
+                             "high feature), 'random', or an exported head's folder (config.json, model.safetensors)")
+        start = json.loads((head_dir / "config.json").read_text())
 
     work_dir, out_dir = Path(work_dir), Path(out_dir)
     ans = work_dir / "answers"
@@ -385,20 +390,26 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     if state is not None:
         settings = Settings(**{**settings.__dict__, "intermediate_size": state["settings"]["intermediate_size"],
                                "draft_vocab": size})
+    elif start is not None:  # the head's own shape and draft vocabulary (unless another size is asked for)
+        size = settings.draft_vocab or start["draft_vocab_size"]
+        settings = Settings(**{**settings.__dict__, "intermediate_size": start["intermediate_size"],
+                               "draft_vocab": size})
     layer_cfg = copy.deepcopy(tcfg)
     layer_cfg.num_hidden_layers, layer_cfg.tie_word_embeddings = 1, False
     layer_cfg.intermediate_size = settings.intermediate_size
+    emb, head_rows = target_embedding_and_head(Path(target_dir), tcfg)
+    torch.manual_seed(settings.seed)
+    model = build_eagle3_head(layer_cfg, size, torch)
+    if state is None and start is not None:
+        vocab = load_exported_head(model, Path(settings.init), torch)
     if vocab is None or vocab.size != size:  # a new run, or a new size asked for: counted from today's answers
         if vocab is not None and progress:
             print(f"draft vocabulary {vocab.size} -> {size} tokens, counted from {len(train)} answers; the trained "
                   "layers carry over (the projection is the target's frozen rows)", file=sys.stderr)
         vocab = draft_vocabulary(np.concatenate([c.tokens[c.prompt_len:] for c in train]).astype(np.int64),
                                  size, tcfg.vocab_size)
-    emb, head_rows = target_embedding_and_head(Path(target_dir), tcfg)
-    torch.manual_seed(settings.seed)
-    model = build_eagle3_head(layer_cfg, int(vocab.size), torch)
     del model.lm_head  # the target's rows, frozen (Trainer.lm)
-    if state is None:  # the frozen rows expect the target's final norm: start the head's norm there
+    if state is None and start is None:  # the frozen rows expect the target's final norm: start the head's norm there
         model.norm.weight.data[:] = torch.from_numpy(target_weight(Path(target_dir), "norm"))
         if settings.init == "target":
             high = feature_layers(tcfg.num_hidden_layers)[-1]

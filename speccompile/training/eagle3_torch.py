@@ -147,3 +147,27 @@ def export_eagle3(model, layer_cfg, out_dir: Path, torch, vocab: np.ndarray, fea
            "torch_dtype": "float16", "draft_vocab_size": int(vocab.size),
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in feature_layers]}}
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+
+
+def load_exported_head(model, head_dir: Path, torch) -> np.ndarray:
+    """Load a head written by ``export_eagle3`` into ``model`` (its layers; the projection, the
+    target's frozen rows, is not the head's to load); returns its draft vocabulary (target ids,
+    sorted). For fine-tuning a shipped head on new answers (``--init <folder>``). A head of
+    another shape or target is refused by name."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(Path(head_dir) / "model.safetensors"))
+    if "d2t" not in tensors:
+        raise ValueError(f"{head_dir} has no d2t: not a head train-draft exported")
+    vocab = (tensors["d2t"] + np.arange(tensors["d2t"].size)).astype(np.int64)
+    state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in tensors.items()
+             if k not in ("d2t", "t2d", "lm_head.weight")}
+    own = model.state_dict()
+    missing = sorted(set(own) - {"lm_head.weight"} - set(state))
+    wrong = sorted(k for k in state if k not in own or tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or wrong:
+        raise ValueError(f"the head in {head_dir} does not fit this target's head layer: missing {missing[:3]}, "
+                         f"other shape or unknown {wrong[:3]}")
+    model.load_state_dict(state, strict=False)
+    return vocab
+

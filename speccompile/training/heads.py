@@ -70,7 +70,7 @@ def eagle3_pipeline(model: str, quant: str, settings: HeadsSettings) -> dict:
     if "eagle3" in which:
         reports["eagle3"] = train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3",
                                          Settings(epochs=settings.head_epochs, draft_vocab=settings.head_draft_vocab,
-                                                  max_steps=settings.head_max_steps))
+                                                  max_steps=settings.head_max_steps, init=settings.head_init))
     if "medusa" in which:  # on the same answers (their final hidden states), 3 heads over a 16k vocabulary
         # steps follow the data (--medusa-epochs passes of 4 conversations a step), so a rerun after
         # more answers continues the checkpoint over them instead of finding it done

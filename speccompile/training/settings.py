@@ -44,6 +44,9 @@ class HeadsSettings:
                                    **_HEADS)
     head_max_steps: int | None = option(None, "EAGLE-3: a time box the learning-rate schedule anneals by", kind=int,
                                         low=1, **_HEADS)
+    head_init: str = option("target", "EAGLE-3: how a new run's head starts: target, random, or an exported head's "
+                                      "folder to fine-tune (e.g. heads/Qwen2.5-Coder-1.5B-Instruct-eagle3)", kind=str,
+                            **_HEADS)
     medusa_steps: int | None = option(None, "Medusa steps (default: --medusa-epochs passes of 4 conversations a step; "
                                             "SmolLM2: 1500)", kind=int, low=1, **_HEADS)
     medusa_epochs: float = option(4.0, "EAGLE-3 pipeline: Medusa passes over the answers", low=0.01, **_HEADS)
@@ -99,9 +102,10 @@ class Eagle3Settings:
     soft_labels: bool = option(False, "eagle3: train on the target's next-token distributions (from the answers' final "
                                       "hidden states) or on its greedy tokens alone (learned faster here: "
                                       "training/eagle3.py)", flag="--soft-labels/--hard-labels", **_DRAFT)
-    init: str = option("target", "eagle3: a new head starts as the target's layer above the high feature (learned ~3x "
-                                 "faster at first on Qwen2.5-Coder-1.5B) or from random weights; a resumed run keeps "
-                                 "its own", choices=("target", "random"), **_DRAFT)
+    init: str = option("target", "eagle3: a new head starts as the target's layer above the high feature (target: "
+                                 "learned ~3x faster at first on Qwen2.5-Coder-1.5B), from random weights (random), or "
+                                 "as an exported head (its folder: fine-tuning it on today's answers, over its own "
+                                 "draft vocabulary); a resumed run keeps its own", kind=str, **_DRAFT)
     epochs: int = option(8, "eagle3: passes over the training answers", low=1, **_DRAFT)
     # a time box: the run ends at this many steps in all, annealed by then (train-heads --head-max-steps)
     max_steps: int | None = option(None, "the run's total optimizer steps (train-heads --head-max-steps)", kind=int, low=1, flag=False, **_DRAFT)

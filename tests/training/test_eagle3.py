@@ -12,7 +12,9 @@ partial acceptance, tree branches other than the top-1, the catch-up on accepted
 """
 from __future__ import annotations
 
+import copy
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -482,6 +484,18 @@ def test_torch_head_written_in_the_published_layout_round_trips(e3, tmp_path):
         np.testing.assert_allclose(model.logits(out)[0].numpy(), ref_logits, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="sorted distinct ids"):
         export_eagle3(model, hcfg, tmp_path / "bad", torch, ids[::-1], feature_layers(2))
+    # and read back for fine-tuning (--init <folder>): every layer as written, the vocabulary as given
+    from speccompile.training.eagle3_torch import load_exported_head
+
+    again = build_eagle3_head(hcfg, len(ids), torch)
+    assert list(load_exported_head(again, tmp_path / "out", torch)) == sorted(ids)
+    for name, p in again.state_dict().items():
+        if name != "lm_head.weight":
+            assert np.array_equal(p.numpy(), w[name]), name
+    smaller = copy.deepcopy(hcfg)
+    smaller.intermediate_size = hcfg.intermediate_size // 2
+    with pytest.raises(ValueError, match="does not fit"):
+        load_exported_head(build_eagle3_head(smaller, len(ids), torch), tmp_path / "out", torch)
 
 
 def test_answers_with_features_then_training_resume(e3, tmp_path):
@@ -567,6 +581,20 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     assert fifth["steps"] > fourth["steps"] and curve[-1]["draft_vocab"] == 32
     assert fifth["best"]["held_out"] == curve[-1]["held_out"] != fourth["best"]["held_out"]
     assert open_any(tmp_path / "head", "eagle", built.hf_dir).config.draft_vocab_size == 32
+    # a new run that starts as the exported head (--init <its folder>, a fine-tune on today's answers):
+    # its shape and draft vocabulary are the head's, and its first held-out point scores as the head did
+    ft = tmp_path / "ft"
+    for d in ("answers", "prompts"):
+        shutil.copytree(tmp_path / d, ft / d)
+    tuned = train_eagle3(built.model_dir, ft, tmp_path / "head_ft", Settings(**{
+        **settings.__dict__, "intermediate_size": 8, "draft_vocab": None, "init": str(tmp_path / "head")}),
+        progress=False)
+    start = json.loads((ft / "eagle3" / "curve.jsonl").read_text().splitlines()[0])
+    assert start["step"] == 0 and start["draft_vocab"] == 32 and tuned["settings"]["intermediate_size"] == 32
+    assert start["top1"] == fifth["best"]["top1"]  # scored as the head was (its weights: the round-trip test)
+    assert tuned["steps"] >= 1 and (tmp_path / "head_ft" / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="exported head's folder"):
+        train_eagle3(built.model_dir, ft, tmp_path / "x", Settings(init=str(tmp_path / "nowhere")), progress=False)
     # Medusa trains on the same answers (their final hidden states), with a reduced vocabulary
     from speccompile.training.eagle import run_train_draft
 
