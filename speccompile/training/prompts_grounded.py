@@ -154,9 +154,9 @@ def grounded_slot(family: str, rng: random.Random, held_out: bool = False) -> tu
         return request, rng.choice(TRANSLATE[pick]).replace("{lang}", rng.choice(partition(LANGUAGES, held_out)))
     if family == "doc_extract":
         genre, about = rng.choice(partition(GENRES, held_out))
-        request = (f"Write a realistic {genre} about {about}, of about {rng.choice([120, 160, 200])} words, with "
-                   f"names, dates, amounts and at least one deadline. The organisation is based in {place(rng)}. "
-                   f"Write only the {genre}.")
+        request = (f"Write a realistic {genre} about {about}, of about {rng.choice([120, 160, 200])} words. Invent "
+                   f"the names, dates and amounts, and at least one deadline: no placeholders in brackets. The "
+                   f"organisation is based in {place(rng)}. Write only the {genre}.")
         return request, rng.choice(EXTRACT[pick])
     raise ValueError(f"unknown grounded family {family!r}")
 
