@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import re
 
-from speccompile.training.prompts import LANGUAGES, partition
+from speccompile.training.prompts import LANGUAGES, MONTHS, partition
 
 DOC = "{doc}"  # where the sampled document goes in a wrapper
 
@@ -154,9 +154,13 @@ def grounded_slot(family: str, rng: random.Random, held_out: bool = False) -> tu
         return request, rng.choice(TRANSLATE[pick]).replace("{lang}", rng.choice(partition(LANGUAGES, held_out)))
     if family == "doc_extract":
         genre, about = rng.choice(partition(GENRES, held_out))
-        request = (f"Write a realistic {genre} about {about}, of about {rng.choice([120, 160, 200])} words. Invent "
-                   f"the names, dates and amounts, and at least one deadline: no placeholders in brackets. The "
-                   f"organisation is based in {place(rng)}. Write only the {genre}.")
+        # the details are given: asked to invent them, the target wrote templates ("Dear [Customer's Name]") 3 times in 4
+        who = f"{rng.choice(FIRST_NAMES)} {rng.choice(SYLLABLES_A)}{rng.choice(['er', 'son', 'ley', 'ova', 'ić'])}"
+        day, month, amount = rng.randint(1, 28), rng.choice(MONTHS), rng.choice([120, 480, 1250, 3900, 14500, 86000])
+        request = (f"Write a realistic {genre} about {about}, of about {rng.choice([120, 160, 200])} words, from "
+                   f"{who} of an organisation in {place(rng)}, dated {day} {month}, mentioning an amount of {amount} "
+                   "and a deadline. Use these details and no placeholders in brackets. Write only the "
+                   f"{genre}.")
         return request, rng.choice(EXTRACT[pick])
     raise ValueError(f"unknown grounded family {family!r}")
 
