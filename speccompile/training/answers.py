@@ -30,14 +30,14 @@ Layout, under ``WORK_DIR/answers/<split>/``:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from speccompile.training.store import DataConflict, load_tokens, missing_answers, read_index, save_answers, sync_prompts
+from speccompile.training.store import (DataConflict, TokenShardWriter, load_tokens, missing_answers, read_index,
+                                        save_answers, sync_prompts)
 
 SPLITS = ("held_out", "mt_bench", "train")  # the order a run fills them: the small evaluation sets first
 FEATURE_DTYPE = np.float16  # 9 KB a token for a 1536-wide target (fp32 would double the disk, not the accuracy)
@@ -101,57 +101,22 @@ def split_prompts(work_dir: Path, split: str, mt_bench: Path) -> list[dict]:
     return read_prompts(Path(work_dir) / "prompts", split)
 
 
-class ShardWriter:
-    """Collects finished conversations and writes them as shards of about ``shard_tokens``."""
+class ShardWriter(TokenShardWriter):
+    """Collects finished conversations and writes them as shards of about ``shard_tokens``, with
+    their features (uncompressed, so training can map them: ``npz_memmap``)."""
 
-    features = True  # its shards hold the features (store.TokenShardWriter's do not)
+    features = True
+    pattern = "shard_*.npz*"
 
-    def __init__(self, split_dir: Path, shard_tokens: int, on_flush=None):
-        self.dir, self.shard_tokens, self.on_flush = Path(split_dir), shard_tokens, on_flush
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.entries = read_index(self.dir)
-        # what an interrupted run left, made whole: the torn line dropped, unnamed shards deleted
-        (self.dir / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.entries))
-        named = {e["shard"] for e in self.entries}
-        for p in self.dir.glob("shard_*.npz*"):
-            if p.name not in named:
-                p.unlink()
-        self.next = len(self.entries)
-        self.rows: list[tuple[str, list[int], int, np.ndarray, np.ndarray]] = []
+    def file_of(self, shard: str) -> str:
+        return shard
 
-    def done_ids(self) -> set[str]:
-        return {i for e in self.entries for i in e["ids"]}
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {**super().arrays(), "features": np.concatenate([r[3] for r in self.rows]),
+                "hidden": np.concatenate([r[4] for r in self.rows])}
 
-    def add(self, pid: str, tokens: list[int], prompt_len: int, feats: np.ndarray, hidden: np.ndarray) -> None:
-        self.rows.append((pid, tokens, prompt_len, feats, hidden))
-        if sum(len(r[1]) for r in self.rows) >= self.shard_tokens:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.rows:
-            return
-        name = f"shard_{self.next:05d}.npz"
-        tmp = self.dir / (name + ".tmp")
-        lens = [len(r[1]) for r in self.rows]
-        with open(tmp, "wb") as f:
-            np.savez(f, tokens=np.concatenate([np.asarray(r[1], np.int32) for r in self.rows]),
-                     offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-                     prompt_lens=np.asarray([r[2] for r in self.rows], np.int32),
-                     features=np.concatenate([r[3] for r in self.rows]),
-                     hidden=np.concatenate([r[4] for r in self.rows]),
-                     ids=np.asarray([r[0] for r in self.rows]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.dir / name)
-        entry = {"shard": name, "ids": [r[0] for r in self.rows], "tokens": int(sum(lens)),
-                 "answer_tokens": int(sum(n - r[2] for n, r in zip(lens, self.rows)))}
-        with open(self.dir / "index.jsonl", "a") as f:
-            f.write(json.dumps(entry) + "\n")
-        self.entries.append(entry)
-        self.next += 1
-        self.rows = []
-        if self.on_flush is not None:
-            self.on_flush()
+    def save(self, f, arrays: dict[str, np.ndarray]) -> None:
+        np.savez(f, **arrays)
 
 
 class FeatureBuffers:
@@ -339,8 +304,6 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
             continue
         split_dir, mirror, writer = work_dir / "answers" / split, None, None
         if not features:
-            from speccompile.training.store import TokenShardWriter
-
             data_split = Path(data_dir) / "answers" / split
             save_answers(split_dir, data_split)  # what the work dir has beyond the data dir, first
             writer = TokenShardWriter(data_split, shard_tokens)

@@ -128,17 +128,10 @@ def plan_slot(settings: Settings, split: str, k: int, wide_from: dict[str, int] 
     if k >= (wide_from or {}).get(split, 0):
         return _wide_slot(rng, key, split, settings.magpie_share)
     if rng.random() >= settings.magpie_share:
-        weights = HELD_OUT_WEIGHTS if held else WRITTEN_WEIGHTS
-        family = rng.choices(list(weights), list(weights.values()))[0]
-        if family in CODE_FAMILIES or family in HELD_OUT_CODE_FAMILIES:
-            text = {**CODE_FAMILIES, **HELD_OUT_CODE_FAMILIES}[family](rng, held)
-        else:
-            text = general_prompt(family, rng, held)
-        return Slot(key, split, "written", family, text=text)
+        return _written_slot(rng, key, split, HELD_OUT_WEIGHTS if held else WRITTEN_WEIGHTS)
     seed = rng.getrandbits(63)
     if held:
-        return Slot(key, split, "magpie", "magpie_held_out", system=rng.choice([None, HELD_OUT_SYSTEM]),
-                    opener=rng.choice(HELD_OUT_OPENERS), seed=seed)
+        return _held_out_magpie(rng, key, split, seed)
     r = rng.random()
     if r < 0.25:  # a coding-assistant system prompt: the model writes a programmer's request
         return Slot(key, split, "magpie", "magpie_coder_system", system=CODER_SYSTEM,
@@ -161,20 +154,28 @@ def _wide_slot(rng: random.Random, key: str, split: str, magpie_share: float) ->
         request, wrap = grounded_slot(family, rng, held)
         return Slot(key, split, "grounded", family, request=request, wrap=wrap, seed=rng.getrandbits(63))
     if r < 1.0 - 0.4 * magpie_share:
-        weights = HELD_OUT_WEIGHTS if held else WIDE_WRITTEN_WEIGHTS
-        family = rng.choices(list(weights), list(weights.values()))[0]
-        if family in CODE_FAMILIES or family in HELD_OUT_CODE_FAMILIES:
-            text = {**CODE_FAMILIES, **HELD_OUT_CODE_FAMILIES}[family](rng, held)
-        else:
-            text = general_prompt(family, rng, held)
-        return Slot(key, split, "written", family, text=text)
+        return _written_slot(rng, key, split, HELD_OUT_WEIGHTS if held else WIDE_WRITTEN_WEIGHTS)
     seed = rng.getrandbits(63)
     if held:
-        return Slot(key, split, "magpie", "magpie_held_out", system=rng.choice([None, HELD_OUT_SYSTEM]),
-                    opener=rng.choice(HELD_OUT_OPENERS), seed=seed)
+        return _held_out_magpie(rng, key, split, seed)
     if r < 1.0 - 0.1 * magpie_share:  # short factual questions in the model's own words (3/4 of the Magpie slots)
         return Slot(key, split, "magpie", "magpie_question", opener=rng.choice(QUESTION_OPENERS), seed=seed)
     return Slot(key, split, "magpie", "magpie_general_opener", opener=rng.choice(GENERAL_OPENERS), seed=seed)
+
+
+def _written_slot(rng: random.Random, key: str, split: str, weights: dict[str, int]) -> Slot:
+    """A written prompt of a family drawn by ``weights`` (both mixes, both splits)."""
+    family = rng.choices(list(weights), list(weights.values()))[0]
+    if family in CODE_FAMILIES or family in HELD_OUT_CODE_FAMILIES:
+        text = {**CODE_FAMILIES, **HELD_OUT_CODE_FAMILIES}[family](rng, split == "h")
+    else:
+        text = general_prompt(family, rng, split == "h")
+    return Slot(key, split, "written", family, text=text)
+
+
+def _held_out_magpie(rng: random.Random, key: str, split: str, seed: int) -> Slot:
+    return Slot(key, split, "magpie", "magpie_held_out", system=rng.choice([None, HELD_OUT_SYSTEM]),
+                opener=rng.choice(HELD_OUT_OPENERS), seed=seed)
 
 
 # ------------------------------------------------------------------ files

@@ -168,27 +168,43 @@ class TokenShardWriter:
     shard will get when it is rebuilt by prefill. Why: the features are a pure function of the
     tokens, so a machine can add answers to a data set without first rebuilding the features of
     everything already in it (hours for a few million tokens); the run that trains rebuilds them
-    all at once. The same interface as training/answers.ShardWriter."""
+    all at once. training/answers.ShardWriter is this writer with the features kept: the index,
+    the resume rules and the atomic writes are the same."""
 
     features = False
+    pattern = "tokens_*.npz*"  # the files of this writer's shards
 
-    def __init__(self, data_split: Path, shard_tokens: int, on_flush=None):
-        self.dir, self.shard_tokens, self.on_flush = Path(data_split), shard_tokens, on_flush
+    def __init__(self, split_dir: Path, shard_tokens: int, on_flush=None):
+        self.dir, self.shard_tokens, self.on_flush = Path(split_dir), shard_tokens, on_flush
         self.dir.mkdir(parents=True, exist_ok=True)
         self.entries = read_index(self.dir)
+        # what an interrupted run left, made whole: the torn line dropped, unnamed shard files deleted
         (self.dir / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.entries))
-        named = {token_file(e["shard"]) for e in self.entries}
-        for p in self.dir.glob("tokens_*.npz*"):  # what an interrupted write left
+        named = {self.file_of(e["shard"]) for e in self.entries}
+        for p in self.dir.glob(self.pattern):
             if p.name not in named:
                 p.unlink()
         self.next = len(self.entries)
-        self.rows: list[tuple[str, list[int], int]] = []
+        self.rows: list[tuple] = []  # (id, tokens, prompt length, layer features or None, hidden or None)
+
+    def file_of(self, shard: str) -> str:
+        return token_file(shard)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        lens = [len(r[1]) for r in self.rows]
+        return {"tokens": np.concatenate([np.asarray(r[1], np.int32) for r in self.rows]),
+                "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                "prompt_lens": np.asarray([r[2] for r in self.rows], np.int32),
+                "ids": np.asarray([r[0] for r in self.rows])}
+
+    def save(self, f, arrays: dict[str, np.ndarray]) -> None:
+        np.savez_compressed(f, **arrays)
 
     def done_ids(self) -> set[str]:
         return {i for e in self.entries for i in e["ids"]}
 
     def add(self, pid: str, tokens: list[int], prompt_len: int, feats=None, hidden=None) -> None:
-        self.rows.append((pid, tokens, prompt_len))
+        self.rows.append((pid, tokens, prompt_len, feats, hidden))
         if sum(len(r[1]) for r in self.rows) >= self.shard_tokens:
             self.flush()
 
@@ -196,16 +212,14 @@ class TokenShardWriter:
         if not self.rows:
             return
         name = f"shard_{self.next:05d}.npz"
-        lens = [len(r[1]) for r in self.rows]
-        dst = self.dir / token_file(name)
-        with open(dst.with_name(dst.name + ".tmp"), "wb") as f:
-            np.savez_compressed(f, tokens=np.concatenate([np.asarray(r[1], np.int32) for r in self.rows]),
-                                offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-                                prompt_lens=np.asarray([r[2] for r in self.rows], np.int32),
-                                ids=np.asarray([r[0] for r in self.rows]))
+        dst = self.dir / self.file_of(name)
+        tmp = dst.with_name(dst.name + ".tmp")
+        with open(tmp, "wb") as f:
+            self.save(f, self.arrays())
             f.flush()
             os.fsync(f.fileno())
-        os.replace(dst.with_name(dst.name + ".tmp"), dst)
+        os.replace(tmp, dst)
+        lens = [len(r[1]) for r in self.rows]
         entry = {"shard": name, "ids": [r[0] for r in self.rows], "tokens": int(sum(lens)),
                  "answer_tokens": int(sum(n - r[2] for n, r in zip(lens, self.rows)))}
         with open(self.dir / "index.jsonl", "a") as f:
@@ -215,4 +229,3 @@ class TokenShardWriter:
         self.rows = []
         if self.on_flush is not None:
             self.on_flush()
-
