@@ -3,7 +3,8 @@ draft's confidence is worth, as learned by earlier processes).
 
 Speculation pays only when a draft and a verify of k+1 rows cost less than the tokens they
 save, and those costs differ by 10x between hosts (an extra verified row of Qwen2.5-1.5B is
-~5% of a decode step with AVX-512 VNNI, 30-90% with AVX2 only). Learned from zero in every
+~5% of a decode step on Zen 5's full-width AVX-512 VNNI, ~20% on Zen 4's half-width one, 30-90%
+with AVX2 only). Learned from zero in every
 process, the costs arrived after the request they were needed for: a fresh ``generate`` ran
 plainly while a fixed k = 3 was 1.7x faster. So:
 
