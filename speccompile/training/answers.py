@@ -229,6 +229,16 @@ def rebuild_features(engine, convs: list[list[int]], sink) -> list[tuple[np.ndar
     return out
 
 
+def rebuild_shard(engine, writer: ShardWriter, data_split: Path, entry: dict, sink) -> None:
+    """Write the data dir's shard ``entry`` as the writer's next shard, its features rebuilt."""
+    z = load_tokens(data_split, entry)
+    offs = z["offsets"]
+    convs = [z["tokens"][offs[c]: offs[c + 1]].tolist() for c in range(len(z["prompt_lens"]))]
+    feats = rebuild_features(engine, convs, sink)
+    writer.rows = [(str(i), t, int(p), f, h) for i, t, p, (f, h) in zip(z["ids"], convs, z["prompt_lens"], feats)]
+    writer.flush()
+
+
 def restore_split(engine, work_split: Path, data_split: Path, sink, progress: bool = True) -> dict:
     """Rebuild the work dir's missing shards of one split from the data dir's token files (the
     engine must be capturing features into ``sink``); each shard gets its old name and index line."""
@@ -243,12 +253,7 @@ def restore_split(engine, work_split: Path, data_split: Path, sink, progress: bo
     for entry in todo:
         if writer.next != int(entry["shard"][6:11]):
             raise DataConflict(f"{work_split}: shard {entry['shard']} would be written as shard_{writer.next:05d}")
-        z = load_tokens(data_split, entry)
-        offs = z["offsets"]
-        convs = [z["tokens"][offs[c]: offs[c + 1]].tolist() for c in range(len(z["prompt_lens"]))]
-        feats = rebuild_features(engine, convs, sink)
-        writer.rows = [(str(i), t, int(p), f, h) for i, t, p, (f, h) in zip(z["ids"], convs, z["prompt_lens"], feats)]
-        writer.flush()
+        rebuild_shard(engine, writer, data_split, entry, sink)
         tokens += entry["tokens"]
         bar.update(entry["tokens"])
     bar.close()
@@ -317,6 +322,8 @@ def run_train_answers(model_dir: Path, model_lib: Path, work_dir: Path | None, n
             mirror = lambda s=split_dir, d=data_split: save_answers(s, d)  # noqa: E731
         report["runs"][split] = answer_split(engine, split_dir, prompts[split], n, max_tokens, batch, shard_tokens,
                                              progress, mirror, writer)
-    report["totals"] = summarize(work_dir / "answers")
+    # without features the answers went to the data dir alone (a fresh work dir may hold none)
+    report["totals"] = summarize(work_dir / "answers" if features else Path(data_dir) / "answers")
+    (work_dir / "answers").mkdir(parents=True, exist_ok=True)
     (work_dir / "answers" / "summary.json").write_text(json.dumps(report, indent=1))
     return report

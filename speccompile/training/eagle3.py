@@ -348,11 +348,15 @@ def _atomic_save(torch, obj, path: Path) -> None:
 
 
 def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Settings, progress: bool = True,
-                 export_only: bool = False) -> dict:
+                 export_only: bool = False, record: dict | None = None, vocab_from: np.ndarray | None = None) -> dict:
     """Train (or resume) the head on WORK_DIR/answers, export the best held-out checkpoint
     to ``out_dir`` in the published EAGLE-3 layout; returns the report. ``export_only``
     exports the best checkpoint so far and writes nothing in the run's folder, so it can run
-    beside a training process (to measure a head while the curve still rises)."""
+    beside a training process (to measure a head while the curve still rises). ``record``:
+    fields for the report, such as ``data_shards`` (how many of a data dir's training shards
+    the answers cover, which a later fine-tune with replay reads: training/replay.py).
+    ``vocab_from``: the answer tokens a new draft vocabulary is counted from (default the train
+    split's; a fine-tune on a sample of the data counts over all of it)."""
     from speccompile.training.eagle3_torch import (build_eagle3_head, export_eagle3, init_from_target_layer,
                                                    load_exported_head)
     from speccompile.models.config import feature_layers
@@ -402,12 +406,16 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
     model = build_eagle3_head(layer_cfg, size, torch)
     if state is None and start is not None:
         vocab = load_exported_head(model, Path(settings.init), torch)
-    if vocab is None or vocab.size != size:  # a new run, or a new size asked for: counted from today's answers
-        if vocab is not None and progress:
-            print(f"draft vocabulary {vocab.size} -> {size} tokens, counted from {len(train)} answers; the trained "
-                  "layers carry over (the projection is the target's frozen rows)", file=sys.stderr)
-        vocab = draft_vocabulary(np.concatenate([c.tokens[c.prompt_len:] for c in train]).astype(np.int64),
-                                 size, tcfg.vocab_size)
+    recount = state is None and start is not None and settings.recount_vocab
+    if vocab is None or vocab.size != size or recount:  # a new run, a new size, or asked: counted from the answers
+        if vocab_from is None:
+            vocab_from = np.concatenate([c.tokens[c.prompt_len:] for c in train])
+        old = vocab
+        vocab = draft_vocabulary(np.asarray(vocab_from, np.int64), size, tcfg.vocab_size)
+        if old is not None and progress:
+            print(f"draft vocabulary {old.size} -> {size} tokens ({np.setdiff1d(vocab, old).size} new), counted from "
+                  f"{len(vocab_from)} answer tokens; the trained layers carry over (the projection is the target's "
+                  "frozen rows)", file=sys.stderr)
     del model.lm_head  # the target's rows, frozen (Trainer.lm)
     if state is None and start is None:  # the frozen rows expect the target's final norm: start the head's norm there
         model.norm.weight.data[:] = torch.from_numpy(target_weight(Path(target_dir), "norm"))
@@ -468,6 +476,7 @@ def train_eagle3(target_dir: Path, work_dir: Path, out_dir: Path, settings: Sett
                   "train_answer_tokens": int(sum(c.rows + 1 - c.prompt_len for c in train)),
                   "dtype": str(dtype).replace("torch.", ""), "settings": settings.__dict__,
                   "seconds": round(done["seconds"], 1), "offline": offline}
+        report.update(record or {})
         (out_dir / "train_report.json").write_text(json.dumps(report, indent=1))
         return report
 

@@ -17,6 +17,9 @@ resumable, into ``$SPECCOMPILE_CACHE/train/<model>-<quant>-eagle3/``:
    ``heads/<model>-medusa``, --medusa-epochs (4) passes of 4 conversations a step (3,000 steps,
    ~50 min, for 3,000 answers), or --medusa-steps. ``--heads eagle3`` or ``--heads medusa``
    trains one.
+5. ``--heads eagle3 --head-init heads/<model>-eagle3 --head-replay-shards N`` fine-tunes the
+   shipped head instead: on the answers it has not seen and N of its old shards
+   (training/replay.py; give --head-epochs 2: the measured fine-tune).
 Rerun the same command to continue after any interruption. The prompts and the answers' token
 ids are also kept in ``heads/data/<model>-<quant>/`` (commit it): on a machine whose cache is
 empty, the features are rebuilt from them by prefill instead of generating the answers again.
@@ -38,6 +41,7 @@ from pathlib import Path
 from speccompile.compiler.fetch import cache_root, prepare
 from speccompile.training.eagle import run_train_draft
 from speccompile.training.settings import HeadsSettings
+from speccompile.training.store import read_index
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "SmolLM2-135M-Instruct"
@@ -58,19 +62,28 @@ def eagle3_pipeline(model: str, quant: str, settings: HeadsSettings) -> dict:
     data = REPO / "heads" / "data" / target_dir.name  # prompts and answer ids, committed (training/store.py)
     final, block = settings.train_prompts, settings.prompt_block
     limit = settings.answer_prompts or final
+    replay = settings.head_replay_shards is not None
     target = 0
     while target < final:  # rounds: prompts up to the next block, then their answers (each returns at once if done)
         target = min(final, target + block)
         run_train_prompts(target_dir, lib, work, target, settings.held_out_prompts, PromptSettings(), data_dir=data)
         run_train_answers(target_dir, lib, work, min(target, limit), held_out=settings.held_out_prompts,
                           mt_bench=True, max_tokens=768,
-                          batch=settings.answer_batch, data_dir=data, features=settings.answer_features)
+                          batch=settings.answer_batch, data_dir=data,
+                          # a fine-tune with replay rebuilds only the features it trains on (below)
+                          features=settings.answer_features and not replay)
     which = settings.chosen("eagle3,medusa")
     reports = {}
     if "eagle3" in which:
-        reports["eagle3"] = train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3",
-                                         Settings(epochs=settings.head_epochs, draft_vocab=settings.head_draft_vocab,
-                                                  max_steps=settings.head_max_steps, init=settings.head_init))
+        head = Settings(epochs=settings.head_epochs, draft_vocab=settings.head_draft_vocab,
+                        max_steps=settings.head_max_steps, init=settings.head_init,
+                        recount_vocab=settings.head_recount_vocab)
+        if replay:
+            reports["eagle3"] = fine_tune_with_replay(target_dir, lib, work, data, REPO / "heads" / f"{model}-eagle3",
+                                                      head, settings.head_replay_shards)
+        else:
+            reports["eagle3"] = train_eagle3(target_dir, work, REPO / "heads" / f"{model}-eagle3", head,
+                                             record={"data_shards": len(read_index(work / "answers" / "train"))})
     if "medusa" in which:  # on the same answers (their final hidden states), 3 heads over a 16k vocabulary
         # steps follow the data (--medusa-epochs passes of 4 conversations a step), so a rerun after
         # more answers continues the checkpoint over them instead of finding it done
@@ -81,6 +94,37 @@ def eagle3_pipeline(model: str, quant: str, settings: HeadsSettings) -> dict:
                                             steps=steps, train_batch=4, draft_vocab=16384, work_dir=work,
                                             medusa_num_heads=3)
     return reports
+
+
+def fine_tune_with_replay(target_dir: Path, lib: Path, work: Path, data: Path, out: Path, head, replay: int) -> dict:
+    """``--head-init <folder> --head-replay-shards N``: the new answers and N old shards, their
+    features rebuilt into ``<work>-finetune`` (training/replay.py), then the fine-tune at the
+    replay's peak lr; the exported report says which data shards the head has now seen."""
+    from dataclasses import replace
+
+    from speccompile.runtime.engine import Engine
+    from speccompile.training.answers import FeatureBuffers, restore_split
+    from speccompile.training.eagle3 import train_eagle3
+    from speccompile.training.replay import FINE_TUNE_LR, assemble, plan_for
+    from speccompile.training.store import answer_tokens, sync_prompts
+
+    ft = work.with_name(work.name + "-finetune")
+    seen, plan = plan_for(Path(head.init), data / "answers" / "train", ft / "answers" / "train", replay)
+    sync_prompts(ft / "prompts", data / "prompts")  # the held-out families, for the offline scores
+    engine = Engine(target_dir, lib, max_num_sequence=8, max_total_seq_length=8 * 4096)
+    sink = FeatureBuffers(engine.model.hidden_size)
+    report = {}
+    with engine.capture_features(sink):
+        for split in ("held_out", "mt_bench"):
+            if (data / "answers" / split / "index.jsonl").exists():
+                report[split] = restore_split(engine, ft / "answers" / split, data / "answers" / split, sink)
+        report["train"] = assemble(engine, seen, replay, plan, ft / "answers" / "train", data / "answers" / "train",
+                                   sink)
+    del engine
+    record = {"data_shards": len(read_index(data / "answers" / "train")),
+              "fine_tune_data": {"seen": seen, "replay": replay, "shards": [e["shard"] for e in plan], "rebuilt": report}}
+    every = answer_tokens(data / "answers" / "train") if head.recount_vocab else None  # not the sample's alone
+    return train_eagle3(target_dir, ft, out, replace(head, lr=FINE_TUNE_LR), record=record, vocab_from=every)
 
 
 def train_heads(model: str, quant: str, settings: HeadsSettings) -> dict:

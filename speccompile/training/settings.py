@@ -47,6 +47,14 @@ class HeadsSettings:
     head_init: str = option("target", "EAGLE-3: how a new run's head starts: target, random, or an exported head's "
                                       "folder to fine-tune (e.g. heads/Qwen2.5-Coder-1.5B-Instruct-eagle3)", kind=str,
                             **_HEADS)
+    head_recount_vocab: bool = option(False, "EAGLE-3, with --head-init <head folder>: count its draft vocabulary "
+                                             "again, from every answer of the data dir (train-draft --recount-vocab)",
+                                      flag="--head-recount-vocab/--head-keep-vocab", **_HEADS)
+    head_replay_shards: int | None = option(None, "EAGLE-3, with --head-init <head folder>: fine-tune on the data "
+                                                   "dir's answers the head has not seen plus this many of its old "
+                                                   "shards, evenly spaced, in a work dir of their own (only their "
+                                                   "features are rebuilt; training/replay.py)", kind=int, low=0,
+                                            **_HEADS)
     medusa_steps: int | None = option(None, "Medusa steps (default: --medusa-epochs passes of 4 conversations a step; "
                                             "SmolLM2: 1500)", kind=int, low=1, **_HEADS)
     medusa_epochs: float = option(4.0, "EAGLE-3 pipeline: Medusa passes over the answers", low=0.01, **_HEADS)
@@ -55,6 +63,9 @@ class HeadsSettings:
 
     def __post_init__(self):
         check_options(self)
+        if self.head_replay_shards is not None and (self.head_init in ("target", "random") or self.heads != "eagle3"):
+            raise ValueError("--head-replay-shards fine-tunes a shipped EAGLE-3 head: give --heads eagle3 and "
+                             "--head-init <its folder>")
         if not self.answer_features and self.heads != "none":
             raise ValueError("--no-answer-features makes data without features: give --heads none (a later run with "
                              "features rebuilds them and trains)")
@@ -106,6 +117,11 @@ class Eagle3Settings:
                                  "learned ~3x faster at first on Qwen2.5-Coder-1.5B), from random weights (random), or "
                                  "as an exported head (its folder: fine-tuning it on today's answers, over its own "
                                  "draft vocabulary); a resumed run keeps its own", kind=str, **_DRAFT)
+    recount_vocab: bool = option(False, "eagle3, with --init <head folder>: count the draft vocabulary again from the "
+                                        "answers instead of keeping the head's, so tokens of new kinds of answers "
+                                        "(translations, documents) become draftable; the trained layers carry over, "
+                                        "the projection being the target's frozen rows",
+                                 flag="--recount-vocab/--keep-vocab", **_DRAFT)
     epochs: int = option(8, "eagle3: passes over the training answers", low=1, **_DRAFT)
     # a time box: the run ends at this many steps in all, annealed by then (train-heads --head-max-steps)
     max_steps: int | None = option(None, "the run's total optimizer steps (train-heads --head-max-steps)", kind=int, low=1, flag=False, **_DRAFT)

@@ -162,6 +162,17 @@ def load_tokens(data_split: Path, entry: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def answer_tokens(data_split: Path) -> np.ndarray:
+    """Every answer token of a data dir's split (prompts left out), in order: what a draft
+    vocabulary is counted from."""
+    out = []
+    for entry in read_index(data_split):
+        z = load_tokens(data_split, entry)
+        offs, plens = z["offsets"], z["prompt_lens"]
+        out += [z["tokens"][offs[c] + plens[c]: offs[c + 1]] for c in range(len(plens))]
+    return np.concatenate(out) if out else np.zeros(0, np.int32)
+
+
 class TokenShardWriter:
     """Answers written straight into a data dir, without their features (``train-answers
     --no-features``): the token half of each shard under the name and index line the work dir's

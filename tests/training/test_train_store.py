@@ -167,6 +167,12 @@ def test_answers_without_features_go_to_the_data_dir_and_rebuild_as_if_captured(
     assert sorted(i for e in data_index for i in e["ids"]) == [f"t{i}" for i in range(6)]
     assert not list((data / "answers" / "train").glob("shard_*"))  # no features were written anywhere
     assert run(tmp_path / "work", None, features=False)["runs"]["train"]["answered"] == 0  # all done
+    # a machine with nothing but the data dir adds answers without features too (and counts the data dir's)
+    (tmp_path / "bare" / "prompts").mkdir(parents=True)
+    for split in ("train", "held_out"):
+        shutil.copy(tmp_path / "work" / "prompts" / f"{split}.jsonl", tmp_path / "bare" / "prompts")
+    bare = run(tmp_path / "bare", None, features=False)
+    assert bare["runs"]["train"]["answered"] == 0 and bare["totals"]["train"]["conversations"] == 6
     with pytest.raises(ValueError, match="give --data-dir"):
         run(tmp_path / "work", None, features=False, data_dir=None)
 
