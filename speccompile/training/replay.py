@@ -11,9 +11,10 @@ answer again instead is an epoch of 10,000 conversations: hours on two cores.
 Why a work dir of its own. The pipeline's work dir mirrors the data dir shard for shard (its
 restore rebuilds every missing shard, in order). A fine-tune needs the features of only the new
 shards and the sampled old ones, so it assembles them into ``<work dir>-finetune``: its train
-split numbers them from 0, ``answers/train/plan.json`` names the data-dir shard behind each, and a
-rerun refuses a different plan instead of mixing two. Its held-out and MT-bench splits are the data
-dir's own (restored as usual), so checkpoints are scored as a new head's would be.
+split numbers them from 0, ``answers/train/plan.json`` names the data-dir shard behind each. A
+rerun resumes it, answers added to the data dir meanwhile extend it, and a different replay is
+refused instead of mixing two. Its held-out and MT-bench splits are the data dir's own (restored as
+usual), so checkpoints are scored as a new head's would be.
 
 What a head has seen: the ``data_shards`` field of its ``train_report.json`` (every run of this
 pipeline writes it): the count of the data dir's training shards it learned from, all of them or
