@@ -113,6 +113,16 @@ def test_fine_tune_with_replay_rebuilds_only_its_shards_and_records_what_the_hea
     with pytest.raises(DataConflict, match="--head-replay-shards 1"):
         fine_tune_with_replay(built.model_dir, built.lib, work, data, tmp_path / "tuned",
                               Settings(**{**small.__dict__, "init": str(head)}), replay=2)
+    # answers added since extend the plan: only their shard is rebuilt, the old ones are kept as they are
+    with open(work / "prompts" / "train.jsonl", "a") as f:
+        f.write(_lines([{"id": "t8", "prompt": "List two colors."}]))
+    answers(None, features=False)
+    grown = fine_tune_with_replay(built.model_dir, built.lib, work, data, tmp_path / "tuned",
+                                  Settings(**{**small.__dict__, "draft_vocab": None, "init": str(head)}), replay=1)
+    added = read_index(data / "answers" / "train")[len(data_index):]
+    assert added and grown["fine_tune_data"]["rebuilt"]["train"]["rebuilt_shards"] == len(added)
+    assert grown["fine_tune_data"]["shards"] == plan["shards"] + [e["shard"] for e in added]
+    assert grown["data_shards"] == len(data_index) + len(added)
 
     # --recount-vocab: the fine-tune's draft vocabulary is counted again from every answer of the data dir
     # (not the sample's alone, nor kept as the head's), and the first held-out point scores the head under it
@@ -127,7 +137,7 @@ def test_fine_tune_with_replay_rebuilds_only_its_shards_and_records_what_the_hea
     for d in ("answers", "prompts"):
         shutil.copytree(ft / d, recount / d)
     every = answer_tokens(data / "answers" / "train")
-    assert len(every) == sum(e["answer_tokens"] for e in data_index)
+    assert len(every) == sum(e["answer_tokens"] for e in read_index(data / "answers" / "train"))
     recounted = train_eagle3(built.model_dir, recount, tmp_path / "recounted", Settings(**{
         **small.__dict__, "draft_vocab": None, "init": str(head), "recount_vocab": True}), progress=False,
         vocab_from=every)
