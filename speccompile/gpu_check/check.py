@@ -11,7 +11,7 @@ Per model (the payload's models.json): logits against torch on the same weights,
 tok/s at batch 1, the bandwidth roofline, the cost of 1..32-row forwards, prefill tok/s of a
 512-token prompt, host time per decode step, and the HF transformers peers; for models with
 real weights the one-shot plain / spec / spec / plain runs of ``bench --one-shot``
-(speccompile/bench/oneshot.py, fresh ``generate`` processes) for ngram and each head shipped,
+(speccompile/bench/oneshot.py, fresh ``generate`` processes) for suffix (the default), ngram and each head shipped,
 and the payload's C API against the engine's greedy tokens (speccompile/gpu_check/capi.py).
 What each figure means is written into the JSON (``definitions``). TVM runs in this process
 (runtime alone: the payload has no compiler); torch runs in a worker (speccompile/gpu_check/torch_side.py).
@@ -472,7 +472,7 @@ class Check:
                  f"HF fp16 generate {rec['peers']['hf_fp16_tok_s']} tok/s")
 
     def speculative(self, m: dict, model_dir: Path | None) -> None:
-        """bench --one-shot per mode: ngram, then each head the payload ships."""
+        """bench --one-shot per mode: suffix (the runtime's default), ngram, then each head the payload ships."""
         from speccompile.bench.oneshot import run_one_shot
 
         rec = self.result["models"][m["name"]]
@@ -482,7 +482,7 @@ class Check:
         count = 1 if self.quick else self.args.prompts
         prompts.write_text("".join(json.dumps({"question_id": i, "category": c, "prompt": p}) + "\n"
                                    for i, (c, p) in enumerate(SPEC_PROMPTS[:count])))
-        modes = [("ngram", None)] + [(k, h) for k, h in m.get("heads", {}).items()]
+        modes = [("suffix", None), ("ngram", None)] + [(k, h) for k, h in m.get("heads", {}).items()]
         modes = [(k, h) for k, h in modes if not self.args.modes or k in self.args.modes]
         per_mode = None
         for mode, head in modes:
@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="time budget (default: 440 on cuda, 900 on cpu)")
     ap.add_argument("--models", type=lambda s: [x for x in s.split(",") if x], default=None)
     ap.add_argument("--modes", type=lambda s: [x for x in s.split(",") if x], default=None,
-                    help="speculative modes to run (default: ngram and every head shipped)")
+                    help="speculative modes to run (default: suffix, ngram and every head shipped)")
     ap.add_argument("--prompts", type=int, default=3, help="one-shot prompts per mode (at most 3)")
     ap.add_argument("--torch-compile-timeout", type=float, default=180.0, help="0 skips the torch.compile peer")
     ap.add_argument("--quick", action="store_true", help="short runs (tests): 32 decode tokens, 64-token prefill, ...")

@@ -196,13 +196,16 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
         assert "torch_compile" in r["skipped"]
     assert result["models"]["tiny-qwen2"]["random_init"]["params"] > 0
     assert "speculative" not in result["models"]["tiny-qwen2"]  # random weights: acceptance means nothing
-    ngram = result["models"]["tiny-llama"]["speculative"]["ngram"]
-    assert ngram["identical"] == [1, 1] and ngram["speedup"] > 0 and 0 <= ngram["acceptance"] <= 1
-    # the policy prices drafting by costs measured at load: on a tiny model it may decide nothing pays
-    if ngram["verify_steps"]:
-        assert ngram["mean_accepted_length"] >= 1 and ngram["draft_tokens"] > 0
-    else:
-        assert ngram["mean_accepted_length"] == 0 and ngram["acceptance"] == 0
+    speculative = result["models"]["tiny-llama"]["speculative"]
+    assert list(speculative)[:2] == ["suffix", "ngram"]  # the default first, then the n-gram peer mode
+    for mode in ("suffix", "ngram"):
+        rec = speculative[mode]
+        assert rec["identical"] == [1, 1] and rec["speedup"] > 0 and 0 <= rec["acceptance"] <= 1
+        # the policy prices drafting by costs measured at load: on a tiny model it may decide nothing pays
+        if rec["verify_steps"]:
+            assert rec["mean_accepted_length"] >= 1 and rec["draft_tokens"] > 0
+        else:
+            assert rec["mean_accepted_length"] == 0 and rec["acceptance"] == 0
     assert "capi" not in result["models"]["tiny-qwen2"]  # random weights: the tokens mean nothing
     capi = result["models"]["tiny-llama"]["capi"]
     if capi_prefix is None:
