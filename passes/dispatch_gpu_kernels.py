@@ -1,7 +1,9 @@
 """DispatchGPUKernels: give the model's tagged kernels their GPU versions.
 
 The GPU twin of DispatchCPUKernels: the tagged TE matmuls (``matmul``, ``q4_matmul``)
-become the batch-invariant GEMV kernels of ``kernels/gpu_matmul.py``, the greedy
+become the batch-invariant GEMV kernels of ``kernels/gpu_matmul.py`` -- or, with
+``projections="tensor-core"`` (cuda sm_80+, fp16 activations; speccompile/compiler/compile.py
+decides), the q4 ones the tensor-core kernel of ``kernels/gpu_matmul_mma.py`` -- the greedy
 acceptance kernel ``accept_greedy`` its thread-parallel version (kernels/verification.py), and
 ``sampling_probs`` its block-per-row version (kernels/sampling.py; the
 rejection-sampling walk, serial per sequence, is bound by BindGPUThreads). The
@@ -18,16 +20,19 @@ from speccompile.kernels.sampling import sampling_probs_gpu
 from speccompile.kernels.verification import accept_greedy_gpu
 
 from speccompile.kernels import gpu_matmul as K
+from speccompile.kernels import gpu_matmul_mma as MMA
 from speccompile.passes.tagged_kernels import kernel_tag, param_dtype, param_shape, replace_tagged
 
 
-def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def select_kernel(func: tirx.PrimFunc, projections: str = "portable") -> tirx.PrimFunc | None:
     kind = kernel_tag(func)
     if kind == "matmul":
         n, k = param_shape(func, 1)
         return K.dense_gemv(n, k, param_dtype(func, 1), max_lanes=max_vector_lanes())
     if kind == "q4_matmul":
         n, kw = param_shape(func, 1)
+        if projections == "tensor-core":
+            return MMA.q4_mma(n, kw * 8)
         return K.q4_gemv(n, kw * 8, param_dtype(func, 2), max_lanes=max_vector_lanes())
     if kind == "accept_greedy":
         return accept_greedy_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
@@ -38,5 +43,8 @@ def select_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
 
 @tvm.transform.module_pass(opt_level=0, name="DispatchGPUKernels")
 class DispatchGPUKernels:
+    def __init__(self, projections: str = "portable"):
+        self.projections = projections  # "portable" | "tensor-core"
+
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return replace_tagged(mod, select_kernel)
+        return replace_tagged(mod, lambda func: select_kernel(func, self.projections))

@@ -5,7 +5,8 @@ llvm (CPU):
      int8 activations on CPUs with AVX-512 VNNI or AVX2);
   2. TVM's default CPU lowering (legalize, fuse, lower to the VM).
 GPU (cuda, opencl, metal):
-  1. DispatchGPUKernels: batch-invariant GEMV and the thread-parallel greedy verifier;
+  1. DispatchGPUKernels: batch-invariant GEMV (q4 on tensor cores where the build asks for
+     them) and the thread-parallel greedy verifier;
   2. legalize and fuse the remaining graph ops;
   3. BindGPUThreads: the model's parallel-loop kernels (attention, RoPE, KV copy) on
      GPU threads;
@@ -42,11 +43,11 @@ def _dlight(kind: str) -> tvm.transform.Pass:
     return dl.ApplyDefaultSchedule(*rules)
 
 
-def _gpu_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+def _gpu_passes(target: tvm.target.Target, projections: str) -> list[tvm.transform.Pass]:
     from tvm.relax.backend.gpu_generic import pipeline as gpu
 
     return [
-        DispatchGPUKernels(),
+        DispatchGPUKernels(projections),
         *gpu.library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
@@ -78,7 +79,9 @@ def _finalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     return passes
 
 
-def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+def build_pipeline(target: tvm.target.Target, projections: str = "portable") -> tvm.transform.Pass:
+    """``projections``: the GPU q4 projections' kernels ("portable" or "tensor-core"), as
+    speccompile/compiler/compile.py resolved --gpu-projections."""
     kind = target.kind.name
 
     @tvm.transform.module_pass(opt_level=0, name="speccompile.pipeline")
@@ -87,7 +90,7 @@ def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
             if kind == "llvm":
                 passes = [DispatchCPUKernels(int8_dot_isa(target)), relax.pipeline.get_default_pipeline(target)]
             else:
-                passes = _gpu_passes(target)
+                passes = _gpu_passes(target, projections)
             mod = tvm.transform.Sequential(passes)(mod)
         return mod
 

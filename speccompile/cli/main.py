@@ -131,14 +131,19 @@ def gen_config_cmd(src, quantization, output, conv_template, fields, model_type,
               help="LIB.so, or LIB.tar for metal/iphone/android and cross-compiled hosts")
 @click.option("--dump-source", type=click.Path(path_type=Path), default=None,
               help="also write the generated GPU kernel source (CUDA, OpenCL C or Metal) to this file")
+@click.option("--gpu-projections", default="auto", show_default=True,
+              type=click.Choice(["auto", "tensor-core", "portable"]),
+              help="GPU q4 projections: tensor-core (mma.sync; cuda with every --cuda-arch sm_80+, q4f16_1) or "
+                   "portable (any GPU); auto takes tensor-core where it can be built")
 def compile_cmd(config: Path, device: str, mcpu: str | None, host: str | None, cuda_arch: str | None, output: Path,
-                dump_source: Path | None) -> None:
+                dump_source: Path | None, gpu_projections: str) -> None:
     """Compile a model config into a library for a device."""
     from speccompile.compiler.compile import compile_model
 
     archs = [a.strip() for a in cuda_arch.split(",") if a.strip()] if cuda_arch else None
     try:
-        compile_model(config, device, output, host=host, cuda_archs=archs, dump_source=dump_source, mcpu=mcpu)
+        compile_model(config, device, output, host=host, cuda_archs=archs, dump_source=dump_source, mcpu=mcpu,
+                      gpu_projections=gpu_projections)
     except USER_ERRORS as err:
         fail(err)
 

@@ -48,9 +48,38 @@ def read_config(path: Path) -> dict[str, Any]:
     return conf
 
 
+GPU_PROJECTIONS = ("auto", "tensor-core", "portable")
+
+
+def resolve_projections(choice: str, target: tvm.target.Target, quant_name: str) -> str | None:
+    """--gpu-projections for this build: which kernels the GPU q4 projections get (None on CPUs).
+
+    ``tensor-core`` (kernels/gpu_matmul_mma.py) needs cuda with every fatbin arch sm_80+ (the
+    target's arch is the list's lowest) and a q4 model with fp16 activations; ``auto`` takes it
+    there and ``portable`` (kernels/gpu_matmul.py) everywhere else. Asked for where it cannot
+    be built, it is refused before any work."""
+    from speccompile.kernels.gpu_matmul_mma import supported
+
+    if choice not in GPU_PROJECTIONS:
+        raise CompileError(f"--gpu-projections {choice!r}: choose one of {', '.join(GPU_PROJECTIONS)}")
+    if target.kind.name == "llvm":
+        if choice == "tensor-core":
+            raise CompileError("--gpu-projections tensor-core is for --device cuda; CPU builds have their own kernels")
+        return None
+    quant = get_quantization(quant_name)
+    able = quant.is_q4 and supported(target, quant.model_dtype)
+    if choice == "tensor-core" and not able:
+        why = (f"{quant_name} is not a q4 model with fp16 activations (use q4f16_1)"
+               if not (quant.is_q4 and quant.model_dtype == "float16")
+               else f"--device {target.kind.name} {target.attrs.get('arch', '')} has no mma.sync m16n8k16 "
+                    "(it needs cuda with every --cuda-arch sm_80 or newer, e.g. --cuda-arch sm_80,sm_86,sm_89,sm_90)")
+        raise CompileError(f"--gpu-projections tensor-core: {why}")
+    return "tensor-core" if able and choice != "portable" else "portable"
+
+
 def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
                    params: list[tuple[str, Any]], entry_points: dict[str, list[str]],
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra: dict[str, Any] | None = None, projections: str | None = None) -> dict[str, Any]:
     """The compile-time facts the runtime reads back and checks (see module doc; the keys
     the runtimes rely on are runtime/contract.py's METADATA_KEYS). ``speccompile_version``
     stays first: the runtime finds the JSON in a library's bytes by it."""
@@ -100,6 +129,8 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         # (numerics differ ~5e-3 from float activations; both ISAs give identical results)
         "q4_activations": "int8" if isa else "float",
         "q4_int8_isa": isa,
+        # GPU libraries: the q4 projections' kernels ("tensor-core" or "portable"; --gpu-projections)
+        "gpu_projections": projections,
         # the model's own keys (draft heads: their kind, sizes, draft steps), else its config's
         **(extra if extra is not None else cfg.extra_metadata() if hasattr(cfg, "extra_metadata") else {}),
     }
@@ -128,7 +159,7 @@ def check_memory_plan(plan: dict[str, dict] | None) -> dict[str, int]:
 
 def compile_model(config_path: Path, device: str, output: Path, verbose: bool = True,
                   host: str | None = None, cuda_archs: list[str] | None = None,
-                  dump_source: Path | None = None, mcpu: str | None = None) -> dict:
+                  dump_source: Path | None = None, mcpu: str | None = None, gpu_projections: str = "auto") -> dict:
     """Build the library; returns its metadata plus a ``build`` report (time, size, kernels)."""
     conf = read_config(Path(config_path))
     cfg = config_from_dict(conf["model_type"], conf["model_config"])  # a target or a draft head
@@ -136,6 +167,7 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
     output = Path(output)
     plan = plan_target(device, output, host, cuda_archs, mcpu)
     target = plan.target
+    projections = resolve_projections(gpu_projections, target, quant.name)
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with target:
@@ -144,7 +176,7 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
         exported = signatures(spec)  # before export_tvm, which consumes the specs
         mod, params = model.export_tvm(spec=spec)
     extra = model.extra_metadata() if hasattr(model, "extra_metadata") else None
-    metadata = build_metadata(cfg, quant.name, plan, params, exported, extra)
+    metadata = build_metadata(cfg, quant.name, plan, params, exported, extra, projections)
     if plan.output_format == "tar":  # statically linked into an app: a system library, found by prefix
         metadata["system_lib_prefix"] = "".join(c if c.isalnum() else "_" for c in output.stem) + "_"
     mod = attach_metadata(mod, metadata)
@@ -156,7 +188,7 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=ctx.required_pass,
                                    disabled_pass=ctx.disabled_pass, instruments=[*ctx.instruments, recorder],
                                    config={**dict(ctx.config), "relax.backend.use_cuda_graph": target.kind.name == "cuda"}):
-        ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target))
+        ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target, projections or "portable"))
     report: dict[str, Any] = {"memory_plan": check_memory_plan(recorder.plan)}
     tmp = output.with_name(output.stem + ".tmp" + output.suffix)
     if plan.nvcc:
@@ -171,6 +203,8 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
                   kernel_source_bytes=len(device_mod.inspect_source()) if device_mod is not None else 0)
     if verbose:
         where = ", ".join(plan.cuda_archs)
+        if projections is not None and quant.is_q4:
+            where += f", q4 projections: {projections}"
         if target.kind.name == "llvm":
             where = metadata["mcpu"] or "generic"
             if quant.is_q4:

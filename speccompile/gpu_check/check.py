@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speccompile.gpu_check.definitions import DEFINITIONS
 from speccompile.gpu_check.torch_side import TorchWorker
 
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -50,42 +51,6 @@ SPEC_PROMPTS = [  # a few kinds, none from bench/ (the heads were tuned on MT-be
     ("writing", "Write a friendly two-paragraph email inviting the team to a Friday lunch to celebrate the end "
                 "of the project."),
 ]
-DEFINITIONS = {
-    "decode_tok_s": "plain greedy decoding at batch 1 through the engine's own step: decode steps after the "
-                    "prefill / their wall time, median of the runs (decode_tokens new tokens each)",
-    "roofline_tok_s": "copy_bandwidth_gb_s (a torch device-to-device copy, bytes read + written per second) / "
-                      "weight_bytes_per_token (every parameter a decode step reads: all but an untied embedding)",
-    "prefill_tok_s": "prefill_prompt_tokens / the wall time of their prefill into a fresh sequence (best of 3 "
-                     "after a warm-up; prompts longer than the library's chunk run as consecutive forwards)",
-    "cuda_graph": "decode_tok_s's runs alternate with runs whose forwards are called, not replayed from CUDA "
-                  "graphs (runtime/cuda_graph.py): their median (decode_tok_s_no_graph), whether both gave the same "
-                  "tokens, and the graphs captured and replayed over the check",
-    "host_ms_per_step": "wall time of a plain engine step (propose, forward, accept, commit) at a 128-token "
-                        "context less the device's busy time in it (the sum of its kernels' CUPTI times; "
-                        "kernel_profile.engine_step_ctx128): Python, TVM VM dispatch, launches and copies the "
-                        "device waits for. On the CPU (no profile) it is the wall time of a step less the time "
-                        "blocked in a device sync before its first read of results (timings)",
-    "forward_cost_vs_rows": "runtime/costs.measure_target: one target forward plus greedy verification over r "
-                            "rows of a scratch sequence (best of 3 after a warm-up), relative to r = 1",
-    "logits_max_abs_diff_vs_torch": "max |ours - torch float32| over the logits of a prefill (last position), a "
-                                    "decode step and an 8-token forward; the torch model holds our converted "
-                                    "weights (q4 dequantized); logits.max_abs_diff_vs_torch_fp16 is the same "
-                                    "against torch in float16, logits.torch_fp16_vs_fp32_max_abs_diff torch's own "
-                                    "fp16 error, for scale",
-    "peers": "transformers on the same weights in fp16, greedy: eager generate (hf_fp16_tok_s) and generate "
-             "with cache_implementation=static, which compiles the decoding forward with torch.compile "
-             "(torch_compile_tok_s); tok/s = new tokens after the first / time from the first to the last",
-    "speculative": "bench --one-shot: per prompt, fresh `speccompile generate --json` processes plain / spec / "
-                   "spec / plain at temperature 0; speedup = plain / spec decode seconds over all prompts; "
-                   "acceptance = accepted / drafted tokens; mean_accepted_length = tokens per verify step "
-                   "(bonus included); identical = [prompts whose four outputs are token-identical, prompts]",
-    "kernel_profile": "speccompile/gpu_check/profile.py: per phase, wall ms per call, device_busy_ms (the sum of its "
-                      "kernels' CUPTI times), launches per call and the top kernels by device time",
-    "capi": "the payload's prebuilt C API (spc_generate) on the same library, 2 prompts x 32 greedy tokens, plain "
-            "and --ngram: identical = [runs whose token ids equal the Python engine's greedy ids, runs]; tok_s / "
-            "ngram_tok_s = its decode tok/s (median), python_tok_s the engine's; libraries = the file the dynamic "
-            "linker loaded for each runtime library (speccompile/gpu_check/capi.py)",
-}
 
 
 def slug(text: str) -> str:
@@ -222,6 +187,7 @@ class Check:
         dirs = {}
         errors = True
         try:
+            self.kernels()
             for m in models:
                 self.log(f"{m['name']} ({m['weights']} weights)")
                 dirs[m["name"]] = self.measure_model(m)
@@ -264,6 +230,7 @@ class Check:
         if engine is None:
             return None
         tokens = self.measure_engine(engine, rec)
+        self.alt_libs(m, model_dir, rec, rec.pop("greedy_ids", None))
         self.kernel_profile(model_dir, lib, rec)
         if m["weights"] == "real":
             self.capi(engine, model_dir, lib, rec)
@@ -273,6 +240,45 @@ class Check:
         if tokens is not None:
             self.step(rec, "torch_reference", self.reference, model_dir, tokens, prompt, rec)
         return model_dir
+
+    def kernels(self) -> None:
+        """The projection kernels alone, each variant the payload's bench carries (kernels_bench.py)."""
+        from speccompile.gpu_check import kernels_bench
+
+        info = self.payload / f"{kernels_bench.FILE}.json"
+        if not info.exists():
+            return self.skip(self.result, "kernels", "the payload carries no kernel bench")
+        self.log("projection kernels alone (kernels_bench)")
+        deadline = time.monotonic() + min(90.0, max(0.0, self.left() - 240))
+        out = self.step(self.result, "kernels", kernels_bench.run, info, self.log, deadline)
+        if out:
+            self.result["kernels"] = out
+            for key, t in out["layers"].items():
+                self.log(f"  layer {key}: {t['us']} us, x{t['vs_one_row'].get('8')} at 8 rows, "
+                         f"x{t['vs_one_row'].get('16')} at 16")
+            self.save()
+
+    def alt_libs(self, m: dict, model_dir: Path, rec: dict, greedy: list[int] | None) -> None:
+        """The same model built another way (models.json ``alt_libs``), measured as the default was."""
+        from speccompile.runtime.engine import Engine
+
+        for name, lib in (m.get("alt_libs") or {}).items():
+            if self.left() < 60:
+                return self.skip(rec, f"alt_libs.{name}", f"{self.left():.0f} s of the check's budget left")
+            sub = rec.setdefault("alt_libs", {})[name] = {"lib": lib, "decode_tok_s": None}
+            engine = self.step(sub, "load", lambda: Engine(model_dir, self.payload / lib, max_num_sequence=1))
+            if engine is None:
+                continue
+            self.step(sub, "decode", self.decode, engine, StepClock(engine.model), sub)
+            self.step(sub, "forward_cost_vs_rows", self.rows, engine.model, engine.kv, sub)
+            self.step(sub, "prefill", self.prefill, engine.model, engine.kv, sub)
+            if greedy is not None and sub.get("greedy_ids") is not None:
+                sub["greedy_ids_equal"] = sub["greedy_ids"] == greedy
+            sub.pop("greedy_ids", None)
+            self.log(f"  {name} library: decode {sub['decode_tok_s']} tok/s, prefill {sub.get('prefill_tok_s')}, "
+                     f"rows {sub.get('forward_cost_vs_rows')}, same greedy tokens {sub.get('greedy_ids_equal')}")
+            del engine
+            gc.collect()
 
     def capi(self, engine, model_dir: Path, lib: Path, rec: dict) -> None:
         """The C API the payload carries against the engine's greedy tokens (speccompile/gpu_check/capi.py)."""
@@ -419,6 +425,7 @@ class Check:
                                      len(runs[False]) // 2], 1)}
             if on["failed"]:
                 rec.setdefault("errors", {})["cuda_graph"] = f"capturing stopped: {on['failed']}"
+        rec["greedy_ids"] = tokens[modes[0]]  # compared with an alternative library's (alt_libs), then dropped
         mine = runs[modes[0]]
         mid = sorted(mine, key=lambda r: r["tok_s"])[len(mine) // 2]
         rec["decode_tok_s"] = round(mid["tok_s"], 1)

@@ -2,7 +2,9 @@
 
 cuda (the GPU check): SmolLM2-135M-Instruct q4f16_1 from its GGUF with the committed EAGLE and
 Medusa heads, and the Qwen2.5-1.5B / -0.5B shapes (configs only, weights made on the GPU
-machine), every library compiled for sm_90 with the fatbin embedded. cpu (the dry run of
+machine), every library compiled for sm_90 with the fatbin embedded -- each model twice, with
+its default (tensor-core) projections and with the portable ones -- plus the projection
+kernels alone (speccompile/gpu_check/kernels_bench.py). cpu (the dry run of
 ``make gpu-check DEVICE=cpu``): the same two kinds on tiny shapes, compiled for this CPU.
 
 Work is cached under ``build/gpu-work/<device>-<key>/``: the key covers the compiler (as
@@ -95,14 +97,24 @@ def _timed(times: dict, key: str, fn, *args, **kwargs):
     return out
 
 
-def _compile(times: dict, key: str, model_dir: Path, lib: Path, device: str) -> Path:
+def _compile(times: dict, key: str, model_dir: Path, lib: Path, device: str, projections: str = "auto") -> Path:
     from speccompile.compiler.compile import compile_model
 
     if not lib.exists():
         archs = CUDA_ARCHS if device == "cuda" else None
         _timed(times, f"compile {key}", compile_model, model_dir / "speccompile-config.json", device, lib,
-               verbose=False, cuda_archs=archs)
+               verbose=False, cuda_archs=archs, gpu_projections=projections)
     return lib
+
+
+def _portable(times: dict, model: dict, device: str) -> dict:
+    """The model's library built with the portable projections too, beside its default
+    (tensor cores on sm_90): the check measures both in one process (check.py ``alt_libs``)."""
+    if device == "cuda":
+        lib = Path(model["lib"])
+        model["alt_libs"] = {"portable": _compile(times, f"{model['name']} portable", Path(model["dir"]),
+                                                  lib.with_name(lib.stem + "-portable.so"), device, "portable")}
+    return model
 
 
 def _config_only(times: dict, name: str, hf: dict, root: Path, quant: str, device: str, **gen) -> dict:
@@ -153,7 +165,7 @@ def prepare_cuda(work: Path, heads: Path = REPO / "heads") -> tuple[list[dict], 
         mode: _head(times, mode, heads / f"{SMOLLM2}-{mode}", gguf, root, quant, "cuda") for mode in ("eagle", "medusa")}}
     qwen = [_config_only(times, name, hf, root, quant, "cuda", context_window_size=CONTEXT)
             for name, hf in SHAPES.items()]
-    return [smol, *qwen], times
+    return [_portable(times, m, "cuda") for m in (smol, *qwen)], times
 
 
 def prepare_cpu(work: Path) -> tuple[list[dict], dict]:
@@ -177,6 +189,13 @@ def prepare_cpu(work: Path) -> tuple[list[dict], dict]:
             shutil.copy(cfg_dir / f, src / f)
     real_dir, real_lib = _converted(times, "tiny-llama", src, root, quant, "llvm", **gen)
     real = {"name": "tiny-llama", "weights": "real", "dir": real_dir, "lib": real_lib, "heads": {}}
+    generic = root / "tiny-llama-x86-64-v2.so"  # an alternative build (the check's alt_libs path): no AVX2 kernels
+    if not generic.exists():
+        from speccompile.compiler.compile import compile_model
+
+        _timed(times, "compile tiny-llama x86-64-v2", compile_model, real_dir / "speccompile-config.json", "llvm",
+               generic, verbose=False, mcpu="x86-64-v2")
+    real["alt_libs"] = {"x86-64-v2": generic}
     return [real, _config_only(times, "tiny-qwen2", TINY["tiny-qwen2"], root, quant, "llvm", **gen)], times
 
 
@@ -200,7 +219,17 @@ def build_payload(device: str, out: Path, work: Path, tree_bytes: int, heads: Pa
     except CapiBuildError as err:
         capi, extra["capi_missing"] = None, str(err)
         print(f"  the payload goes without the C API: {err}", flush=True)
-    return assemble(out, work / f"{device}-tar", models, wheels, device, quant, tree_bytes, extra=extra, capi=capi)
+    files = {}
+    if device == "cuda":  # the projection kernels alone, each variant (speccompile/gpu_check/kernels_bench.py)
+        from speccompile.gpu_check import kernels_bench
+
+        key = hashlib.sha256(Path(kernels_bench.__file__).read_bytes()).hexdigest()[:8]  # its variants and shapes
+        bench = work / f"cuda-{work_key()}" / f"kernels-{key}"
+        if not (bench / f"{kernels_bench.FILE}.so").exists():
+            _timed(times, "kernel bench", kernels_bench.build, bench)
+        files = {f"{kernels_bench.FILE}{ext}": bench / f"{kernels_bench.FILE}{ext}" for ext in (".so", ".json")}
+    return assemble(out, work / f"{device}-tar", models, wheels, device, quant, tree_bytes, extra=extra, capi=capi,
+                    files=files)
 
 
 def main(argv: list[str] | None = None) -> int:

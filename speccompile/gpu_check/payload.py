@@ -273,12 +273,15 @@ def tvm_ffi_wheel(work: Path) -> Path:
 
 
 def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], device: str, quantization: str,
-             tree_bytes: int, extra: dict | None = None, capi: Path | None = None) -> list[Path]:
+             tree_bytes: int, extra: dict | None = None, capi: Path | None = None,
+             files: dict[str, Path] | None = None) -> list[Path]:
     """Tar the payload (TVM runtime, wheels, each model's folder and library, the C API) and split it.
 
-    ``models``: {"name", "weights": "real"|"random", "dir", "lib", "heads": {mode: {"dir", "lib"}}}
-    with local paths; the payload's models.json names them by their place inside it. ``capi``:
-    the install prefix speccompile.gpu_check.capi.build_capi made (None: the payload has no C API)."""
+    ``models``: {"name", "weights": "real"|"random", "dir", "lib", "heads": {mode: {"dir", "lib"}},
+    "alt_libs": {name: lib}} with local paths (``alt_libs``: the same model built another way, e.g.
+    with portable projections); the payload's models.json names them by their place inside it.
+    ``capi``: the install prefix speccompile.gpu_check.capi.build_capi made (None: the payload has
+    no C API). ``files``: more files by their name inside the payload (the kernel bench)."""
     budget = part_budget(tree_bytes)
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "payload.tgz"
@@ -290,16 +293,21 @@ def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], 
             tar.add(w, f"payload/wheels/{w.name}")
         for m in models:
             slug = m["name"].lower()
-            entry = {k: v for k, v in m.items() if k not in ("dir", "lib", "heads")}
-            entry.update(dir=f"models/{slug}", lib=f"models/{slug}.so", heads={})
+            entry = {k: v for k, v in m.items() if k not in ("dir", "lib", "heads", "alt_libs")}
+            entry.update(dir=f"models/{slug}", lib=f"models/{slug}.so", heads={}, alt_libs={})
             tar.add(m["dir"], f"payload/{entry['dir']}", filter=_no_caches)
             tar.add(m["lib"], f"payload/{entry['lib']}")
+            for alt, lib in (m.get("alt_libs") or {}).items():
+                entry["alt_libs"][alt] = f"models/{slug}-{alt}.so"
+                tar.add(lib, f"payload/{entry['alt_libs'][alt]}")
             for mode, head in (m.get("heads") or {}).items():
                 hslug = f"{slug}-{mode}"
                 entry["heads"][mode] = {"dir": f"models/{hslug}", "lib": f"models/{hslug}.so"}
                 tar.add(head["dir"], f"payload/models/{hslug}", filter=_no_caches)
                 tar.add(head["lib"], f"payload/models/{hslug}.so")
             listing.append(entry)
+        for name, path in (files or {}).items():
+            tar.add(path, f"payload/{name}")
         capi_info = None
         if capi is not None:
             from speccompile.gpu_check.capi import add_to_tar
@@ -307,6 +315,7 @@ def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], 
             capi_info = add_to_tar(tar, capi)
         info = {"device": device, "quantization": quantization, "models": listing, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
                 **git_state(), "tvm_runtime_bytes": tvm_bytes, "wheels": [w.name for w in wheels], "capi": capi_info,
+                "files": sorted(files or {}),
                 **(extra or {})}
         _add_bytes(tar, "payload/payload.json", json.dumps(info, indent=1).encode())
     parts = split_file(blob, out_dir, budget, {k: info[k] for k in ("device", "commit", "dirty", "built")})

@@ -138,6 +138,30 @@ def test_bad_cuda_arch(tiny, tmp_path):
                       cuda_archs=["80"])
 
 
+def test_gpu_projections_follow_the_arch_and_are_refused_where_they_cannot_run(tiny, tmp_path):
+    """auto: tensor cores only where every fatbin arch has mma.sync m16n8k16 (sm_80+); asked for
+    on sm_75, for a CPU or for a model without fp16 activations, a clear error before any work."""
+    from speccompile.compiler.compile import resolve_projections
+    from speccompile.compiler.targets import plan_target
+
+    sm75 = plan_target("cuda", tmp_path / "m.so", cuda_archs=["sm_75", "sm_90"]).target
+    sm80 = plan_target("cuda", tmp_path / "m.so", cuda_archs=["sm_80"]).target
+    assert resolve_projections("auto", sm75, "q4f16_1") == "portable"
+    assert resolve_projections("auto", sm80, "q4f16_1") == "tensor-core"
+    assert resolve_projections("portable", sm80, "q4f16_1") == "portable"
+    assert resolve_projections("auto", sm80, "q4f32_1") == "portable"
+    opencl = plan_target("opencl", tmp_path / "m.so").target
+    assert resolve_projections("auto", opencl, "q4f16_1") == "portable"
+    for target, quant, words in ((sm75, "q4f16_1", "sm_80 or newer"), (sm80, "q4f32_1", "use q4f16_1"),
+                                 (opencl, "q4f16_1", "sm_80 or newer")):
+        with pytest.raises(CompileError, match=words):
+            resolve_projections("tensor-core", target, quant)
+    with pytest.raises(CompileError, match="for --device cuda"):
+        compile_model(tiny.model_dir / "speccompile-config.json", "llvm", tmp_path / "m.so", verbose=False,
+                      gpu_projections="tensor-core")
+    assert not (tmp_path / "m.so").exists()
+
+
 def _nvcc_resources(src: Path, arch: str) -> dict[str, str]:
     """nvcc compiles the dumped CUDA source; ptxas reports each kernel's registers and smem."""
     res = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(src.with_suffix(".cubin")),
@@ -166,6 +190,13 @@ def test_cuda(model_dir, tiny, tmp_path):
     # planned intermediates lifted into one allocation per VM: what lets the runtime capture graphs
     assert meta["cuda_graph"] is True and b"vm.builtin.cuda_graph.get_cached_alloc" in data
     text = src.read_text()
+    # every arch sm_80+: a q4f16_1 model's q4 projections run on tensor cores (--gpu-projections auto);
+    # fp32 activations (SmolLM2 q4f32_1 here) keep the portable kernels
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in text
+    if meta["quantization"] == "q4f16_1":
+        assert meta["gpu_projections"] == "tensor-core" and mma
+    else:
+        assert meta["gpu_projections"] == "portable" and not mma
     for kernel in ("accept_greedy1_kernel", "accept_greedy1_kernel_1", "q4_matmul_kernel", "attention_kernel",
                    "sampling_probs1_kernel", "accept_sampled1_kernel"):
         assert "void __launch_bounds__" in text and f" {kernel}(" in text, kernel

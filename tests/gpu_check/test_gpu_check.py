@@ -157,9 +157,12 @@ def capi_prefix():
 
 @pytest.mark.hf
 def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
-    """The check on the tiny models: a q4 model whose weights travel, a random one made and
-    converted where the check runs; TVM from the payload's runtime-only package; the C API
-    the payload carries against the engine on the real-weight model."""
+    """The check on the tiny models: a q4 model whose weights travel (and a second build of it,
+    measured beside the first), a random one made and converted where the check runs; TVM from
+    the payload's runtime-only package; the C API the payload carries against the engine on the
+    real-weight model."""
+    from speccompile.compiler.compile import compile_model
+
     real = build_tiny("tiny-llama", "q4f32_1")
     random = build_tiny("tiny-qwen2", "q4f32_1")
     config_only = tmp_path / "qwen-config"
@@ -167,7 +170,10 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
     for f in random.model_dir.iterdir():
         if f.name == "speccompile-config.json" or f.name.startswith("tokenizer"):
             shutil.copy(f, config_only / f.name)
-    models = [{"name": "tiny-llama", "weights": "real", "dir": real.model_dir, "lib": real.lib, "heads": {}},
+    generic = tmp_path / "tiny-llama-x86-64-v2.so"  # an alternative build of the same model (alt_libs)
+    compile_model(real.model_dir / "speccompile-config.json", "llvm", generic, verbose=False, mcpu="x86-64-v2")
+    models = [{"name": "tiny-llama", "weights": "real", "dir": real.model_dir, "lib": real.lib, "heads": {},
+               "alt_libs": {"x86-64-v2": generic}},
               {"name": "tiny-qwen2", "weights": "random", "seed": 0, "dir": config_only, "lib": random.lib}]
     parts = assemble(tmp_path / "payload", tmp_path / "work", models, [], "cpu", "q4f32_1", tree_bytes=0,
                      capi=capi_prefix)
@@ -194,6 +200,10 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
         assert r["logits"]["argmax_agree"] >= 8
         assert r["peers"]["hf_fp16_tok_s"] > 0 and r["peers"]["torch_compile_tok_s"] is None
         assert "torch_compile" in r["skipped"]
+    alt = result["models"]["tiny-llama"]["alt_libs"]["x86-64-v2"]  # the same model built another way
+    assert alt["decode_tok_s"] > 0 and list(alt["forward_cost_vs_rows"])[:1] == ["1"] and alt["prefill_tok_s"] > 0
+    assert isinstance(alt["greedy_ids_equal"], bool) and "errors" not in alt
+    assert result["skipped"]["kernels"] == "the payload carries no kernel bench"  # cuda payloads only
     assert result["models"]["tiny-qwen2"]["random_init"]["params"] > 0
     assert "speculative" not in result["models"]["tiny-qwen2"]  # random weights: acceptance means nothing
     speculative = result["models"]["tiny-llama"]["speculative"]

@@ -1,0 +1,196 @@
+"""The q4 projection kernels alone on the device: time per token count, and bit identity of
+every row with the same row projected alone, for each kernel variant on real model shapes.
+
+Why: a forward's cost per row count (check.py ``forward_cost_vs_rows``) mixes the projections
+with attention, norms and launches, and measures only the kernels a library was built with.
+This times the portable kernels (kernels/gpu_matmul.py) and the tensor-core kernel
+(kernels/gpu_matmul_mma.py) in its default and other shapes of work (warps per block, groups
+loaded ahead) side by side in one process, so one GPU session can choose between them; and
+it checks on the device what CPU tests cannot: that the tensor core gives a token the same
+bits in any column of its tile (batch invariance, which greedy losslessness rests on).
+
+Two halves: ``build`` here (TVM's compiler; nvcc embeds a fatbin for cuda) writes
+``kernels-bench.so`` and ``kernels-bench.json`` into the payload; ``run`` where the check runs
+(TVM's runtime alone). The CPU tests build and run the portable variant on PoCL
+(tests/gpu_check/test_kernels_bench.py).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+# projection shapes (n, k) per layer, and each model's layers (the layer total weighs them once each)
+SHAPES = {
+    "qwen15": {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960),
+               "lm_head": (151936, 1536)},
+    "smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)},
+}
+LAYERS = {"qwen15": 28, "smollm2": 30}
+# variant -> kernel and its work split; "tc" is what --gpu-projections tensor-core builds
+VARIANTS = {"portable": {}, "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_u1": {"unroll": 1},
+            "tc_u4": {"unroll": 4}}
+ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
+ALONE = 64  # rows projected one at a time: the reference every M-row result must equal bit for bit
+CHECKED_FEATURES = 512  # output features compared with float64 (the first and last 256)
+FILE = "kernels-bench"
+
+
+def _kernel(variant: str, n: int, k: int, dtype: str):
+    from speccompile.kernels import gpu_matmul as portable
+    from speccompile.kernels import gpu_matmul_mma as mma
+    from speccompile.kernels.attention_gpu import max_vector_lanes
+
+    if variant == "portable":
+        return portable.q4_gemv(n, k, dtype, max_lanes=max_vector_lanes())
+    return mma.q4_mma(n, k, **VARIANTS[variant])
+
+
+def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=None, shapes=None) -> Path:
+    """Compile every (variant, model, projection) into one library; returns the listing's path."""
+    import tvm
+
+    from speccompile.compiler.targets import fatbin_packer, find_nvcc
+
+    variants = list(variants or VARIANTS)
+    shapes = shapes or SHAPES
+    if device == "cuda":
+        archs = ["sm_90"]
+        target = tvm.target.Target({"kind": "cuda", "arch": archs[0], "host": {"kind": "llvm"}})
+    else:
+        archs, target = [], tvm.target.Target({"kind": device, "host": {"kind": "llvm"}})
+    funcs, listing = {}, []
+    with target:
+        for variant in variants:
+            for model, projs in shapes.items():
+                for proj, (n, k) in projs.items():
+                    name = f"{variant}__{model}_{proj}"
+                    funcs[name] = _kernel(variant, n, k, dtype).with_attr("global_symbol", name)
+                    listing.append({"name": name, "variant": variant, "model": model, "proj": proj, "n": n, "k": k,
+                                    **VARIANTS[variant]})
+    ex = tvm.compile(tvm.IRModule(funcs), target=target)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib, report = out_dir / f"{FILE}.so", {}
+    nvcc = find_nvcc() if device == "cuda" else None
+    if nvcc:
+        ex.export_library(str(lib), fpack_imports=fatbin_packer(nvcc, archs, report))
+    else:
+        ex.export_library(str(lib))
+    info = out_dir / f"{FILE}.json"
+    info.write_text(json.dumps({"device": device, "dtype": dtype, "rows": list(ROWS), "layers": LAYERS,
+                                "functions": listing}, indent=1))
+    return info
+
+
+def _operands(n: int, k: int, dtype: str, rows: int, seed: int):
+    """Random q4 weights (nibbles, signed scales) and activations; w's dequantized rows on demand."""
+    rng = np.random.default_rng(seed)
+    qw = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint64).astype(np.uint32)
+    qs = (rng.standard_normal((n, k // 32)) * 0.02).astype(dtype)
+    x = rng.standard_normal((rows, k)).astype(dtype)
+    return qw, qs, x
+
+
+def _dequantized(qw: np.ndarray, qs: np.ndarray, features: np.ndarray) -> np.ndarray:
+    nib = (qw[features, :, None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15
+    w = nib.reshape(len(features), -1).astype(np.float64) - 7
+    return w * np.repeat(qs[features].astype(np.float64), 32, axis=1)
+
+
+def _timer(lib, name: str, dev):
+    """Seconds per call: TVM's C++ time evaluator (back-to-back launches, synchronised once per
+    repeat), else a Python loop -- whose launch cost then bounds small kernels."""
+    try:
+        te = lib.time_evaluator(name, dev, number=20, repeat=5)
+        return lambda *args: min(te(*args).results)
+    except Exception:  # noqa: BLE001 - a runtime without the evaluator
+        fn = lib[name]
+
+        def loop(*args):
+            best = float("inf")
+            for _ in range(5):
+                dev.sync()
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    fn(*args)
+                dev.sync()
+                best = min(best, (time.perf_counter() - t0) / 20)
+            return best
+        return loop
+
+
+def run(info_path: Path, log=print, deadline: float | None = None) -> dict:
+    """Time and check every listed kernel on the device the library was built for."""
+    import tvm
+
+    from speccompile.runtime.device_runtime import ensure_device_runtime
+
+    info = json.loads(Path(info_path).read_text())
+    ensure_device_runtime(info["device"])
+    lib = tvm.runtime.load_module(str(Path(info_path).with_suffix(".so")))
+    dev, dtype, rows = tvm.device(info["device"], 0), info["dtype"], [int(r) for r in info["rows"]]
+    out: dict = {"device_kind": info["device"], "dtype": dtype, "rows": rows, "functions": {}, "skipped": []}
+    data: dict = {}  # (n, k) -> operands, shared by the variants
+    for f in info["functions"]:
+        if deadline is not None and time.monotonic() > deadline:
+            out["skipped"].append(f["name"])
+            continue
+        n, k = f["n"], f["k"]
+        if (n, k) not in data:
+            data.clear()  # one shape's operands at a time (the lm_head's are 0.2 GB)
+            qw, qs, x = _operands(n, k, dtype, max(rows), seed=n * 7 + k)
+            data[(n, k)] = (qw, qs, x, tvm.runtime.tensor(qw, dev), tvm.runtime.tensor(qs, dev),
+                            {m: tvm.runtime.tensor(x[:m], dev) for m in rows},
+                            [tvm.runtime.tensor(x[i:i + 1], dev) for i in range(min(ALONE, max(rows)))])
+        qw, qs, x, qw_d, qs_d, xs, singles = data[(n, k)]
+        fn = lib[f["name"]]
+        ys = {m: tvm.runtime.empty((m, n), dtype, dev) for m in rows}
+        alone = []
+        for xi in singles:
+            fn(xi, qw_d, qs_d, ys[1])
+            alone.append(ys[1].numpy()[0].copy())
+        alone = np.stack(alone)
+        rec = {**{key: f[key] for key in ("variant", "model", "proj", "n", "k")}, "us": {}, "mismatched_rows": {}}
+        for m in rows:
+            fn(xs[m], qw_d, qs_d, ys[m])
+            got = ys[m].numpy()[:len(alone)]
+            bad = np.flatnonzero((got.view(np.uint16) != alone[:len(got)].view(np.uint16)).any(axis=1))
+            if len(bad):
+                rec["mismatched_rows"][str(m)] = bad[:8].tolist()
+        timer = _timer(lib, f["name"], dev)
+        for m in rows:
+            rec["us"][str(m)] = round(1e6 * timer(xs[m], qw_d, qs_d, ys[m]), 2)
+        rec["vs_one_row"] = {m: round(t / rec["us"]["1"], 3) for m, t in rec["us"].items()}
+        rec["invariant"] = not rec["mismatched_rows"]
+        feats = np.unique(np.r_[np.arange(min(n, CHECKED_FEATURES // 2)), np.arange(max(0, n - CHECKED_FEATURES // 2), n)])
+        w = _dequantized(qw, qs, feats)
+        ref = x[:8].astype(np.float64) @ w.T
+        scale = np.abs(x[:8].astype(np.float64)) @ np.abs(w).T
+        rec["max_err_vs_scale"] = float((np.abs(alone[:8, feats].astype(np.float64) - ref) / scale).max())
+        out["functions"][f["name"]] = rec
+        log(f"  {f['name']}: {rec['us']} us, x{rec['vs_one_row'].get('8')} at 8 rows, "
+            f"invariant {rec['invariant']}, err/scale {rec['max_err_vs_scale']:.1e}")
+    out["layers"] = layer_totals(out["functions"], info.get("layers", LAYERS))
+    return out
+
+
+def layer_totals(functions: dict, layers: dict) -> dict:
+    """Per (variant, model): one layer's projections summed (the lm_head apart), microseconds
+    per token count and their ratio to one row: what a decode or verify forward pays for them."""
+    totals: dict = {}
+    for rec in functions.values():
+        if rec["proj"] == "lm_head":
+            continue
+        key = f"{rec['variant']}__{rec['model']}"
+        t = totals.setdefault(key, {"variant": rec["variant"], "model": rec["model"], "us": {}, "complete": True})
+        for m, us in rec["us"].items():
+            t["us"][m] = round(t["us"].get(m, 0.0) + us, 2)
+    for key, t in totals.items():
+        want = [p for p in SHAPES.get(t["model"], {}) if p != "lm_head"]
+        got = [r["proj"] for r in functions.values() if f"{r['variant']}__{r['model']}" == key]
+        t["complete"] = sorted(want) == sorted(p for p in got if p != "lm_head")
+        t["vs_one_row"] = {m: round(v / t["us"]["1"], 3) for m, v in t["us"].items()}
+        t["forward_ms"] = {m: round(v * layers.get(t["model"], 0) / 1e3, 3) for m, v in t["us"].items()}
+    return totals

@@ -1,0 +1,41 @@
+"""speccompile/gpu_check/kernels_bench.py end to end on the CPU OpenCL device (PoCL): the
+portable q4 kernel built into a bench library, then timed and checked through TVM's runtime,
+as the GPU check runs it (fp32 activations: PoCL has no fp16; the tensor-core variants are
+cuda-only and run on the GPU alone)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import opencl_missing
+from speccompile.gpu_check import kernels_bench as B
+
+_MISSING = opencl_missing()
+
+
+@pytest.mark.skipif(_MISSING is not None, reason=f"OpenCL unavailable: {_MISSING}")
+def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatch):
+    monkeypatch.setattr(B, "ROWS", (1, 3, 8, 9, 20))
+    shapes = {"tiny": {"qkv": (96, 256), "o": (64, 512)}}
+    monkeypatch.setitem(B.SHAPES, "tiny", shapes["tiny"])
+    info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable"], shapes=shapes)
+    listing = json.loads(info.read_text())
+    assert [f["name"] for f in listing["functions"]] == ["portable__tiny_qkv", "portable__tiny_o"]
+    out = B.run(info, log=lambda _: None)
+    for name, rec in out["functions"].items():
+        # the portable kernel is batch invariant: every row of every M equals the row alone
+        assert rec["invariant"] and not rec["mismatched_rows"], name
+        assert list(rec["us"]) == ["1", "3", "8", "9", "20"] and all(t > 0 for t in rec["us"].values())
+        assert rec["vs_one_row"]["1"] == 1.0
+        assert rec["max_err_vs_scale"] < 1e-5  # fp32 accumulation against float64
+    layer = out["layers"]["portable__tiny"]
+    assert layer["complete"] and layer["us"]["8"] == pytest.approx(
+        out["functions"]["portable__tiny_qkv"]["us"]["8"] + out["functions"]["portable__tiny_o"]["us"]["8"], abs=0.02)
+
+
+def test_layer_totals_flag_a_model_whose_projections_were_cut_short():
+    """A deadline can skip kernels: a layer total over some of its projections says so."""
+    f = {"tc__smollm2_qkv": {"variant": "tc", "model": "smollm2", "proj": "qkv", "us": {"1": 2.0, "8": 3.0}}}
+    t = B.layer_totals(f, B.LAYERS)["tc__smollm2"]
+    assert not t["complete"] and t["vs_one_row"] == {"1": 1.0, "8": 1.5} and t["forward_ms"]["1"] == 0.06
