@@ -30,8 +30,10 @@ SHAPES = {
 }
 LAYERS = {"qwen15": 28, "smollm2": 30}
 # variant -> kernel and its work split; "tc" is what --gpu-projections tensor-core builds
-VARIANTS = {"portable": {}, "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_u1": {"unroll": 1},
-            "tc_u4": {"unroll": 4}}
+# (tc_w16: ptxas holds a 512-thread block to 64 registers and spills 48 bytes; it keeps 16 warps per
+# block in flight on matrices of few feature tiles, Qwen2.5-1.5B's down and o projections: 96 blocks)
+VARIANTS = {"portable": {}, "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_w16": {"warps": 16},
+            "tc_u1": {"unroll": 1}, "tc_u4": {"unroll": 4}}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
 ALONE = 64  # rows projected one at a time: the reference every M-row result must equal bit for bit
 CHECKED_FEATURES = 512  # output features compared with float64 (the first and last 256)

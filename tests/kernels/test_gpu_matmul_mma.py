@@ -27,18 +27,18 @@ EMULATOR = Path(__file__).with_name("cuda_emulator.h")
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the emulated kernel")
 
 
-def cuda_source(n: int, k: int) -> str:
+def cuda_source(n: int, k: int, **split) -> str:
     import tvm
 
-    mod = tvm.IRModule({"proj": K.q4_mma(n, k).with_attr("global_symbol", "proj")})
+    mod = tvm.IRModule({"proj": K.q4_mma(n, k, **split).with_attr("global_symbol", "proj")})
     return tvm.compile(mod, target=tvm.target.Target(CUDA)).mod.imports[0].inspect_source()
 
 
 class Emulated:
     """The kernel's CUDA C built for the CPU; ``run(x)`` projects the fp16 rows of x."""
 
-    def __init__(self, n: int, k: int, qw: np.ndarray, qs: np.ndarray, tmp_path: Path):
-        src = cuda_source(n, k)
+    def __init__(self, n: int, k: int, qw: np.ndarray, qs: np.ndarray, tmp_path: Path, **split):
+        src = cuda_source(n, k, **split)
         body = src[src.index('extern "C" __global__'):]  # the kernel; TVM's asm helpers stay behind
         # shared memory: one static array (blocks run one at a time); C++ wants the attribute first
         body = re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", body)
@@ -57,7 +57,7 @@ class Emulated:
         assert res.returncode == 0, res.stderr[-3000:]
         self.lib = ctypes.CDLL(str(so))
         self.n, self.k, self.qw, self.qs = n, k, qw, qs.astype(np.float16)
-        self.block = (32, K.warps_for(k // K.GROUP))
+        self.block = (32, split.get("warps") or K.warps_for(k // K.GROUP))
 
     def run(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float16)
@@ -78,13 +78,15 @@ def _weights(n: int, k: int, rng):
 
 
 @needs_cxx
-@pytest.mark.parametrize("n, k", [(48, 256), (40, 768), (32, 2048)])
-def test_emulated_mma_projection_matches_numpy_and_rows_are_invariant(n, k, tmp_path):
-    """k = 256, 768, 2048: 4, 8 and 16 warps per block (the k split); n = 40: a partial
-    feature tile. Token counts across partial tiles and chunks, up to two chunks of 32."""
+@pytest.mark.parametrize("n, k, split", [(48, 256, {}), (40, 768, {}), (32, 2048, {}),
+                                         (32, 1024, {"warps": 16, "unroll": 1}), (16, 768, {"warps": 4, "unroll": 4})])
+def test_emulated_mma_projection_matches_numpy_and_rows_are_invariant(n, k, split, tmp_path):
+    """k = 256, 768, 2048: the default 4 and 8 warps per block (the k split), whole and partial
+    last steps; the GPU check's other splits (16 warps, 1 or 4 groups loaded ahead); n = 40: a
+    partial feature tile. Token counts across partial tiles and chunks, up to two chunks of 32."""
     rng = np.random.default_rng(n * k)
     qw, qs, w = _weights(n, k, rng)
-    proj = Emulated(n, k, qw, qs, tmp_path)
+    proj = Emulated(n, k, qw, qs, tmp_path, **split)
     x = rng.standard_normal((40, k)).astype(np.float16)
     alone = np.concatenate([proj.run(x[i:i + 1]) for i in range(len(x))])
     ref = x.astype(np.float64) @ w.T
