@@ -23,7 +23,6 @@ import gc
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from speccompile.gpu_check.definitions import DEFINITIONS
+from speccompile.gpu_check.machine import StepClock, cpu_name, gpu_identity, slug
 from speccompile.gpu_check.torch_side import TorchWorker
 
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -51,65 +51,6 @@ SPEC_PROMPTS = [  # a few kinds, none from bench/ (the heads were tuned on MT-be
     ("writing", "Write a friendly two-paragraph email inviting the team to a Friday lunch to celebrate the end "
                 "of the project."),
 ]
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def gpu_identity(device: str) -> tuple[str, str]:
-    """(nvidia-smi's name, driver version), or the CPU's name for a dry run."""
-    if device == "cpu":
-        return f"CPU dry run: {cpu_name()}", "n/a"
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-        name, driver = (s.strip() for s in out.split(",", 1))
-        return name, driver
-    except (OSError, IndexError, ValueError, subprocess.TimeoutExpired):
-        return "unknown GPU (nvidia-smi failed)", "unknown"
-
-
-class StepClock:
-    """Splits a decode step's wall time: time inside the library's calls, and time blocked on
-    the device -- a sync placed before the step's first read of device results (the greedy
-    verification), which would otherwise block in the same place."""
-
-    def __init__(self, model):
-        self.vm = self.wait = 0.0
-        for name, fn in list(model._fn.items()):
-            model._fn[name] = self._timed(fn)
-        accept = model.accept_greedy
-
-        def synced(*args, **kwargs):
-            t0 = time.perf_counter()
-            model.device.sync()
-            self.wait += time.perf_counter() - t0
-            return accept(*args, **kwargs)
-
-        model.accept_greedy = synced
-
-    def _timed(self, fn):
-        def call(*args):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                self.vm += time.perf_counter() - t0
-        return call
-
-    def reset(self) -> None:
-        self.vm = self.wait = 0.0
 
 
 class Check:
@@ -133,6 +74,7 @@ class Check:
                        "python": platform.python_version(), "budget_s": args.budget_s, "copy_bandwidth_gb_s": None,
                        "definitions": DEFINITIONS, "errors": {}}
         self.worker = None
+        self.refused: str | None = None  # why the tensor-core libraries stand down (kernels), if they do
         self.prompt_ids: dict[str, list[int]] = {}  # model -> the decode prompt's token ids (the peers reuse them)
 
     # ------------------------------------------------------------------ plumbing
@@ -218,7 +160,8 @@ class Check:
             "logits_max_abs_diff_vs_torch": None, "peers": {"hf_fp16_tok_s": None, "torch_compile_tok_s": None}}
         if m["weights"] == "real":
             rec["speculative"] = {}
-        lib = self.payload / m["lib"]
+        lib = self.lib_of(m)
+        rec["library"] = str(lib.relative_to(self.payload))
         model_dir = self.payload / m["dir"]
         if m["weights"] == "random":
             model_dir = self.step(rec, "random_weights", self.random_weights, m, rec)
@@ -242,27 +185,52 @@ class Check:
         return model_dir
 
     def kernels(self) -> None:
-        """The projection kernels alone, each variant the payload's bench carries (kernels_bench.py)."""
+        """The projection kernels alone, each variant the payload's bench carries (kernels_bench.py),
+        in a process of its own; if the default tensor-core kernel faults, or gives a row other bits
+        than the row alone, the models are measured with their portable libraries instead."""
         from speccompile.gpu_check import kernels_bench
 
         info = self.payload / f"{kernels_bench.FILE}.json"
         if not info.exists():
             return self.skip(self.result, "kernels", "the payload carries no kernel bench")
-        self.log("projection kernels alone (kernels_bench)")
-        deadline = time.monotonic() + min(90.0, max(0.0, self.left() - 240))
-        out = self.step(self.result, "kernels", kernels_bench.run, info, self.log, deadline)
+        seconds = min(90.0, max(0.0, self.left() - 240))
+        self.log(f"projection kernels alone (kernels_bench, at most {seconds:.0f} s)")
+
+        def run():
+            done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.kernels_bench", str(info),
+                                   "--seconds", str(seconds)], capture_output=True, text=True, timeout=seconds + 120)
+            for line in done.stderr.strip().splitlines()[-80:]:
+                self.log(line)
+            if done.returncode != 0:
+                raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-1200:]}")
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        out = self.step(self.result, "kernels", run)
         if out:
             self.result["kernels"] = out
             for key, t in out["layers"].items():
                 self.log(f"  layer {key}: {t['us']} us, x{t['vs_one_row'].get('8')} at 8 rows, "
                          f"x{t['vs_one_row'].get('16')} at 16")
-            self.save()
+        self.refused = kernels_bench.refusal(out, self.result.get("errors", {}).get("kernels"))
+        self.result["tensor_core_refused"] = self.refused
+        if self.refused:
+            self.log(f"  tensor-core libraries not measured as the default: {self.refused}")
+        self.save()
+
+    def lib_of(self, m: dict) -> Path:
+        """The library a model (or a head: the same keys) is measured with: its default, or its
+        portable build where the kernel bench refused the tensor-core kernel."""
+        if self.refused and "portable" in (m.get("alt_libs") or {}):
+            return self.payload / m["alt_libs"]["portable"]
+        return self.payload / m["lib"]
 
     def alt_libs(self, m: dict, model_dir: Path, rec: dict, greedy: list[int] | None) -> None:
         """The same model built another way (models.json ``alt_libs``), measured as the default was."""
         from speccompile.runtime.engine import Engine
 
         for name, lib in (m.get("alt_libs") or {}).items():
+            if self.payload / lib == self.lib_of(m):
+                continue  # measured as the default already
             if self.left() < 60:
                 return self.skip(rec, f"alt_libs.{name}", f"{self.left():.0f} s of the check's budget left")
             sub = rec.setdefault("alt_libs", {})[name] = {"lib": lib, "decode_tok_s": None}
@@ -498,10 +466,10 @@ class Check:
                 continue
             spec = {"speculative_mode": mode}
             if head:
-                spec["additional_models"] = f"{self.payload / head['dir']},{self.payload / head['lib']}"
+                spec["additional_models"] = f"{self.payload / head['dir']},{self.lib_of(head)}"
             self.log(f"{m['name']}: one-shot {mode} on {count} prompt(s)")
             t0 = time.monotonic()
-            report = self.step(rec, f"speculative.{mode}", run_one_shot, model_dir, self.payload / m["lib"], spec,
+            report = self.step(rec, f"speculative.{mode}", run_one_shot, model_dir, self.lib_of(m), spec,
                                prompts, 16 if self.quick else 128)
             per_mode = time.monotonic() - t0
             if report:

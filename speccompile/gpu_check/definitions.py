@@ -44,4 +44,8 @@ DEFINITIONS = {
                "evaluator, min of 5 x 20 calls); invariant = every row of every M-row result bit-identical to the "
                "same row projected alone (64 rows); max_err_vs_scale = max |ours - float64| / sum |x w| over 8 "
                "rows and 512 features; layers = one layer's projections summed, forward_ms x the model's layers",
+    "tensor_core_refused": "null, or why the models were measured with their portable libraries (alt_libs.portable) "
+                           "instead of their default tensor-core ones: the kernel bench failed, or its default "
+                           "tensor-core kernel gave a row other bits than the row alone, or results far from float64 "
+                           "(kernels_bench.refusal); each model's library says which it was",
 }

@@ -11,8 +11,10 @@ bits in any column of its tile (batch invariance, which greedy losslessness rest
 
 Two halves: ``build`` here (TVM's compiler; nvcc embeds a fatbin for cuda) writes
 ``kernels-bench.so`` and ``kernels-bench.json`` into the payload; ``run`` where the check runs
-(TVM's runtime alone). The CPU tests build and run the portable variant on PoCL
-(tests/gpu_check/test_kernels_bench.py).
+(TVM's runtime alone), in a process of its own (``main``): a kernel that faults poisons its
+CUDA context, and the check must go on. ``refusal`` says when the tensor-core kernel may not
+stand for the default libraries (the check then measures the portable ones in their place).
+The CPU tests build and run the portable variant on PoCL (tests/gpu_check/test_kernels_bench.py).
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
         ex.export_library(str(lib))
     info = out_dir / f"{FILE}.json"
     info.write_text(json.dumps({"device": device, "dtype": dtype, "rows": list(ROWS), "layers": LAYERS,
+                                "shapes": {model: list(projs) for model, projs in shapes.items()},
                                 "functions": listing}, indent=1))
     return info
 
@@ -174,13 +177,14 @@ def run(info_path: Path, log=print, deadline: float | None = None) -> dict:
         out["functions"][f["name"]] = rec
         log(f"  {f['name']}: {rec['us']} us, x{rec['vs_one_row'].get('8')} at 8 rows, "
             f"invariant {rec['invariant']}, err/scale {rec['max_err_vs_scale']:.1e}")
-    out["layers"] = layer_totals(out["functions"], info.get("layers", LAYERS))
+    out["layers"] = layer_totals(out["functions"], info["layers"], info["shapes"])
     return out
 
 
-def layer_totals(functions: dict, layers: dict) -> dict:
+def layer_totals(functions: dict, layers: dict, shapes: dict) -> dict:
     """Per (variant, model): one layer's projections summed (the lm_head apart), microseconds
-    per token count and their ratio to one row: what a decode or verify forward pays for them."""
+    per token count and their ratio to one row: what a decode or verify forward pays for them.
+    ``shapes``: each model's projections built (``complete``: all of them were timed)."""
     totals: dict = {}
     for rec in functions.values():
         if rec["proj"] == "lm_head":
@@ -190,9 +194,49 @@ def layer_totals(functions: dict, layers: dict) -> dict:
         for m, us in rec["us"].items():
             t["us"][m] = round(t["us"].get(m, 0.0) + us, 2)
     for key, t in totals.items():
-        want = [p for p in SHAPES.get(t["model"], {}) if p != "lm_head"]
+        want = [p for p in shapes.get(t["model"], []) if p != "lm_head"]
         got = [r["proj"] for r in functions.values() if f"{r['variant']}__{r['model']}" == key]
         t["complete"] = sorted(want) == sorted(p for p in got if p != "lm_head")
         t["vs_one_row"] = {m: round(v / t["us"]["1"], 3) for m, v in t["us"].items()}
         t["forward_ms"] = {m: round(v * layers.get(t["model"], 0) / 1e3, 3) for m, v in t["us"].items()}
     return totals
+
+
+def refusal(out: dict | None, error: str | None = None) -> str | None:
+    """Why the tensor-core libraries must not be measured as the default, or None: the bench
+    failed (a fault, a timeout), or the default tensor-core kernel ("tc") gave a row other bits
+    than the row alone, or results far from float64 (fp16 outputs: ~1e-3 of the scale)."""
+    if error:
+        return f"the kernel bench failed: {error[-300:]}"
+    tc = [(name, r) for name, r in (out or {}).get("functions", {}).items() if r["variant"] == "tc"]
+    if not tc:
+        return "the kernel bench measured no tensor-core kernel"
+    for name, r in tc:
+        if not r["invariant"]:
+            return f"{name}: rows differ from the same rows alone {r['mismatched_rows']}"
+        if not r["max_err_vs_scale"] < 1e-2:
+            return f"{name}: max error {r['max_err_vs_scale']:.3g} of the scale against float64"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m speccompile.gpu_check.kernels_bench INFO [--seconds S]``: run the bench, its
+    log on stderr, the result as the last line of stdout."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m speccompile.gpu_check.kernels_bench")
+    ap.add_argument("info", type=Path)
+    ap.add_argument("--seconds", type=float, default=None, help="skip the kernels left after this long")
+    args = ap.parse_args(argv)
+    from speccompile.runtime.tvm_import import import_runtime_only
+
+    import_runtime_only()
+    deadline = None if args.seconds is None else time.monotonic() + args.seconds
+    out = run(args.info, log=lambda line: print(line, file=sys.stderr, flush=True), deadline=deadline)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -108,8 +108,9 @@ def _compile(times: dict, key: str, model_dir: Path, lib: Path, device: str, pro
 
 
 def _portable(times: dict, model: dict, device: str) -> dict:
-    """The model's library built with the portable projections too, beside its default
-    (tensor cores on sm_90): the check measures both in one process (check.py ``alt_libs``)."""
+    """The model's (or head's) library built with the portable projections too, beside its
+    default (tensor cores on sm_90): the check measures both in one process (check.py
+    ``alt_libs``), and runs the portable ones alone if the tensor-core kernel fails there."""
     if device == "cuda":
         lib = Path(model["lib"])
         model["alt_libs"] = {"portable": _compile(times, f"{model['name']} portable", Path(model["dir"]),
@@ -149,7 +150,9 @@ def _head(times: dict, mode: str, folder: Path, target: Path, root: Path, quant:
     if not (out / "speccompile-config.json").exists():
         convert_weight(folder, quant, out, mode, progress=False, target=target)
         gen_config(folder, quant, out, target=target, model_type=mode)
-    return {"dir": out, "lib": _compile(times, f"{mode} head", out, root / f"{SMOLLM2.lower()}-{mode}.so", device)}
+    return _portable(times, {"name": f"{mode} head", "dir": out,
+                             "lib": _compile(times, f"{mode} head", out, root / f"{SMOLLM2.lower()}-{mode}.so", device)},
+                     device)
 
 
 def prepare_cuda(work: Path, heads: Path = REPO / "heads") -> tuple[list[dict], dict]:

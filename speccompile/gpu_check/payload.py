@@ -277,9 +277,9 @@ def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], 
              files: dict[str, Path] | None = None) -> list[Path]:
     """Tar the payload (TVM runtime, wheels, each model's folder and library, the C API) and split it.
 
-    ``models``: {"name", "weights": "real"|"random", "dir", "lib", "heads": {mode: {"dir", "lib"}},
-    "alt_libs": {name: lib}} with local paths (``alt_libs``: the same model built another way, e.g.
-    with portable projections); the payload's models.json names them by their place inside it.
+    ``models``: {"name", "weights": "real"|"random", "dir", "lib", "heads": {mode: {"dir", "lib", "alt_libs"}},
+    "alt_libs": {name: lib}} with local paths (``alt_libs``: the same model or head built another way,
+    e.g. with portable projections); the payload's models.json names them by their place inside it.
     ``capi``: the install prefix speccompile.gpu_check.capi.build_capi made (None: the payload has
     no C API). ``files``: more files by their name inside the payload (the kernel bench)."""
     budget = part_budget(tree_bytes)
@@ -302,9 +302,12 @@ def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], 
                 tar.add(lib, f"payload/{entry['alt_libs'][alt]}")
             for mode, head in (m.get("heads") or {}).items():
                 hslug = f"{slug}-{mode}"
-                entry["heads"][mode] = {"dir": f"models/{hslug}", "lib": f"models/{hslug}.so"}
+                entry["heads"][mode] = {"dir": f"models/{hslug}", "lib": f"models/{hslug}.so", "alt_libs": {}}
                 tar.add(head["dir"], f"payload/models/{hslug}", filter=_no_caches)
                 tar.add(head["lib"], f"payload/models/{hslug}.so")
+                for alt, lib in (head.get("alt_libs") or {}).items():
+                    entry["heads"][mode]["alt_libs"][alt] = f"models/{hslug}-{alt}.so"
+                    tar.add(lib, f"payload/models/{hslug}-{alt}.so")
             listing.append(entry)
         for name, path in (files or {}).items():
             tar.add(path, f"payload/{name}")

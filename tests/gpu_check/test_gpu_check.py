@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import opencl_missing
+from speccompile.gpu_check.check import Check
 from speccompile.gpu_check.payload import (DEVICE_LIMIT, MARGIN, MAX_PART, MIN_PART, PayloadError, assemble, check_parts,
                                      join, part_budget, split_file, stage)
 
@@ -175,8 +177,15 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
     models = [{"name": "tiny-llama", "weights": "real", "dir": real.model_dir, "lib": real.lib, "heads": {},
                "alt_libs": {"x86-64-v2": generic}},
               {"name": "tiny-qwen2", "weights": "random", "seed": 0, "dir": config_only, "lib": random.lib}]
+    files = {}
+    if opencl_missing() is None:  # the kernel bench, as a cuda payload carries it, of the portable kernel on PoCL
+        from speccompile.gpu_check import kernels_bench
+
+        info = kernels_bench.build(tmp_path / "bench", device="opencl", dtype="float32", variants=["portable"],
+                                   shapes={"tiny": {"qkv": (96, 256)}})
+        files = {f"{kernels_bench.FILE}{ext}": info.with_suffix(ext) for ext in (".so", ".json")}
     parts = assemble(tmp_path / "payload", tmp_path / "work", models, [], "cpu", "q4f32_1", tree_bytes=0,
-                     capi=capi_prefix)
+                     capi=capi_prefix, files=files)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OUT")}
     done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.payload", "run", *map(str, parts),
                            "--staging", str(tmp_path / "staging"), "--install", str(tmp_path / "install"),
@@ -203,7 +212,13 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
     alt = result["models"]["tiny-llama"]["alt_libs"]["x86-64-v2"]  # the same model built another way
     assert alt["decode_tok_s"] > 0 and list(alt["forward_cost_vs_rows"])[:1] == ["1"] and alt["prefill_tok_s"] > 0
     assert isinstance(alt["greedy_ids_equal"], bool) and "errors" not in alt
-    assert result["skipped"]["kernels"] == "the payload carries no kernel bench"  # cuda payloads only
+    if files:  # run in a process of its own; no tensor-core kernel in it, so that is said, and
+        # a model without a portable library keeps its default
+        assert result["kernels"]["functions"]["portable__tiny_qkv"]["invariant"]
+        assert result["tensor_core_refused"] == "the kernel bench measured no tensor-core kernel"
+        assert result["models"]["tiny-llama"]["library"] == "models/tiny-llama.so"
+    else:
+        assert result["skipped"]["kernels"] == "the payload carries no kernel bench"
     assert result["models"]["tiny-qwen2"]["random_init"]["params"] > 0
     assert "speculative" not in result["models"]["tiny-qwen2"]  # random weights: acceptance means nothing
     speculative = result["models"]["tiny-llama"]["speculative"]
@@ -226,3 +241,17 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
     assert capi["tok_s"] > 0 and capi["ngram_tok_s"] > 0 and capi["python_tok_s"] > 0
     assert capi["libraries"]["libtvm_runtime.so"].startswith(str(tmp_path / "install" / "payload"))
     assert capi["libraries"]["libspeccompile_capi.so"].startswith(str(tmp_path / "install" / "payload"))
+
+
+def test_a_refused_tensor_core_kernel_sends_models_and_heads_to_their_portable_libraries(tmp_path):
+    """Check.lib_of: the default library, unless the kernel bench refused the tensor-core kernel
+    and a portable build is there (models and heads alike)."""
+    check = object.__new__(Check)  # lib_of reads these two attributes alone
+    check.payload, check.refused = tmp_path, None
+    model = {"lib": "models/m.so", "alt_libs": {"portable": "models/m-portable.so"}}
+    head = {"dir": "models/m-eagle", "lib": "models/m-eagle.so", "alt_libs": {"portable": "models/m-eagle-portable.so"}}
+    assert check.lib_of(model) == tmp_path / "models/m.so" and check.lib_of(head) == tmp_path / "models/m-eagle.so"
+    check.refused = "tc__qwen15_o: rows differ from the same rows alone"
+    assert check.lib_of(model) == tmp_path / "models/m-portable.so"
+    assert check.lib_of(head) == tmp_path / "models/m-eagle-portable.so"
+    assert check.lib_of({"lib": "models/x.so", "alt_libs": {}}) == tmp_path / "models/x.so"  # nothing to fall back on

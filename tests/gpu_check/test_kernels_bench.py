@@ -5,6 +5,8 @@ cuda-only and run on the GPU alone)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -16,13 +18,18 @@ _MISSING = opencl_missing()
 
 @pytest.mark.skipif(_MISSING is not None, reason=f"OpenCL unavailable: {_MISSING}")
 def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatch):
+    """Built here, run as the check runs it: a process of its own, TVM's runtime alone, the
+    result on stdout's last line."""
     monkeypatch.setattr(B, "ROWS", (1, 3, 8, 9, 20))
     shapes = {"tiny": {"qkv": (96, 256), "o": (64, 512)}}
-    monkeypatch.setitem(B.SHAPES, "tiny", shapes["tiny"])
     info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable"], shapes=shapes)
     listing = json.loads(info.read_text())
     assert [f["name"] for f in listing["functions"]] == ["portable__tiny_qkv", "portable__tiny_o"]
-    out = B.run(info, log=lambda _: None)
+    done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.kernels_bench", str(info), "--seconds", "120"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "portable__tiny_o:" in done.stderr  # the log goes to stderr, the check relays it
+    out = json.loads(done.stdout.strip().splitlines()[-1])
     for name, rec in out["functions"].items():
         # the portable kernel is batch invariant: every row of every M equals the row alone
         assert rec["invariant"] and not rec["mismatched_rows"], name
@@ -37,5 +44,21 @@ def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatc
 def test_layer_totals_flag_a_model_whose_projections_were_cut_short():
     """A deadline can skip kernels: a layer total over some of its projections says so."""
     f = {"tc__smollm2_qkv": {"variant": "tc", "model": "smollm2", "proj": "qkv", "us": {"1": 2.0, "8": 3.0}}}
-    t = B.layer_totals(f, B.LAYERS)["tc__smollm2"]
+    t = B.layer_totals(f, B.LAYERS, {m: list(p) for m, p in B.SHAPES.items()})["tc__smollm2"]
     assert not t["complete"] and t["vs_one_row"] == {"1": 1.0, "8": 1.5} and t["forward_ms"]["1"] == 0.06
+
+
+def test_refusal_names_why_the_tensor_core_libraries_stand_down():
+    """The check measures the portable libraries instead when the bench failed, or when the
+    default tensor-core kernel broke batch invariance or missed float64 by more than fp16 does."""
+    good = {"variant": "tc", "invariant": True, "mismatched_rows": {}, "max_err_vs_scale": 3e-4}
+    ok = {"functions": {"tc__qwen15_o": good, "portable__qwen15_o": {**good, "variant": "portable"}}}
+    assert B.refusal(ok) is None
+    assert "failed" in B.refusal(None, "RuntimeError: exit -6: CUDA_ERROR_MISALIGNED_ADDRESS")
+    assert "no tensor-core" in B.refusal({"functions": {"portable__qwen15_o": ok["functions"]["portable__qwen15_o"]}})
+    split = {"functions": {"tc__qwen15_o": {**good, "invariant": False, "mismatched_rows": {"8": [3, 5]}}}}
+    assert "tc__qwen15_o: rows differ" in B.refusal(split) and "[3, 5]" in B.refusal(split)
+    assert "max error" in B.refusal({"functions": {"tc__qwen15_o": {**good, "max_err_vs_scale": 0.2}}})
+    # another variant's fault is the bench's finding, not a reason to refuse the default
+    other = {"functions": {**ok["functions"], "tc_w16__qwen15_o": {**good, "variant": "tc_w16", "invariant": False}}}
+    assert B.refusal(other) is None
