@@ -1,5 +1,5 @@
-"""A q4 projection on NVIDIA tensor cores (sm_80+, fp16 activations): every row count from 1
-to 32 reads and decodes each weight once, and costs about what one row costs.
+"""Projections on NVIDIA tensor cores (sm_80+, fp16 activations), q4 and dense fp16: every row
+count from 1 to 32 reads (and decodes) each weight once, and costs about what one row costs.
 
 Why: the portable kernels of kernels/gpu_matmul.py accumulate with fp32 FMAs, one per weight
 per token row, after decoding each nibble with five integer/float operations. The H100 check
@@ -32,6 +32,10 @@ portable kernels do. The bits differ from theirs (a library is built for one dev
 Numerics: ``q - 7`` is exact in fp16, fp16 x fp16 products are exact in the tensor core's
 fp32 accumulation, the scale multiplies in fp32: closer to the fp32 reference than the fp16
 weights torch dequantizes to.
+
+``dense_mma`` is the same kernel for fp16 weights: a lane's A fragments are its weight pairs,
+loaded as they are, and the mma accumulates group after group into the lane's fragment (no
+scale), in the same fixed order.
 
 Cost model (H100, Qwen2.5-1.5B q4f16_1, W ~ 0.87 GB per token): per warp and group (256
 weight bytes) 2 loads and ~24 decode instructions, then 4 activation loads + 2 mma + 4 FMA
@@ -77,6 +81,55 @@ def supported(target, dtype: str) -> bool:
     return arch.startswith("sm_") and int(arch[3:].rstrip("af")) >= 80
 
 
+@T.macro
+def _activations(b, x, tok0, g, t, kbase, m_dim):
+    """B fragments of both k16 halves of the group at ``kbase``: token ``tok0 + g``'s k ``2t, 2t + 1``
+    and ``2t + 8, 2t + 9`` (zeros for a token past m_dim)."""
+    for hf in T.unroll(2):
+        for r in T.unroll(2):
+            if tok0 + g < m_dim:
+                b[hf * 2 + r] = T.reinterpret("uint32", x[tok0 + g, T.Ramp(kbase + hf * 16 + r * 8 + t * 2, 1, 2)])
+            else:
+                b[hf * 2 + r] = T.uint32(0)
+
+
+@T.macro
+def _mma_group(d, d0, a, a0, b):
+    """d[d0:d0+4] += A B over the group's two k16 halves, the first half first."""
+    for hf in T.unroll(2):
+        T.ptx[MMA](d[d0], d[d0 + 1], d[d0 + 2], d[d0 + 3], a[a0 + hf * 4], a[a0 + hf * 4 + 1], a[a0 + hf * 4 + 2],
+                   a[a0 + hf * 4 + 3], b[hf * 2], b[hf * 2 + 1], d[d0], d[d0 + 1], d[d0 + 2], d[d0 + 3])
+
+
+@T.macro
+def _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n):
+    """Each warp's tiles into shared memory, then every output summed over the warps in warp
+    order and cast once: output o = (tile, lane, fragment i) is token tile * 8 + 2 (lane % 4) +
+    i % 2, feature lane // 4 + (i // 2) * 8."""
+    for i in T.unroll(TILES * 4):
+        red[((ty * TILES + i // 4) * 32 + tx) * 4 + i % 4] = acc[i]
+    T.tvm_storage_sync("shared")
+    for rd in T.unroll(rounds):
+        if rd * warps * 32 + ty * 32 + tx < outs:
+            o = T.int32(rd * warps * 32 + ty * 32 + tx)
+            tok = c * CHUNK + o // 128 * TOK + o // 4 % 4 * 2 + o % 2
+            feat = bf * FEAT + o // 16 % 8 + o % 4 // 2 * 8
+            if tok < m_dim and feat < n:
+                total = T.decl_buffer((1,), "float32", scope="local")
+                total[0] = red[o]
+                for w in range(1, warps):
+                    total[0] = total[0] + red[w * outs + o]
+                y[tok, feat] = T.Cast("float16", total[0])
+
+
+def _split(n: int, k: int, warps: int | None, unroll: int) -> tuple[int, int, int, int]:
+    """(warps, k-steps of a warp, feature tiles, store rounds) of an [n, k] projection."""
+    kg = k // GROUP
+    warps = warps or warps_for(kg)
+    return warps, (kg + warps * unroll - 1) // (warps * unroll), (n + FEAT - 1) // FEAT, \
+        (TILES * TOK * FEAT + warps * 32 - 1) // (warps * 32)
+
+
 @kernel_cache
 def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
     """y[m, n] = sum_k x[m, k] * w[n, k], w = (nibble(qw[n, k/8], k%8) - 7) * qs[n, k/32];
@@ -84,11 +137,8 @@ def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
     warps_for) and ``unroll`` are fixed per matrix: the GPU check times other choices."""
     kw, kg = k // PACK, k // GROUP
     assert k % GROUP == 0, f"q4 projections need k % {GROUP} == 0, got {k}"
-    warps = warps or warps_for(kg)
-    steps = (kg + warps * unroll - 1) // (warps * unroll)
-    ftiles = (n + FEAT - 1) // FEAT
+    warps, steps, ftiles, rounds = _split(n, k, warps, unroll)
     outs = TILES * TOK * FEAT  # outputs per block
-    rounds = (outs + warps * 32 - 1) // (warps * 32)
 
     @T.macro
     def pair(dst, word, t):
@@ -141,38 +191,66 @@ def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
                                             a[hf * 4 + r] = one[0]
                                     for j in T.unroll(TILES):
                                         if c * CHUNK + j * TOK < m_dim:  # uniform over the warp
-                                            for hf in T.unroll(2):
-                                                for r in T.unroll(2):  # B: token g, k 2t.. / 2t+8..
-                                                    if c * CHUNK + j * TOK + g < m_dim:
-                                                        b[hf * 2 + r] = T.reinterpret("uint32", x[
-                                                            c * CHUNK + j * TOK + g,
-                                                            T.Ramp(((s * unroll + u) * warps + ty) * GROUP + hf * 16 + r * 8 + t * 2, 1, 2)])
-                                                    else:
-                                                        b[hf * 2 + r] = T.uint32(0)
+                                            _activations(b, x, c * CHUNK + j * TOK, g, t,
+                                                         ((s * unroll + u) * warps + ty) * GROUP, m_dim)
                                             for i in T.unroll(4):
                                                 d[i] = T.float32(0)
-                                            for hf in T.unroll(2):
-                                                T.ptx[MMA](d[0], d[1], d[2], d[3], a[hf * 4], a[hf * 4 + 1], a[hf * 4 + 2],
-                                                           a[hf * 4 + 3], b[hf * 2], b[hf * 2 + 1], d[0], d[1], d[2], d[3])
+                                            _mma_group(d, 0, a, 0, b)
                                             for i in T.unroll(4):  # c fragment i: feature g + (i // 2) * 8
                                                 acc[j * 4 + i] = acc[j * 4 + i] + d[i] * T.Cast("float32", qs[
                                                     T.min(bf * FEAT + g + (i // 2) * 8, n - 1), (s * unroll + u) * warps + ty])
-                        for i in T.unroll(TILES * 4):
-                            red[((ty * TILES + i // 4) * 32 + tx) * 4 + i % 4] = acc[i]
-                        T.tvm_storage_sync("shared")
-                        for rd in T.unroll(rounds):
-                            # output o = (tile, lane, fragment i): token tile*8 + 2 (lane % 4) + i % 2,
-                            # feature lane // 4 + (i // 2) * 8; the warps' partials summed in warp order
-                            if rd * warps * 32 + ty * 32 + tx < outs:
-                                o = T.int32(rd * warps * 32 + ty * 32 + tx)
-                                tok = c * CHUNK + o // 128 * TOK + o // 4 % 4 * 2 + o % 2
-                                feat = bf * FEAT + o // 16 % 8 + o % 4 // 2 * 8
-                                if tok < m_dim and feat < n:
-                                    total = T.decl_buffer((1,), "float32", scope="local")
-                                    total[0] = red[o]
-                                    for w in range(1, warps):
-                                        total[0] = total[0] + red[w * outs + o]
-                                    y[tok, feat] = T.Cast("float16", total[0])
+                        _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n)
 
+    return kernel
+
+
+@kernel_cache
+def dense_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
+    """y[m, n] = sum_k x[m, k] * w[n, k] for fp16 weights and activations, accumulated in fp32
+    by the mma itself, group after group (cuda sm_80+ only). The same tiles, k split and store
+    as q4_mma; a lane's A fragments are its 8 weight pairs of the group, loaded as they are."""
+    kg = k // GROUP
+    assert k % GROUP == 0, f"tensor-core projections need k % {GROUP} == 0, got {k}"
+    warps, steps, ftiles, rounds = _split(n, k, warps, unroll)
+    outs = TILES * TOK * FEAT
+
+    @T.prim_func(private=True)
+    def kernel(var_x: T.handle, w: T.Buffer((n, k), "float16"), var_y: T.handle):
+        T.func_attr({"tir.noalias": True, "tirx.is_scheduled": True})
+        m_dim = T.int64()
+        x = T.match_buffer(var_x, (m_dim, k), "float16")
+        y = T.match_buffer(var_y, (m_dim, n), "float16")
+        for c in T.thread_binding((m_dim + CHUNK - 1) // CHUNK, thread="blockIdx.y"):
+            for bf in T.thread_binding(ftiles, thread="blockIdx.x"):
+                for ty in T.thread_binding(warps, thread="threadIdx.y"):
+                    for tx in T.thread_binding(32, thread="threadIdx.x"):
+                        red = T.decl_buffer((warps * outs,), "float32", scope="shared")  # [warp, tile, lane, 4]
+                        acc = T.decl_buffer((TILES * 4,), "float32", scope="local")  # [tile, c fragment]
+                        a = T.decl_buffer((unroll * 8,), "uint32", scope="local")  # [u, k16 half, A fragment]
+                        b = T.decl_buffer((4,), "uint32", scope="local")  # [k16 half, B fragment]
+                        g = tx // 4
+                        t = tx % 4
+                        for i in T.unroll(TILES * 4):
+                            acc[i] = T.float32(0)
+                        for s in range(steps):
+                            for u in T.unroll(unroll):  # issue the loads of unroll groups first
+                                if (s * unroll + u) * warps + ty < kg:
+                                    # A, k16 half hf: regs (row g, k 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
+                                    for hf in T.unroll(2):
+                                        for r in T.unroll(4):
+                                            if bf * FEAT + g + r % 2 * 8 < n:
+                                                a[u * 8 + hf * 4 + r] = T.reinterpret("uint32", w[
+                                                    bf * FEAT + g + r % 2 * 8,
+                                                    T.Ramp(((s * unroll + u) * warps + ty) * GROUP + hf * 16 + r // 2 * 8 + t * 2, 1, 2)])
+                                            else:
+                                                a[u * 8 + hf * 4 + r] = T.uint32(0)
+                            for u in T.unroll(unroll):
+                                if (s * unroll + u) * warps + ty < kg:
+                                    for j in T.unroll(TILES):
+                                        if c * CHUNK + j * TOK < m_dim:  # uniform over the warp
+                                            _activations(b, x, c * CHUNK + j * TOK, g, t,
+                                                         ((s * unroll + u) * warps + ty) * GROUP, m_dim)
+                                            _mma_group(acc, j * 4, a, u * 8, b)
+                        _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n)
 
     return kernel

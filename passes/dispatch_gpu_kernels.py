@@ -3,7 +3,8 @@
 The GPU twin of DispatchCPUKernels: the tagged TE matmuls (``matmul``, ``q4_matmul``)
 become the batch-invariant GEMV kernels of ``kernels/gpu_matmul.py`` -- or, with
 ``projections="tensor-core"`` (cuda sm_80+, fp16 activations; speccompile/compiler/compile.py
-decides), the q4 ones the tensor-core kernel of ``kernels/gpu_matmul_mma.py`` -- the greedy
+decides), the tensor-core kernels of ``kernels/gpu_matmul_mma.py`` (q4, and dense fp16 whose k
+is a multiple of 32) -- the greedy
 acceptance kernel ``accept_greedy`` its thread-parallel version (kernels/verification.py), and
 ``sampling_probs`` its block-per-row version (kernels/sampling.py; the
 rejection-sampling walk, serial per sequence, is bound by BindGPUThreads). The
@@ -28,6 +29,8 @@ def select_kernel(func: tirx.PrimFunc, projections: str = "portable") -> tirx.Pr
     kind = kernel_tag(func)
     if kind == "matmul":
         n, k = param_shape(func, 1)
+        if projections == "tensor-core" and param_dtype(func, 1) == "float16" and k % MMA.GROUP == 0:
+            return MMA.dense_mma(n, k)
         return K.dense_gemv(n, k, param_dtype(func, 1), max_lanes=max_vector_lanes())
     if kind == "q4_matmul":
         n, kw = param_shape(func, 1)

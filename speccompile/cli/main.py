@@ -133,8 +133,8 @@ def gen_config_cmd(src, quantization, output, conv_template, fields, model_type,
               help="also write the generated GPU kernel source (CUDA, OpenCL C or Metal) to this file")
 @click.option("--gpu-projections", default="auto", show_default=True,
               type=click.Choice(["auto", "tensor-core", "portable"]),
-              help="GPU q4 projections: tensor-core (mma.sync; cuda with every --cuda-arch sm_80+, q4f16_1) or "
-                   "portable (any GPU); auto takes tensor-core where it can be built")
+              help="GPU projections: tensor-core (mma.sync; cuda with every --cuda-arch sm_80+, fp16 activations: "
+                   "q4f16_1, q0f16) or portable (any GPU); auto takes tensor-core where it can be built")
 def compile_cmd(config: Path, device: str, mcpu: str | None, host: str | None, cuda_arch: str | None, output: Path,
                 dump_source: Path | None, gpu_projections: str) -> None:
     """Compile a model config into a library for a device."""

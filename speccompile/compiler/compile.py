@@ -52,10 +52,10 @@ GPU_PROJECTIONS = ("auto", "tensor-core", "portable")
 
 
 def resolve_projections(choice: str, target: tvm.target.Target, quant_name: str) -> str | None:
-    """--gpu-projections for this build: which kernels the GPU q4 projections get (None on CPUs).
+    """--gpu-projections for this build: which kernels the GPU projections get (None on CPUs).
 
     ``tensor-core`` (kernels/gpu_matmul_mma.py) needs cuda with every fatbin arch sm_80+ (the
-    target's arch is the list's lowest) and a q4 model with fp16 activations; ``auto`` takes it
+    target's arch is the list's lowest) and fp16 activations (q4f16_1, q0f16); ``auto`` takes it
     there and ``portable`` (kernels/gpu_matmul.py) everywhere else. Asked for where it cannot
     be built, it is refused before any work."""
     from speccompile.kernels.gpu_matmul_mma import supported
@@ -67,10 +67,10 @@ def resolve_projections(choice: str, target: tvm.target.Target, quant_name: str)
             raise CompileError("--gpu-projections tensor-core is for --device cuda; CPU builds have their own kernels")
         return None
     quant = get_quantization(quant_name)
-    able = quant.is_q4 and supported(target, quant.model_dtype)
+    able = supported(target, quant.model_dtype)
     if choice == "tensor-core" and not able:
-        why = (f"{quant_name} is not a q4 model with fp16 activations (use q4f16_1)"
-               if not (quant.is_q4 and quant.model_dtype == "float16")
+        why = (f"{quant_name} has {quant.model_dtype} activations; tensor cores take fp16 (use q4f16_1 or q0f16)"
+               if quant.model_dtype != "float16"
                else f"--device {target.kind.name} {target.attrs.get('arch', '')} has no mma.sync m16n8k16 "
                     "(it needs cuda with every --cuda-arch sm_80 or newer, e.g. --cuda-arch sm_80,sm_86,sm_89,sm_90)")
         raise CompileError(f"--gpu-projections tensor-core: {why}")
@@ -129,7 +129,7 @@ def build_metadata(cfg: LlamaConfig, quant_name: str, plan: TargetPlan,
         # (numerics differ ~5e-3 from float activations; both ISAs give identical results)
         "q4_activations": "int8" if isa else "float",
         "q4_int8_isa": isa,
-        # GPU libraries: the q4 projections' kernels ("tensor-core" or "portable"; --gpu-projections)
+        # GPU libraries: the projections' kernels ("tensor-core" or "portable"; --gpu-projections)
         "gpu_projections": projections,
         # the model's own keys (draft heads: their kind, sizes, draft steps), else its config's
         **(extra if extra is not None else cfg.extra_metadata() if hasattr(cfg, "extra_metadata") else {}),
@@ -203,8 +203,8 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
                   kernel_source_bytes=len(device_mod.inspect_source()) if device_mod is not None else 0)
     if verbose:
         where = ", ".join(plan.cuda_archs)
-        if projections is not None and quant.is_q4:
-            where += f", q4 projections: {projections}"
+        if projections is not None:
+            where += f", projections: {projections}"
         if target.kind.name == "llvm":
             where = metadata["mcpu"] or "generic"
             if quant.is_q4:

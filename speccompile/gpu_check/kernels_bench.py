@@ -34,8 +34,10 @@ LAYERS = {"qwen15": 28, "smollm2": 30}
 # variant -> kernel and its work split; "tc" is what --gpu-projections tensor-core builds
 # (tc_w16: ptxas holds a 512-thread block to 64 registers and spills 48 bytes; it keeps 16 warps per
 # block in flight on matrices of few feature tiles, Qwen2.5-1.5B's down and o projections: 96 blocks)
+# ("dense_*": fp16 weights, as q0f16 builds them; no model of the check has them)
 VARIANTS = {"portable": {}, "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_w16": {"warps": 16},
-            "tc_u1": {"unroll": 1}, "tc_u4": {"unroll": 4}}
+            "tc_u1": {"unroll": 1}, "tc_u4": {"unroll": 4}, "dense_portable": {}, "dense_tc": {}}
+SPLIT_KEYS = ("warps", "unroll")
 ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
 ALONE = 64  # rows projected one at a time: the reference every M-row result must equal bit for bit
 CHECKED_FEATURES = 512  # output features compared with float64 (the first and last 256)
@@ -47,9 +49,18 @@ def _kernel(variant: str, n: int, k: int, dtype: str):
     from speccompile.kernels import gpu_matmul_mma as mma
     from speccompile.kernels.attention_gpu import max_vector_lanes
 
+    split = {key: VARIANTS[variant][key] for key in SPLIT_KEYS if key in VARIANTS[variant]}
     if variant == "portable":
         return portable.q4_gemv(n, k, dtype, max_lanes=max_vector_lanes())
-    return mma.q4_mma(n, k, **VARIANTS[variant])
+    if variant == "dense_portable":
+        return portable.dense_gemv(n, k, dtype, max_lanes=max_vector_lanes())
+    if variant == "dense_tc":
+        return mma.dense_mma(n, k, **split)
+    return mma.q4_mma(n, k, **split)
+
+
+def _dense(variant: str) -> bool:
+    return variant.startswith("dense")
 
 
 def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=None, shapes=None) -> Path:
@@ -70,6 +81,8 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
         for variant in variants:
             for model, projs in shapes.items():
                 for proj, (n, k) in projs.items():
+                    if _dense(variant) and (proj == "lm_head" or model == "smollm2"):
+                        continue  # dense: one model's layer is enough to compare the two kernels
                     name = f"{variant}__{model}_{proj}"
                     funcs[name] = _kernel(variant, n, k, dtype).with_attr("global_symbol", name)
                     listing.append({"name": name, "variant": variant, "model": model, "proj": proj, "n": n, "k": k,
@@ -89,19 +102,22 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
     return info
 
 
-def _operands(n: int, k: int, dtype: str, rows: int, seed: int):
-    """Random q4 weights (nibbles, signed scales) and activations; w's dequantized rows on demand."""
+def _operands(dense: bool, n: int, k: int, dtype: str, rows: int, seed: int):
+    """Random weights -- q4 (nibbles, signed scales) or dense -- and activations; returns (the
+    kernel's weight operands, a function giving chosen features' weights in float64, x)."""
     rng = np.random.default_rng(seed)
-    qw = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint64).astype(np.uint32)
-    qs = (rng.standard_normal((n, k // 32)) * 0.02).astype(dtype)
-    x = rng.standard_normal((rows, k)).astype(dtype)
-    return qw, qs, x
+    if dense:
+        w = (rng.standard_normal((n, k)) * 0.02).astype(dtype)
+        weights, rows_of = [w], lambda f: w[f].astype(np.float64)
+    else:
+        qw = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint64).astype(np.uint32)
+        qs = (rng.standard_normal((n, k // 32)) * 0.02).astype(dtype)
 
-
-def _dequantized(qw: np.ndarray, qs: np.ndarray, features: np.ndarray) -> np.ndarray:
-    nib = (qw[features, :, None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15
-    w = nib.reshape(len(features), -1).astype(np.float64) - 7
-    return w * np.repeat(qs[features].astype(np.float64), 32, axis=1)
+        def rows_of(f):
+            nib = (qw[f, :, None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15
+            return (nib.reshape(len(f), -1).astype(np.float64) - 7) * np.repeat(qs[f].astype(np.float64), 32, axis=1)
+        weights = [qw, qs]
+    return weights, rows_of, rng.standard_normal((rows, k)).astype(dtype)
 
 
 def _timer(lib, name: str, dev):
@@ -142,35 +158,35 @@ def run(info_path: Path, log=print, deadline: float | None = None) -> dict:
         if deadline is not None and time.monotonic() > deadline:
             out["skipped"].append(f["name"])
             continue
-        n, k = f["n"], f["k"]
-        if (n, k) not in data:
+        n, k, dense = f["n"], f["k"], _dense(f["variant"])
+        if (dense, n, k) not in data:
             data.clear()  # one shape's operands at a time (the lm_head's are 0.2 GB)
-            qw, qs, x = _operands(n, k, dtype, max(rows), seed=n * 7 + k)
-            data[(n, k)] = (qw, qs, x, tvm.runtime.tensor(qw, dev), tvm.runtime.tensor(qs, dev),
-                            {m: tvm.runtime.tensor(x[:m], dev) for m in rows},
-                            [tvm.runtime.tensor(x[i:i + 1], dev) for i in range(min(ALONE, max(rows)))])
-        qw, qs, x, qw_d, qs_d, xs, singles = data[(n, k)]
+            weights, rows_of, x = _operands(dense, n, k, dtype, max(rows), seed=n * 7 + k)
+            data[(dense, n, k)] = (rows_of, x, [tvm.runtime.tensor(a, dev) for a in weights],
+                                   {m: tvm.runtime.tensor(x[:m], dev) for m in rows},
+                                   [tvm.runtime.tensor(x[i:i + 1], dev) for i in range(min(ALONE, max(rows)))])
+        rows_of, x, w_d, xs, singles = data[(dense, n, k)]
         fn = lib[f["name"]]
         ys = {m: tvm.runtime.empty((m, n), dtype, dev) for m in rows}
         alone = []
         for xi in singles:
-            fn(xi, qw_d, qs_d, ys[1])
+            fn(xi, *w_d, ys[1])
             alone.append(ys[1].numpy()[0].copy())
         alone = np.stack(alone)
         rec = {**{key: f[key] for key in ("variant", "model", "proj", "n", "k")}, "us": {}, "mismatched_rows": {}}
         for m in rows:
-            fn(xs[m], qw_d, qs_d, ys[m])
+            fn(xs[m], *w_d, ys[m])
             got = ys[m].numpy()[:len(alone)]
             bad = np.flatnonzero((got.view(np.uint16) != alone[:len(got)].view(np.uint16)).any(axis=1))
             if len(bad):
                 rec["mismatched_rows"][str(m)] = bad[:8].tolist()
         timer = _timer(lib, f["name"], dev)
         for m in rows:
-            rec["us"][str(m)] = round(1e6 * timer(xs[m], qw_d, qs_d, ys[m]), 2)
+            rec["us"][str(m)] = round(1e6 * timer(xs[m], *w_d, ys[m]), 2)
         rec["vs_one_row"] = {m: round(t / rec["us"]["1"], 3) for m, t in rec["us"].items()}
         rec["invariant"] = not rec["mismatched_rows"]
         feats = np.unique(np.r_[np.arange(min(n, CHECKED_FEATURES // 2)), np.arange(max(0, n - CHECKED_FEATURES // 2), n)])
-        w = _dequantized(qw, qs, feats)
+        w = rows_of(feats)
         ref = x[:8].astype(np.float64) @ w.T
         scale = np.abs(x[:8].astype(np.float64)) @ np.abs(w).T
         rec["max_err_vs_scale"] = float((np.abs(alone[:8, feats].astype(np.float64) - ref) / scale).max())

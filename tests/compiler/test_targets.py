@@ -138,7 +138,7 @@ def test_bad_cuda_arch(tiny, tmp_path):
                       cuda_archs=["80"])
 
 
-def test_gpu_projections_follow_the_arch_and_are_refused_where_they_cannot_run(tiny, tmp_path):
+def test_gpu_projections_follow_the_arch_and_are_refused_where_they_cannot_run(tiny, build_tiny, tmp_path):
     """auto: tensor cores only where every fatbin arch has mma.sync m16n8k16 (sm_80+); asked for
     on sm_75, for a CPU or for a model without fp16 activations, a clear error before any work."""
     from speccompile.compiler.compile import resolve_projections
@@ -150,12 +150,19 @@ def test_gpu_projections_follow_the_arch_and_are_refused_where_they_cannot_run(t
     assert resolve_projections("auto", sm80, "q4f16_1") == "tensor-core"
     assert resolve_projections("portable", sm80, "q4f16_1") == "portable"
     assert resolve_projections("auto", sm80, "q4f32_1") == "portable"
+    assert resolve_projections("auto", sm80, "q0f16") == "tensor-core"  # dense fp16 too
     opencl = plan_target("opencl", tmp_path / "m.so").target
     assert resolve_projections("auto", opencl, "q4f16_1") == "portable"
-    for target, quant, words in ((sm75, "q4f16_1", "sm_80 or newer"), (sm80, "q4f32_1", "use q4f16_1"),
+    for target, quant, words in ((sm75, "q4f16_1", "sm_80 or newer"), (sm80, "q4f32_1", "use q4f16_1 or q0f16"),
                                  (opencl, "q4f16_1", "sm_80 or newer")):
         with pytest.raises(CompileError, match=words):
             resolve_projections("tensor-core", target, quant)
+    # a q0f16 model's dense projections on tensor cores too
+    dense = build_tiny("tiny-qwen2", "q0f16")
+    src = tmp_path / "dense.cu"
+    meta = compile_model(dense.model_dir / "speccompile-config.json", "cuda", tmp_path / "dense.so", verbose=False,
+                         cuda_archs=["sm_80"], dump_source=src)
+    assert meta["gpu_projections"] == "tensor-core" and "mma.sync.aligned.m16n8k16" in src.read_text()
     with pytest.raises(CompileError, match="for --device cuda"):
         compile_model(tiny.model_dir / "speccompile-config.json", "llvm", tmp_path / "m.so", verbose=False,
                       gpu_projections="tensor-core")

@@ -22,9 +22,10 @@ def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatc
     result on stdout's last line."""
     monkeypatch.setattr(B, "ROWS", (1, 3, 8, 9, 20))
     shapes = {"tiny": {"qkv": (96, 256), "o": (64, 512)}}
-    info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable"], shapes=shapes)
+    info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable", "dense_portable"], shapes=shapes)
     listing = json.loads(info.read_text())
-    assert [f["name"] for f in listing["functions"]] == ["portable__tiny_qkv", "portable__tiny_o"]
+    assert [f["name"] for f in listing["functions"]] == ["portable__tiny_qkv", "portable__tiny_o",
+                                                         "dense_portable__tiny_qkv", "dense_portable__tiny_o"]
     done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.kernels_bench", str(info), "--seconds", "120"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -36,6 +37,7 @@ def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatc
         assert list(rec["us"]) == ["1", "3", "8", "9", "20"] and all(t > 0 for t in rec["us"].values())
         assert rec["vs_one_row"]["1"] == 1.0
         assert rec["max_err_vs_scale"] < 1e-5  # fp32 accumulation against float64
+    assert out["functions"]["dense_portable__tiny_o"]["max_err_vs_scale"] < 1e-5  # dense weights, their own operands
     layer = out["layers"]["portable__tiny"]
     assert layer["complete"] and layer["us"]["8"] == pytest.approx(
         out["functions"]["portable__tiny_qkv"]["us"]["8"] + out["functions"]["portable__tiny_o"]["us"]["8"], abs=0.02)

@@ -1,4 +1,4 @@
-"""The tensor-core q4 projection of kernels/gpu_matmul_mma.py, its CUDA source run on the CPU.
+"""The tensor-core projections of kernels/gpu_matmul_mma.py (q4 and dense fp16), their CUDA source run on the CPU.
 
 CI has no NVIDIA GPU, so the CUDA C that TVM generates for the kernel is compiled with the
 host C++ compiler against tests/kernels/cuda_emulator.h (threads as OS threads, mma.sync and
@@ -27,66 +27,73 @@ EMULATOR = Path(__file__).with_name("cuda_emulator.h")
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the emulated kernel")
 
 
-def cuda_source(n: int, k: int, **split) -> str:
+def cuda_source(kind: str, n: int, k: int, **split) -> str:
     import tvm
 
-    mod = tvm.IRModule({"proj": K.q4_mma(n, k, **split).with_attr("global_symbol", "proj")})
+    func = (K.q4_mma if kind == "q4" else K.dense_mma)(n, k, **split)
+    mod = tvm.IRModule({"proj": func.with_attr("global_symbol", "proj")})
     return tvm.compile(mod, target=tvm.target.Target(CUDA)).mod.imports[0].inspect_source()
 
 
 class Emulated:
-    """The kernel's CUDA C built for the CPU; ``run(x)`` projects the fp16 rows of x."""
+    """The kernel's CUDA C built for the CPU; ``run(x)`` projects the fp16 rows of x with the
+    weight operands given by name (``qw``/``qs`` for q4, ``w`` for dense)."""
 
-    def __init__(self, n: int, k: int, qw: np.ndarray, qs: np.ndarray, tmp_path: Path, **split):
-        src = cuda_source(n, k, **split)
+    def __init__(self, kind: str, n: int, k: int, weights: dict[str, np.ndarray], tmp_path: Path, **split):
+        src = cuda_source(kind, n, k, **split)
         body = src[src.index('extern "C" __global__'):]  # the kernel; TVM's asm helpers stay behind
         # shared memory: one static array (blocks run one at a time); C++ wants the attribute first
         body = re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", body)
-        params = re.search(r"proj_kernel\(([^)]*)\)", body).group(1)
-        names = [p.split()[-1] for p in params.split(",")]
-        assert sorted(names) == ["m_dim", "qs_ptr", "qw_ptr", "x_ptr", "y_ptr"], names
-        call = ", ".join({"m_dim": "m", "qs_ptr": "(half*)qs", "qw_ptr": "(uint*)qw", "x_ptr": "(half*)x",
-                          "y_ptr": "(half*)y"}[p] for p in names)
-        cpp = tmp_path / f"proj_{n}_{k}.cpp"
+        params = [p.split() for p in re.search(r"proj_kernel\(([^)]*)\)", body).group(1).split(",")]
+        self.names = [p[-1].removesuffix("_ptr") for p in params]  # x, y, the weights by name; m_dim
+        assert sorted(self.names) == sorted(["m_dim", "x", "y", *weights]), self.names
+        call = ", ".join("m" if p[-1] == "m_dim" else f"({p[0]})args[{i}]" for i, p in enumerate(params))
+        cpp = tmp_path / f"proj_{kind}_{n}_{k}.cpp"
         cpp.write_text(f'#include "{EMULATOR}"\n{body}\n'
-                       'extern "C" void run(void* qs, void* qw, void* x, void* y, int64_t m, int gx, int gy, int bx, int by) {\n'
+                       'extern "C" void run(void** args, int64_t m, int gx, int gy, int bx, int by) {\n'
                        f'  emu_launch(gx, gy, bx, by, [&] {{ proj_kernel({call}); }});\n}}\n')
         so = cpp.with_suffix(".so")
         res = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", "-o", str(so), str(cpp)],
                              capture_output=True, text=True)
         assert res.returncode == 0, res.stderr[-3000:]
         self.lib = ctypes.CDLL(str(so))
-        self.n, self.k, self.qw, self.qs = n, k, qw, qs.astype(np.float16)
+        self.n, self.weights = n, {name: np.ascontiguousarray(a) for name, a in weights.items()}
         self.block = (32, split.get("warps") or K.warps_for(k // K.GROUP))
 
     def run(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float16)
         y = np.full((x.shape[0], self.n), np.nan, dtype=np.float16)
+        arrays = {"x": x, "y": y, **self.weights}
+        args = (ctypes.c_void_p * len(self.names))(*[arrays[n].ctypes.data if n != "m_dim" else 0 for n in self.names])
         grid = (-(-self.n // K.FEAT), -(-x.shape[0] // K.CHUNK))
-        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-        self.lib.run(ptr(self.qs), ptr(self.qw), ptr(x), ptr(y), ctypes.c_int64(x.shape[0]),
-                     *[ctypes.c_int(v) for v in grid + self.block])
+        self.lib.run(args, ctypes.c_int64(x.shape[0]), *[ctypes.c_int(v) for v in grid + self.block])
         return y
 
 
-def _weights(n: int, k: int, rng):
+def _weights(kind: str, n: int, k: int, rng) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(the kernel's weight operands by name, the float64 weight they encode)."""
+    if kind == "dense":
+        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float16)
+        return {"w": w}, w.astype(np.float64)
     qw = rng.integers(0, 2**32, (n, k // K.PACK), dtype=np.uint64).astype(np.uint32)
     qs = (rng.standard_normal((n, k // K.GROUP)) * 0.05).astype(np.float16)
     nib = (qw[:, :, None] >> (np.arange(K.PACK, dtype=np.uint32) * 4)) & 15
     w = (nib.reshape(n, k).astype(np.float64) - 7) * np.repeat(qs.astype(np.float64), K.GROUP, axis=1)
-    return qw, qs, w
+    return {"qw": qw, "qs": qs}, w
 
 
 @needs_cxx
-@pytest.mark.parametrize("n, k, split", [(48, 256, {}), (40, 768, {}), (32, 2048, {}),
-                                         (32, 1024, {"warps": 16, "unroll": 1}), (16, 768, {"warps": 4, "unroll": 4})])
-def test_emulated_mma_projection_matches_numpy_and_rows_are_invariant(n, k, split, tmp_path):
-    """k = 256, 768, 2048: the default 4 and 8 warps per block (the k split), whole and partial
-    last steps; the GPU check's other splits (16 warps, 1 or 4 groups loaded ahead); n = 40: a
-    partial feature tile. Token counts across partial tiles and chunks, up to two chunks of 32."""
+@pytest.mark.parametrize("kind, n, k, split", [
+    ("q4", 48, 256, {}), ("q4", 40, 768, {}), ("q4", 32, 2048, {}), ("q4", 32, 1024, {"warps": 16, "unroll": 1}),
+    ("q4", 16, 768, {"warps": 4, "unroll": 4}), ("dense", 40, 768, {}), ("dense", 16, 256, {"warps": 4, "unroll": 1})])
+def test_emulated_mma_projection_matches_numpy_and_rows_are_invariant(kind, n, k, split, tmp_path):
+    """q4: k = 256, 768, 2048 take the default 4 and 8 warps per block (the k split), whole and
+    partial last steps; the GPU check's other splits (16 warps, 1 or 4 groups loaded ahead);
+    n = 40: a partial feature tile. dense fp16 the same way. Token counts across partial tiles
+    and chunks, up to two chunks of 32."""
     rng = np.random.default_rng(n * k)
-    qw, qs, w = _weights(n, k, rng)
-    proj = Emulated(n, k, qw, qs, tmp_path, **split)
+    weights, w = _weights(kind, n, k, rng)
+    proj = Emulated(kind, n, k, weights, tmp_path, **split)
     x = rng.standard_normal((40, k)).astype(np.float16)
     alone = np.concatenate([proj.run(x[i:i + 1]) for i in range(len(x))])
     ref = x.astype(np.float64) @ w.T
@@ -100,11 +107,13 @@ def test_emulated_mma_projection_matches_numpy_and_rows_are_invariant(n, k, spli
     assert np.array_equal(proj.run(x[::-1].copy()), alone[::-1]), "reversed rows changed bits"
 
 
-def test_the_kernel_builds_for_sm90_without_spills(tmp_path):
+@pytest.mark.parametrize("kind", ["q4", "dense"])
+def test_the_kernel_builds_for_sm90_without_spills(kind, tmp_path):
     """ptxas (where nvcc is installed) compiles the Qwen2.5-1.5B down projection's kernel, the
-    widest (16 warps, 32 KiB of shared memory), with no spills."""
-    src = cuda_source(1536, 8960)
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src and "fma.rn.f16x2" in src and "prmt.b32" in src
+    widest (8 warps, 16 KiB of shared memory), with no spills."""
+    src = cuda_source(kind, 1536, 8960)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    assert ("fma.rn.f16x2" in src and "prmt.b32" in src) == (kind == "q4")  # the nibble decode
     if not shutil.which("nvcc"):
         pytest.skip("no nvcc: the CUDA source was generated but not assembled")
     cu = tmp_path / "proj.cu"
