@@ -313,19 +313,49 @@ def rows_gpu(name, data, commit, date):
         spec_s = ", ".join(
             f"{mode} {ratio(v.get('speedup'))} ({frac(*v['identical']) if isinstance(v.get('identical'), list) and len(v['identical']) == 2 else '—'} identical)"
             for mode, v in sorted(spec.items()) if isinstance(v, dict))
+        portable = (m.get("alt_libs") or {}).get("portable") or {}
+        alt_cost = portable.get("forward_cost_vs_rows") or {}
         rows.append([code(name), date, commit, model, f"{m.get('quantization', '—')}, {m.get('weights', '—')} weights",
-                     num(m.get("decode_tok_s")), num((m.get("cuda_graph") or {}).get("decode_tok_s_no_graph")),
+                     gpu_projections(data, m), num(m.get("decode_tok_s")),
+                     num((m.get("cuda_graph") or {}).get("decode_tok_s_no_graph")),
                      num(capi.get("tok_s")), num(m.get("prefill_tok_s"), 0),
                      " / ".join(ratio(cost.get(k)) for k in ("8", "16", "32")), num(m.get("host_ms_per_step"), 2),
+                     f"{num(portable.get('decode_tok_s'))}; {' / '.join(ratio(alt_cost.get(k)) for k in ('8', '16', '32'))}"
+                     if portable else "—", bench_layers(data, model),
                      f"{num(peers.get('hf_fp16_tok_s'))} / {num(peers.get('torch_compile_tok_s'))}",
                      spec_s or "—", num(m.get("logits_max_abs_diff_vs_torch"), 4)])
     return rows
 
 
-HEAD_GPU = ["file", "date", "commit", "model", "weights", "decode tok/s (Python)", "same, without CUDA graphs",
-            "decode tok/s (C API)",
+BENCH_MODELS = {"SmolLM2-135M-Instruct": "smollm2", "Qwen2.5-1.5B": "qwen15"}  # check model -> kernel bench shapes
+
+
+def gpu_projections(data, m) -> str:
+    """Which projection kernels the model's figures come from: checks before the kernel bench
+    existed ran the portable kernels only."""
+    if "kernels" not in data and "tensor_core_refused" not in data:
+        return "portable"
+    if data.get("tensor_core_refused"):
+        return "portable (tensor cores refused)"
+    return "portable" if str(m.get("library", "")).endswith("-portable.so") else "tensor-core"
+
+
+def bench_layers(data, model) -> str:
+    """The kernel bench's layer of projections alone, 8 / 16 rows against 1, tensor-core / portable."""
+    layers = (data.get("kernels") or {}).get("layers") or {}
+    key = BENCH_MODELS.get(model)
+    tc, port = layers.get(f"tc__{key}"), layers.get(f"portable__{key}")
+    if not tc or not port:
+        return "—"
+    return " ; ".join(f"{v}: {ratio(t['vs_one_row'].get('8'))} / {ratio(t['vs_one_row'].get('16'))}"
+                      for v, t in (("tc", tc), ("portable", port)))
+
+
+HEAD_GPU = ["file", "date", "commit", "model", "weights", "projections", "decode tok/s (Python)",
+            "same, without CUDA graphs", "decode tok/s (C API)",
             "prefill tok/s", "forward cost 8 / 16 / 32 rows vs 1", "host ms/step",
-            "transformers fp16 / torch.compile tok/s", "speculative (SmolLM2 heads)", "max logit diff vs torch"]
+            "portable build: decode tok/s; 8 / 16 / 32 rows vs 1", "one layer's projections alone, 8 / 16 rows vs 1",
+            "transformers fp16 / torch.compile tok/s", "speculative (SmolLM2)", "max logit diff vs torch"]
 
 
 def rows_openai(name, data, commit, date):
@@ -457,7 +487,9 @@ How the kinds are measured:
   `ignore_eos`; *identical/compared* counts prompts whose text matched both ways.
 - **Soak** (`bench --endpoint --soak`): mixed requests for the given minutes, 1 to 8 streams.
 - **GPU check** (`make gpu-check`): batch 1; the definition of every figure is in the JSON's
-  `definitions`.
+  `definitions`. *Projections* names the kernels the row's figures come from; the *portable build*
+  is the same model compiled with `--gpu-projections portable`, measured in the same process; the
+  *layer alone* column is the kernel bench's one layer of projections (tensor-core ; portable).
 """
 
 
