@@ -464,7 +464,7 @@ class Check:
             if per_mode is not None and self.left() < per_mode * 1.2:
                 self.skip(rec, f"speculative.{mode}", f"{self.left():.0f} s of the budget left; a mode took {per_mode:.0f} s")
                 continue
-            spec = {"speculative_mode": mode}
+            spec = {"speculative_mode": head.get("mode", mode) if head else mode}  # an EAGLE-3 head runs as eagle
             if head:
                 spec["additional_models"] = f"{self.payload / head['dir']},{self.lib_of(head)}"
             self.log(f"{m['name']}: one-shot {mode} on {count} prompt(s)")

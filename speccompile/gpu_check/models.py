@@ -142,16 +142,22 @@ def _converted(times: dict, name: str, src: Path, root: Path, quant: str, device
     return out, _compile(times, name, out, root / f"{name.lower()}.so", device)
 
 
-def _head(times: dict, mode: str, folder: Path, target: Path, root: Path, quant: str, device: str) -> dict:
+# SmolLM2's committed heads the payload carries (heads/SmolLM2-135M-Instruct-<kind>, where present),
+# each with the --model-type / --speculative-mode it runs as (an EAGLE-3 head is converted as eagle)
+SMOL_HEADS = {"eagle": "eagle", "medusa": "medusa", "eagle3": "eagle"}
+
+
+def _head(times: dict, kind: str, folder: Path, target: Path, root: Path, quant: str, device: str) -> dict:
     from speccompile.compiler.convert_weight import convert_weight
     from speccompile.compiler.gen_config import gen_config
 
-    out = root / f"{SMOLLM2.lower()}-{mode}"
+    mode = SMOL_HEADS[kind]
+    out = root / f"{SMOLLM2.lower()}-{kind}"
     if not (out / "speccompile-config.json").exists():
         convert_weight(folder, quant, out, mode, progress=False, target=target)
         gen_config(folder, quant, out, target=target, model_type=mode)
-    return _portable(times, {"name": f"{mode} head", "dir": out,
-                             "lib": _compile(times, f"{mode} head", out, root / f"{SMOLLM2.lower()}-{mode}.so", device)},
+    return _portable(times, {"name": f"{kind} head", "dir": out, "mode": mode,
+                             "lib": _compile(times, f"{kind} head", out, root / f"{SMOLLM2.lower()}-{kind}.so", device)},
                      device)
 
 
@@ -165,7 +171,8 @@ def prepare_cuda(work: Path, heads: Path = REPO / "heads") -> tuple[list[dict], 
     gguf = fetch(SMOLLM2)
     smol_dir, smol_lib = _converted(times, SMOLLM2, gguf, root, quant, "cuda")
     smol = {"name": SMOLLM2, "weights": "real", "dir": smol_dir, "lib": smol_lib, "heads": {
-        mode: _head(times, mode, heads / f"{SMOLLM2}-{mode}", gguf, root, quant, "cuda") for mode in ("eagle", "medusa")}}
+        kind: _head(times, kind, heads / f"{SMOLLM2}-{kind}", gguf, root, quant, "cuda")
+        for kind in SMOL_HEADS if (heads / f"{SMOLLM2}-{kind}").is_dir()}}
     qwen = [_config_only(times, name, hf, root, quant, "cuda", context_window_size=CONTEXT)
             for name, hf in SHAPES.items()]
     return [_portable(times, m, "cuda") for m in (smol, *qwen)], times

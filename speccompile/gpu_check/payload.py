@@ -302,7 +302,8 @@ def assemble(out_dir: Path, work: Path, models: list[dict], wheels: list[Path], 
                 tar.add(lib, f"payload/{entry['alt_libs'][alt]}")
             for mode, head in (m.get("heads") or {}).items():
                 hslug = f"{slug}-{mode}"
-                entry["heads"][mode] = {"dir": f"models/{hslug}", "lib": f"models/{hslug}.so", "alt_libs": {}}
+                entry["heads"][mode] = {"dir": f"models/{hslug}", "lib": f"models/{hslug}.so", "alt_libs": {},
+                                        "mode": head.get("mode", mode)}
                 tar.add(head["dir"], f"payload/models/{hslug}", filter=_no_caches)
                 tar.add(head["lib"], f"payload/models/{hslug}.so")
                 for alt, lib in (head.get("alt_libs") or {}).items():
