@@ -37,7 +37,6 @@ LAYERS = {"qwen15": 28, "smollm2": 30}
 # ("dense_*": fp16 weights, as q0f16 builds them; no model of the check has them)
 VARIANTS = {"portable": {}, "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_w16": {"warps": 16},
             "tc_u1": {"unroll": 1}, "tc_u4": {"unroll": 4}, "dense_portable": {}, "dense_tc": {}}
-SPLIT_KEYS = ("warps", "unroll")
 ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
 ALONE = 64  # rows projected one at a time: the reference every M-row result must equal bit for bit
 CHECKED_FEATURES = 512  # output features compared with float64 (the first and last 256)
@@ -49,7 +48,7 @@ def _kernel(variant: str, n: int, k: int, dtype: str):
     from speccompile.kernels import gpu_matmul_mma as mma
     from speccompile.kernels.attention_gpu import max_vector_lanes
 
-    split = {key: VARIANTS[variant][key] for key in SPLIT_KEYS if key in VARIANTS[variant]}
+    split = VARIANTS[variant]  # the tensor-core kernels' work split (warps, unroll); {} the default
     if variant == "portable":
         return portable.q4_gemv(n, k, dtype, max_lanes=max_vector_lanes())
     if variant == "dense_portable":
