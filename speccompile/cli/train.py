@@ -70,7 +70,11 @@ def train_draft_cmd(target_dir, method, model_lib, output, work_dir, draft, eagl
 @click.option("--exclude", "exclude", multiple=True, type=click.Path(path_type=Path),
               help="benchmark JSONL files (MT-bench format) never to overlap; default bench/mt_bench.jsonl and "
                    "bench/prompts.jsonl")
-def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, data_dir, run, settings, exclude):
+@click.option("--focus", default=None, metavar="FAMILY",
+              help="make only prompts of this focused family (code_typed: typed Python from a prose spec), until the "
+                   "set holds --num-prompts of them and a 25th as many held-out; the slots they take are saved with "
+                   "the set")
+def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, data_dir, run, settings, exclude, focus):
     """Build the prompt set a draft head trains on: written families plus Magpie user turns
     sampled from the target, filtered (duplicates, degenerate samples, benchmark overlap),
     with a held-out set of other styles. Resumable: rerun the same command to continue."""
@@ -80,7 +84,7 @@ def train_prompts_cmd(model_dir, model_lib, model_name, quantization, work_dir, 
         settings, run = PromptSetSettings(**settings), PromptRun(**run)
         model_dir, model_lib = resolve_target(model_dir, model_lib, model_name, quantization)
         report = run_train_prompts(model_dir, model_lib, work_dir, run.num_prompts, run.held_out, settings, run.batch,
-                                   list(exclude) or None, data_dir=data_dir)
+                                   list(exclude) or None, data_dir=data_dir, focus=focus)
     except USER_ERRORS as err:
         fail(err)
     click.echo(json.dumps(report, indent=1))

@@ -59,7 +59,7 @@ from speccompile.training.magpie import Job, Sample, cut_answer_leak, magpie_pre
 from speccompile.training.prompt_filters import (BenchmarkGuard, NearDupIndex, benchmark_texts, clean_user_turn, degenerate,
                              looks_like_code)
 from speccompile.training.prompts import GENERAL_FAMILIES, HELD_OUT_GENERAL_FAMILIES, general_prompt
-from speccompile.training.prompts_code import CODE_FAMILIES, HELD_OUT_CODE_FAMILIES
+from speccompile.training.prompts_code import CODE_FAMILIES, FOCUS_FAMILIES, HELD_OUT_CODE_FAMILIES
 from speccompile.training.prompts_grounded import (DOC, GROUNDED_FAMILIES, clean_document, complete_paragraphs,
                                                    document_problem, grounded_slot)
 from speccompile.runtime.tokenizer import render_messages
@@ -118,13 +118,18 @@ class Slot:
     wrap: str | None = None  # grounded: the user turn, with {doc} where the document goes
 
 
-def plan_slot(settings: Settings, split: str, k: int, wide_from: dict[str, int] | None = None) -> Slot:
-    """Slot k of split "t" or "h": a pure function of (seed, split, k) and the set's ``wide_from``
-    (the first slot of each split planned with the wide mix; None: wide from slot 0), so a rerun
-    makes the same."""
+def plan_slot(settings: Settings, split: str, k: int, wide_from: dict[str, int] | None = None,
+              focus: list[dict] | None = None) -> Slot:
+    """Slot k of split "t" or "h": a pure function of (seed, split, k), the set's ``wide_from``
+    (the first slot of each split planned with the wide mix; None: wide from slot 0) and its
+    ``focus`` stretches (slots given to one focused family by ``--focus``), so a rerun makes the
+    same."""
     rng = random.Random(f"{settings.seed}:{split}:{k}")
     key = f"{split}{k:06d}"
     held = split == "h"
+    for f in focus or ():
+        if f["split"] == split and f["from"] <= k < f["to"]:
+            return _written_slot(rng, key, split, {f["family"]: 1})
     if k >= (wide_from or {}).get(split, 0):
         return _wide_slot(rng, key, split, settings.magpie_share)
     if rng.random() >= settings.magpie_share:
@@ -166,8 +171,8 @@ def _wide_slot(rng: random.Random, key: str, split: str, magpie_share: float) ->
 def _written_slot(rng: random.Random, key: str, split: str, weights: dict[str, int]) -> Slot:
     """A written prompt of a family drawn by ``weights`` (both mixes, both splits)."""
     family = rng.choices(list(weights), list(weights.values()))[0]
-    if family in CODE_FAMILIES or family in HELD_OUT_CODE_FAMILIES:
-        text = {**CODE_FAMILIES, **HELD_OUT_CODE_FAMILIES}[family](rng, split == "h")
+    if family in CODE_FAMILIES or family in HELD_OUT_CODE_FAMILIES or family in FOCUS_FAMILIES:
+        text = {**CODE_FAMILIES, **HELD_OUT_CODE_FAMILIES, **FOCUS_FAMILIES}[family](rng, split == "h")
     else:
         text = general_prompt(family, rng, split == "h")
     return Slot(key, split, "written", family, text=text)
@@ -241,7 +246,8 @@ class PromptSet:
                                                                         default=-1) for s in SPLITS}}
             saved.write_text(json.dumps(old, indent=1))
         if old is not None:
-            given = {**asdict(settings), "wide_from": old.get("wide_from")}
+            given = {**asdict(settings), "wide_from": old.get("wide_from")} | ({"focus": old["focus"]} if "focus" in old
+                                                                                else {})
             if old != given:
                 diff = {k: (old.get(k), v) for k, v in given.items() if old.get(k) != v}
                 raise ValueError(f"{self.dir} was started with other settings {diff} (saved, given): resume with the "
@@ -250,6 +256,7 @@ class PromptSet:
             old = {**asdict(settings), "wide_from": {s: 0 for s in SPLITS}}
             saved.write_text(json.dumps(old, indent=1))
         self.wide_from: dict[str, int] = old["wide_from"]
+        self.saved, self.focus = old, list(old.get("focus", []))
         self.index = {split: NearDupIndex() for split in SPLITS}
         for split, name in SPLITS.items():
             for r in self.rows[name]:
@@ -349,7 +356,31 @@ class PromptSet:
         while f"{split}{k:06d}" in self.done:
             k += 1
         self.next_k[split] = k + 1
-        return plan_slot(self.settings, split, k, self.wide_from)
+        return plan_slot(self.settings, split, k, self.wide_from, self.focus)
+
+    def add_focus(self, family: str, num_prompts: int) -> dict[str, int]:
+        """Make the set hold ``num_prompts`` training prompts of focused ``family`` (and a
+        twenty-fifth as many held-out ones, at least one): the slots still missing become a
+        stretch of that family just past every slot decided or planned so far (saved in
+        settings.json, so the plan stays a pure function of the file). Returns the targets
+        that stop the run when both splits hold their share; asked again, it adds nothing."""
+        if family not in FOCUS_FAMILIES:
+            raise ValueError(f"--focus {family!r}: choose one of {', '.join(FOCUS_FAMILIES)}")
+        targets = {}
+        for split, want in (("t", num_prompts), ("h", max(1, -(-num_prompts // 25)))):
+            have = sum(r["family"] == family for r in self.rows[SPLITS[split]])
+            pending = sum(f"{split}{k:06d}" not in self.done for f in self.focus
+                          if f["family"] == family and f["split"] == split for k in range(f["from"], f["to"]))
+            missing = want - have - pending  # a rejected slot (an exact duplicate) is made up by a new one
+            if missing > 0:
+                start = 1 + max([int(i[1:]) for i in self.done if i[0] == split and i[1:].isdigit()] +
+                                [f["to"] - 1 for f in self.focus if f["split"] == split] + [self.wide_from[split] - 1])
+                self.focus.append({"family": family, "split": split, "from": start, "to": start + missing})
+            targets[split] = self.accepted(split) + max(0, want - have)
+        if self.focus != self.saved.get("focus", []):
+            self.saved = {**self.saved, "focus": self.focus}
+            (self.dir / "settings.json").write_text(json.dumps(self.saved, indent=1))
+        return targets
 
     def summary(self, generated_tokens: int = 0) -> dict:
         out = {"settings": asdict(self.settings), "rejected": len(self.rejected), "reasons": dict(self.reasons)}
@@ -383,7 +414,8 @@ class PromptSet:
 def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, settings: Settings, sampler=None,
                      chat: dict | None = None, count_tokens: Callable[[str], int] | None = None,
                      benchmarks: list[Path] | None = None, progress: bool = True, max_idle_slots: int = 2000,
-                     summary_every: float = 60.0, on_summary: Callable[[], object] | None = None) -> dict:
+                     summary_every: float = 60.0, on_summary: Callable[[], object] | None = None,
+                     focus: str | None = None) -> dict:
     """Fill ``out_dir`` until it holds ``num_prompts`` training and ``num_held_out`` held-out prompts.
 
     ``sampler`` (a speccompile.training.magpie.MagpieSampler, or anything with its ``encode``, ``run``
@@ -391,7 +423,9 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
     is the model config that holds ``chat_template``, ``bos_token`` and ``eos_token``. Stops with an error when ``max_idle_slots`` slots in a
     row are rejected: the filters or the model are not producing usable prompts. ``on_summary``
     is called after each summary (every ``summary_every`` seconds and at the end), with the
-    files flushed: the data dir's copy (speccompile/training/store.py)."""
+    files flushed: the data dir's copy (speccompile/training/store.py). With ``focus`` (a family of
+    FOCUS_FAMILIES) the run makes only that family's prompts, until the set holds ``num_prompts``
+    of them (``PromptSet.add_focus``); ``num_held_out`` is then not read."""
     from tqdm import tqdm
 
     if num_prompts < 1 or num_held_out < 0:
@@ -417,9 +451,9 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
         for system in (None, CODER_SYSTEM, HELD_OUT_SYSTEM):
             prefix_ids(Slot("check", "t", "magpie", "check", system=system))
     prefix_ids(Slot("check", "t", "grounded", "check", request="Write a short news article."))
-    targets = {"t": num_prompts, "h": num_held_out}
-    bar = tqdm(total=num_prompts + num_held_out, initial=min(ps.accepted("t"), num_prompts) + min(ps.accepted("h"),
-               num_held_out), desc="prompts", unit="prompt", disable=not progress, smoothing=0.05,
+    targets = {"t": num_prompts, "h": num_held_out} if focus is None else ps.add_focus(focus, num_prompts)
+    bar = tqdm(total=sum(targets.values()), initial=sum(min(ps.accepted(s), n) for s, n in targets.items()),
+               desc="prompts", unit="prompt", disable=not progress, smoothing=0.05,
                mininterval=2.0 if sys.stderr.isatty() else 60.0)  # a log file gets a line a minute
     inflight: dict[str, Slot] = {}
     last_summary = [time.time()]
@@ -445,6 +479,8 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
             split = ps.pick_split(targets)
             if split is None:
                 return
+            if focus is not None:
+                ps.add_focus(focus, num_prompts)  # a stretch whose slots were rejected grows by as many
             slot = ps.next_slot(split)
             if slot.source == "written":
                 after(ps.offer(slot, slot.text))
@@ -484,7 +520,7 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
 
 def run_train_prompts(model_dir: Path, model_lib: Path, work_dir: Path | None, num_prompts: int, num_held_out: int,
                       settings: Settings, batch: int = 8, benchmarks: list[Path] | None = None,
-                      progress: bool = True, data_dir: Path | None = None) -> dict:
+                      progress: bool = True, data_dir: Path | None = None, focus: str | None = None) -> dict:
     """The CLI's stage: checks everything cheap, loads the engine, fills ``<work_dir>/prompts``;
     with ``data_dir``, starts from the prompts kept there and keeps them there as they grow
     (speccompile/training/store.py)."""
@@ -499,6 +535,8 @@ def run_train_prompts(model_dir: Path, model_lib: Path, work_dir: Path | None, n
         raise FileNotFoundError(f"model library {model_lib} not found")
     if not 1 <= batch <= 64:
         raise ValueError(f"--batch {batch} must be in 1..64")
+    if focus is not None and focus not in FOCUS_FAMILIES:
+        raise ValueError(f"--focus {focus!r}: choose one of {', '.join(FOCUS_FAMILIES)}")
     config = read_model_config(model_dir)
     if not config.get("chat_template"):
         raise ValueError(f"{model_dir} has no chat template: the target writes the grounded prompts' documents and "
@@ -517,6 +555,6 @@ def run_train_prompts(model_dir: Path, model_lib: Path, work_dir: Path | None, n
     sampler = MagpieSampler(engine, batch, settings.max_new_tokens, settings.temperature, settings.top_p)
     count = lambda t: len(engine.tokenizer.encode(t, add_special_tokens=False).ids)  # noqa: E731
     report = build_prompt_set(out, num_prompts, num_held_out, settings, sampler, config, count, benchmarks, progress,
-                              on_summary=mirror)
+                              on_summary=mirror, focus=focus)
     report["prompts_dir"] = str(out)
     return report

@@ -439,3 +439,95 @@ CODE_FAMILIES = {"code_write": code_write, "code_app": code_app, "code_debug": c
                  "shell": shell, "sql": sql, "data": data}
 HELD_OUT_CODE_FAMILIES = {"code_review": code_review, "code_terse": code_terse, "code_traceback": code_traceback,
                           "shell_explain": shell_explain}
+
+
+# ------------------------------------------------------------------ focused families
+# Requests a set gets only through ``train-prompts --focus`` (speccompile/training/prompt_set.py),
+# never drawn by the mixes: each fills a gap the heads' answers showed.
+RECORDS = [  # (plural, singular, [(field, type as a user writes it)], id field, numeric, grouping keys)
+    ("events", "event", [("event_id", "int"), ("user_id", "str"), ("kind", "str"), ("timestamp", "str, ISO 8601"),
+                         ("duration_s", "float")], "event_id", ["duration_s"], ["user_id", "kind"]),
+    ("books", "book", [("isbn", "str"), ("title", "str"), ("author", "str"), ("year", "int"),
+                       ("ratings", "list of int")], "isbn", ["year"], ["author"]),
+    ("readings", "reading", [("sensor_id", "str"), ("ts", "float"), ("value", "float"), ("unit", "str")],
+     "sensor_id", ["value"], ["sensor_id", "unit"]),
+    ("employees", "employee", [("name", "str"), ("department", "str"), ("salary", "float"), ("manager", "str or None")],
+     "name", ["salary"], ["department"]),
+    ("transactions", "transaction", [("tx_id", "str"), ("account", "str"), ("amount", "float"), ("currency", "str"),
+                                     ("date", "str, YYYY-MM-DD")], "tx_id", ["amount"], ["account", "currency"]),
+    ("students", "student", [("student_id", "int"), ("name", "str"),
+                             ("grades", "dict mapping course name (str) to grade (float)")], "student_id",
+     ["average grade"], ["name"]),
+    ("tickets", "ticket", [("ticket_id", "int"), ("status", "str"), ("priority", "int"), ("assignee", "str or None"),
+                           ("tags", "list of str")], "ticket_id", ["priority"], ["status", "assignee"]),
+    ("products", "product", [("sku", "str"), ("name", "str"), ("price", "float"), ("stock", "int"),
+                             ("categories", "list of str")], "sku", ["price", "stock"], ["categories"]),
+    ("requests", "request", [("path", "str"), ("method", "str"), ("status", "int"), ("latency_ms", "float"),
+                             ("client_ip", "str")], "path", ["latency_ms"], ["path", "status"]),
+    ("shipments", "shipment", [("tracking", "str"), ("origin", "str"), ("destination", "str"), ("weight_kg", "float"),
+                               ("delivered", "bool")], "tracking", ["weight_kg"], ["destination"]),
+    ("reviews", "review", [("review_id", "int"), ("product", "str"), ("stars", "int"), ("text", "str"),
+                           ("verified", "bool")], "review_id", ["stars"], ["product"]),
+    ("tasks", "task", [("task_id", "str"), ("title", "str"), ("depends_on", "list of task ids (str)"),
+                       ("estimate_h", "float")], "task_id", ["estimate_h"], ["task_id"]),
+    ("flights", "flight", [("code", "str"), ("origin", "str"), ("dest", "str"), ("departure", "str, HH:MM"),
+                           ("seats_left", "int")], "code", ["seats_left"], ["origin", "dest"]),
+    ("invoices", "invoice", [("number", "str"), ("client", "str"), ("lines", "list of dicts with `description` (str), "
+                             "`hours` (float) and `rate` (float)"), ("paid", "bool")], "number", ["amount due"],
+     ["client"]),
+    ("accounts", "account", [("username", "str"), ("email", "str"), ("created", "str, ISO 8601"),
+                             ("logins", "list of ISO 8601 timestamps (str)"), ("plan", "str or None")], "username",
+     ["login count"], ["plan"]),
+]
+RECORD_TASKS = [  # (function name, what it should do)
+    ("{p}_by_{key_}", "group the {p} by `{key}` and return a dict that maps each `{key}` to a dict with the keys `count`, "
+                      "`{num_}_sum` and `{num_}_max`"),
+    ("top_{p}", "return the {k} {p} with the largest {num}, highest first, breaking ties by `{idf}`"),
+    ("index_{p}", "return a dict that maps each `{idf}` to its {s}, raising ValueError on a duplicate `{idf}`"),
+    ("validate_{p}", "check every {s} and return a list of error messages (one per problem, naming the `{idf}`) for "
+                     "missing keys or values of the wrong type"),
+    ("merge_{p}", "merge two lists of {p} by `{idf}`: when both have the same `{idf}`, keep the one from the second "
+                  "list; return them sorted by `{idf}`"),
+    ("partition_{p}", "split the {p} into two lists: those that pass a predicate given as an argument, and the rest"),
+    ("{num_}_stats_by_{key_}", "compute, for each `{key}`, the mean and the median of {num}, skipping {p} where it is "
+                               "missing, and return a dict of tuples"),
+    ("parse_{p}_csv", "parse CSV text (a header line, then one {s} per line) into a list of {p}, converting each field "
+                      "to its type"),
+    ("outlier_{p}", "return the {p} whose {num} is more than {z} standard deviations from the mean"),
+    ("paginate_{p}", "paginate the {p}: given `page` and `page_size`, return a dict with the keys `items`, `page`, "
+                     "`pages` and `total`"),
+    ("dedupe_{p}", "deduplicate the {p} by `{idf}`, keeping the first occurrence, and return the list together with "
+                   "how many were removed"),
+    ("nest_{p}", "build a nested dict that maps each `{key}` to a dict from `{idf}` to {s}"),
+]
+TYPING_STYLES = [
+    "Include type hints and a short docstring.", "Use type hints from the typing module (List, Dict, Optional, Tuple) "
+    "and a docstring.", "Use modern built-in generics in the type hints (list[...], dict[...]) and add a docstring.",
+    "Define the {s} as a dataclass and type-annotate everything.",
+    "Define the {s} shape as a TypedDict and annotate the function with it.",
+    "Annotate all parameters and the return type, and include a few doctest examples.",
+    "Write it as a small class with typed methods, with type hints everywhere.",
+    "Use typing.NamedTuple for the result, and type hints throughout.",
+]
+
+
+def code_typed(rng: random.Random, held_out: bool = False) -> str:
+    """A function specified in prose over records whose fields and types are listed, asked for
+    with type hints (typing's generics, dataclasses, TypedDict). Why a family of its own:
+    Qwen2.5-Coder writes annotations only when asked, and no other family asks, so 2.8M answer
+    tokens of the shipped head's data held ` Dict` not once; on a typed request its EAGLE-3
+    head then mispredicted every annotation with confidence (held-out records, every fifth,
+    are types no training prompt names)."""
+    p, s, fields, idf, nums, keys = rng.choice(partition(RECORDS, held_out))
+    name, task = rng.choice(RECORD_TASKS)
+    key, num = rng.choice(keys), rng.choice(nums)
+    ctx = {"p": p, "s": s, "idf": idf, "key": key, "key_": key.replace(" ", "_"), "num_": num.replace(" ", "_"),
+           "num": f"the {num}" if " " in num else f"`{num}`", "k": rng.choice([3, 5, 10]), "z": rng.choice([2, 2.5, 3])}
+    listed = ", ".join(f"`{n}` ({t})" for n, t in fields[:-1]) + f" and `{fields[-1][0]}` ({fields[-1][1]})"
+    call = f"{name.format(**ctx)}({p}{rng.choice(['', '', ', min_count=1', ', limit=None', ', strict=False'])})"
+    head = rng.choice(["Write a Python function `{c}`.", "Implement `{c}` in Python.", "I need a Python function `{c}`."])
+    return " ".join([head.format(c=call), f"Each element of `{p}` is a dict with the keys {listed}.",
+                     f"The function should {task.format(**ctx)}.", rng.choice(TYPING_STYLES).format(s=s)])
+
+
+FOCUS_FAMILIES = {"code_typed": code_typed}

@@ -94,9 +94,13 @@ def sync_prompts(work_prompts: Path, data_prompts: Path) -> dict[str, str]:
 
 def _upgrade_of(new: dict, old: dict) -> bool:
     """``new`` is ``old`` carried to a later slot plan (prompt_set.PromptSet upgrades a set in place:
-    the same settings, a higher ``plan_version``, and what the new plan adds, such as ``wide_from``)."""
-    return (new.get("plan_version", 1) > old.get("plan_version", 1)
-            and all(new.get(k) == v for k, v in old.items() if k != "plan_version"))
+    the same settings, a higher ``plan_version``, and what the new plan adds, such as ``wide_from``),
+    or ``old`` with more focus stretches (``train-prompts --focus`` appends them)."""
+    if new.get("plan_version", 1) > old.get("plan_version", 1):
+        return all(new.get(k) == v for k, v in old.items() if k != "plan_version")
+    was, now = old.get("focus", []), new.get("focus", [])
+    return (len(now) > len(was) and now[: len(was)] == was and set(new) - set(old) <= {"focus"}
+            and all(new.get(k) == v for k, v in old.items() if k != "focus"))
 
 
 def read_index(split_dir: Path) -> list[dict]:

@@ -367,3 +367,58 @@ def test_cli_refuses_bad_input_before_loading_anything(tmp_path):
     assert r.exit_code == 2 and "--magpie-share" in r.output
     r = CliRunner().invoke(main, ["train-prompts", "--num-prompts", "5"])
     assert r.exit_code == 2 and "--model NAME" in r.output
+
+
+def test_a_focused_family_takes_new_slots_saved_with_the_set_and_is_resumable(tmp_path):
+    """--focus: the set gets exactly N training prompts of the family (and a 25th as many
+    held-out, on held-out records), in a stretch just past every decided slot, saved in
+    settings.json; nothing decided changes, a rerun adds nothing, a later plain run goes on with
+    the wide mix past the stretch, and no focused prompt overlaps a benchmark."""
+    from speccompile.training.prompt_set import plan_slot
+    from speccompile.training.prompts_code import RECORDS, code_typed
+
+    _build(tmp_path, 30, 4, FakeSampler())
+    before = _files(tmp_path)
+    _build(tmp_path, 25, 0, FakeSampler(), focus="code_typed")
+    saved = json.loads((tmp_path / "settings.json").read_text())
+    rows = {s: read_prompts(tmp_path, s) for s in ("train", "held_out")}
+    typed = {s: [r for r in rows[s] if r["family"] == "code_typed"] for s in rows}
+    assert len(typed["train"]) == 25 and len(typed["held_out"]) == 1 and len(rows["train"]) == 55
+    after = _files(tmp_path)
+    for name, lines in before.items():
+        assert after[name][:len(lines)] == lines  # nothing decided was touched
+    stretch = {f["split"]: f for f in saved["focus"]}
+    assert stretch["t"]["family"] == "code_typed" and stretch["t"]["to"] - stretch["t"]["from"] == 25
+    assert all(stretch[r["id"][0]]["from"] <= int(r["id"][1:]) < stretch[r["id"][0]]["to"] for s in typed for r in typed[s])
+    assert min(int(r["id"][1:]) for r in typed["train"]) > max(int(json.loads(x)["id"][1:]) for x in before["train"])
+    # the slots are the plan's: planned again from the saved file, each gives the same prompt
+    for r in typed["train"][:5]:
+        assert plan_slot(Settings(seed=3, magpie_share=0.6), "t", int(r["id"][1:]), saved["wide_from"],
+                         saved["focus"]).text == r["prompt"]
+    held_records = {p for p, *_ in RECORDS[::5]}
+    assert all(any(f"`{p}`" in r["prompt"] for p in held_records) for r in typed["held_out"])
+    assert not any(any(f"`{p}`" in r["prompt"] for p in held_records) for r in typed["train"])
+    _build(tmp_path, 25, 0, FakeSampler(), focus="code_typed")  # asked again: nothing new
+    assert _files(tmp_path) == after
+    _build(tmp_path, 60, 4, FakeSampler())  # the mixes go on past the stretch
+    more = read_prompts(tmp_path)[55:]
+    assert len(more) == 5 and all(r["family"] != "code_typed" and int(r["id"][1:]) >= stretch["t"]["to"] for r in more)
+    import random
+    from speccompile.training.prompt_filters import BenchmarkGuard, benchmark_texts
+    from speccompile.training.prompt_set import BENCHMARKS
+    guard = BenchmarkGuard(benchmark_texts(BENCHMARKS))
+    assert not [t for t in (code_typed(random.Random(i), i % 2 == 0) for i in range(300)) if guard.overlap(t)]
+    with pytest.raises(ValueError, match="--focus 'nope'"):
+        _build(tmp_path, 5, 0, FakeSampler(), focus="nope")
+    # a data dir that kept the set before the focus run takes its stretches and prompts (and gives nothing back)
+    from speccompile.training.store import DataConflict, sync_prompts
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "settings.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "focus"}))
+    for name in ("train", "held_out", "rejected"):
+        (kept / f"{name}.jsonl").write_text("".join(x + "\n" for x in before[name]))
+    assert sync_prompts(tmp_path, kept)["settings.json"] == "saved"
+    assert json.loads((kept / "settings.json").read_text()) == json.loads((tmp_path / "settings.json").read_text())
+    (kept / "settings.json").write_text(json.dumps({**saved, "focus": [{**saved["focus"][0], "to": 1}]}))
+    with pytest.raises(DataConflict):  # other stretches: two different sets
+        sync_prompts(tmp_path, kept)
