@@ -351,7 +351,12 @@ class PromptSet:
                 best, frac = s, have / target
         return best
 
-    def next_slot(self, split: str) -> Slot:
+    def next_slot(self, split: str, focus: str | None = None) -> Slot:
+        """The split's first slot not decided yet; with ``focus``, the first of that family's stretches."""
+        if focus is not None:
+            k = min(k for f in self.focus if f["family"] == focus and f["split"] == split
+                    for k in range(f["from"], f["to"]) if f"{split}{k:06d}" not in self.done)
+            return plan_slot(self.settings, split, k, self.wide_from, self.focus)
         k = self.next_k[split]
         while f"{split}{k:06d}" in self.done:
             k += 1
@@ -481,7 +486,7 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
                 return
             if focus is not None:
                 ps.add_focus(focus, num_prompts)  # a stretch whose slots were rejected grows by as many
-            slot = ps.next_slot(split)
+            slot = ps.next_slot(split, focus)
             if slot.source == "written":
                 after(ps.offer(slot, slot.text))
                 continue

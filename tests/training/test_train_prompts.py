@@ -378,8 +378,13 @@ def test_a_focused_family_takes_new_slots_saved_with_the_set_and_is_resumable(tm
     from speccompile.training.prompts_code import RECORDS, code_typed
 
     _build(tmp_path, 30, 4, FakeSampler())
+    rejected = (tmp_path / "rejected.jsonl").read_text().splitlines()
+    hole = json.loads(rejected[-1])["id"]  # an undecided slot below the stretch (as an interrupted run leaves)
+    (tmp_path / "rejected.jsonl").write_text("".join(x + "\n" for x in rejected[:-1]))
     before = _files(tmp_path)
     _build(tmp_path, 25, 0, FakeSampler(), focus="code_typed")
+    assert hole not in (tmp_path / "rejected.jsonl").read_text() + (tmp_path / "train.jsonl").read_text() + \
+        (tmp_path / "held_out.jsonl").read_text()  # a focused run takes its stretch's slots only
     saved = json.loads((tmp_path / "settings.json").read_text())
     rows = {s: read_prompts(tmp_path, s) for s in ("train", "held_out")}
     typed = {s: [r for r in rows[s] if r["family"] == "code_typed"] for s in rows}
