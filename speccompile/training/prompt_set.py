@@ -351,12 +351,13 @@ class PromptSet:
                 best, frac = s, have / target
         return best
 
-    def next_slot(self, split: str, focus: str | None = None) -> Slot:
-        """The split's first slot not decided yet; with ``focus``, the first of that family's stretches."""
+    def next_slot(self, split: str, focus: tuple[str, int] | None = None) -> Slot:
+        """The split's first slot not decided yet; with ``focus`` (family, prompts wanted), the first of
+        that family's stretches, which grow by as many slots as were rejected (exact duplicates)."""
         if focus is not None:
-            k = min(k for f in self.focus if f["family"] == focus and f["split"] == split
-                    for k in range(f["from"], f["to"]) if f"{split}{k:06d}" not in self.done)
-            return plan_slot(self.settings, split, k, self.wide_from, self.focus)
+            if not self._pending(focus[0], split):
+                self.add_focus(*focus)
+            return plan_slot(self.settings, split, self._pending(focus[0], split)[0], self.wide_from, self.focus)
         k = self.next_k[split]
         while f"{split}{k:06d}" in self.done:
             k += 1
@@ -374,9 +375,7 @@ class PromptSet:
         targets = {}
         for split, want in (("t", num_prompts), ("h", max(1, -(-num_prompts // 25)))):
             have = sum(r["family"] == family for r in self.rows[SPLITS[split]])
-            pending = sum(f"{split}{k:06d}" not in self.done for f in self.focus
-                          if f["family"] == family and f["split"] == split for k in range(f["from"], f["to"]))
-            missing = want - have - pending  # a rejected slot (an exact duplicate) is made up by a new one
+            missing = want - have - len(self._pending(family, split))  # a rejected slot is made up by a new one
             if missing > 0:
                 start = 1 + max([int(i[1:]) for i in self.done if i[0] == split and i[1:].isdigit()] +
                                 [f["to"] - 1 for f in self.focus if f["split"] == split] + [self.wide_from[split] - 1])
@@ -386,6 +385,11 @@ class PromptSet:
             self.saved = {**self.saved, "focus": self.focus}
             (self.dir / "settings.json").write_text(json.dumps(self.saved, indent=1))
         return targets
+
+    def _pending(self, family: str, split: str) -> list[int]:
+        """The slots of ``family``'s stretches in ``split`` not decided yet, in order."""
+        return [k for f in self.focus if f["family"] == family and f["split"] == split
+                for k in range(f["from"], f["to"]) if f"{split}{k:06d}" not in self.done]
 
     def summary(self, generated_tokens: int = 0) -> dict:
         out = {"settings": asdict(self.settings), "rejected": len(self.rejected), "reasons": dict(self.reasons)}
@@ -484,9 +488,7 @@ def build_prompt_set(out_dir: Path, num_prompts: int, num_held_out: int, setting
             split = ps.pick_split(targets)
             if split is None:
                 return
-            if focus is not None:
-                ps.add_focus(focus, num_prompts)  # a stretch whose slots were rejected grows by as many
-            slot = ps.next_slot(split, focus)
+            slot = ps.next_slot(split, None if focus is None else (focus, num_prompts))
             if slot.source == "written":
                 after(ps.offer(slot, slot.text))
                 continue

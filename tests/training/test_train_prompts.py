@@ -415,6 +415,13 @@ def test_a_focused_family_takes_new_slots_saved_with_the_set_and_is_resumable(tm
     assert not [t for t in (code_typed(random.Random(i), i % 2 == 0) for i in range(300)) if guard.overlap(t)]
     with pytest.raises(ValueError, match="--focus 'nope'"):
         _build(tmp_path, 5, 0, FakeSampler(), focus="nope")
+    # enough slots that some come out as exact duplicates: each is made up by one more slot of the stretch
+    big = tmp_path / "big"
+    _build(big, 1, 0, FakeSampler(), focus="code_typed")
+    _build(big, 400, 0, FakeSampler(), focus="code_typed")
+    dups = [json.loads(x) for x in _files(big)["rejected"]]
+    assert dups and all(r["family"] == "code_typed" and r["reason"] == "duplicate_exact" for r in dups)
+    assert sum(r["family"] == "code_typed" for r in read_prompts(big)) == 400
     # a data dir that kept the set before the focus run takes its stretches and prompts (and gives nothing back)
     from speccompile.training.store import DataConflict, sync_prompts
     kept = tmp_path / "kept"
