@@ -69,25 +69,17 @@ def accept_greedy(vocab: int):
     return kernel
 
 
-ARGMAX_THREADS = 256  # threads per logits row in the GPU kernel
+ARGMAX_THREADS = 256  # threads per block of the GPU argmax
+ARGMAX_PARTS = 32  # blocks per logits row in the GPU argmax: a 152k vocabulary was one block's 594 serial loads
 
 
 @T.macro
-def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
-    """GPU: the first maximum of logits[row] over one block of ``nt`` (a power of two)
-    threads. Each thread scans a stride (indices rise, so ">" keeps the first), then a
-    fixed tree in shared val/idx (nt floats and ints) halves them, the lower index winning
-    ties; every step reads into registers, syncs, then writes (the sync planner refuses a
-    sync inside a branch). Afterwards mine[0]/at[0] of thread 0, and val[0]/idx[0] for all
-    threads, hold the maximum and its index (vocab if the row has no finite value)."""
-    mine[0] = T.float32(-3.4e38)
-    at[0] = vocab
-    for i in range((vocab + nt - 1) // nt):
-        if i * nt + tx < vocab:
-            mine[1] = logits[row, i * nt + tx]
-            if mine[1] > mine[0]:
-                mine[0] = mine[1]
-                at[0] = T.Cast("int32", i * nt + tx)
+def tree_argmax(tx, val, idx, mine, at, nt):
+    """GPU: combine the ``nt`` threads' (mine[0], at[0]) -- each the first maximum of its share,
+    at = past the end if none -- into the block's first maximum: a fixed tree in shared val/idx
+    halves them, the lower index winning ties, so the result is the first maximum of the union
+    whatever the shares were. Every step reads into registers, syncs, then writes (the sync
+    planner refuses a sync inside a branch). Afterwards val[0]/idx[0] hold it for all threads."""
     val[tx] = mine[0]
     idx[tx] = at[0]
     for step in T.unroll(nt.bit_length() - 1):
@@ -105,12 +97,32 @@ def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
     T.tvm_storage_sync("shared")
 
 
+@T.macro
+def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
+    """GPU: the first maximum of logits[row] over one block of ``nt`` (a power of two)
+    threads. Each thread scans a stride (indices rise, so ">" keeps the first), then
+    ``tree_argmax``. Afterwards mine[0]/at[0] of thread 0, and val[0]/idx[0] for all threads,
+    hold the maximum and its index (vocab if the row has no finite value)."""
+    mine[0] = T.float32(-3.4e38)
+    at[0] = vocab
+    for i in range((vocab + nt - 1) // nt):
+        if i * nt + tx < vocab:
+            mine[1] = logits[row, i * nt + tx]
+            if mine[1] > mine[0]:
+                mine[0] = mine[1]
+                at[0] = T.Cast("int32", i * nt + tx)
+    tree_argmax(tx, val, idx, mine, at, nt)
+
+
 @kernel_cache
 def accept_greedy_gpu(vocab: int):
-    """The same contract on GPU threads: one block per row for the argmax, one thread per
-    sequence for the tree walk (two kernel launches). The argmax reduction breaks ties
-    toward the lower index, so it returns the first maximum like the CPU kernel."""
-    nt = ARGMAX_THREADS
+    """The same contract on GPU threads, in three launches: ``ARGMAX_PARTS`` blocks per row each
+    find the first maximum of their slice of the vocabulary (a thread's loads unrolled, so they
+    are in flight together), one block per row combines the slices' results, one thread per
+    sequence walks its tree. The first maximum is unique, so the split gives the CPU kernel's
+    answer exactly; a row with no value above -3.4e38 (all -inf or NaN) takes index 0."""
+    nt, parts = ARGMAX_THREADS, ARGMAX_PARTS
+    per_thread = (vocab + parts * nt - 1) // (parts * nt)  # logits per thread; a part's slice is nt of these
 
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_tokens: T.handle, var_parents: T.handle, var_indptr: T.handle,
@@ -124,14 +136,38 @@ def accept_greedy_gpu(vocab: int):
         parents = T.match_buffer(var_parents, (n,), "int32")
         indptr = T.match_buffer(var_indptr, (b1,), "int32")
         out = T.match_buffer(var_out, (b1, n + 2), "int32")
+        part_val = T.decl_buffer((n * parts,), "float32")  # [row, part]: the slice's maximum
+        part_idx = T.decl_buffer((n * parts,), "int32")  # and its index (vocab if none)
         best = T.decl_buffer((n,), "int32")
         for row in T.thread_binding(n, thread="blockIdx.x"):
-            for tx in T.thread_binding(nt, thread="threadIdx.x"):
-                val = T.decl_buffer((nt,), "float32", scope="shared")
-                idx = T.decl_buffer((nt,), "int32", scope="shared")
-                mine = T.decl_buffer((2,), "float32", scope="local")  # this thread's max, a rival's
-                at = T.decl_buffer((2,), "int32", scope="local")  # and their indices
-                block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt)
+            for p in T.thread_binding(parts, thread="blockIdx.y"):
+                for tx in T.thread_binding(nt, thread="threadIdx.x"):
+                    val = T.decl_buffer((nt,), "float32", scope="shared")
+                    idx = T.decl_buffer((nt,), "int32", scope="shared")
+                    mine = T.decl_buffer((2,), "float32", scope="local")  # this thread's max, a rival's
+                    at = T.decl_buffer((2,), "int32", scope="local")  # and their indices
+                    got = T.decl_buffer((per_thread,), "float32", scope="local")
+                    for i in T.unroll(per_thread):  # index (p * per_thread + i) * nt + tx, clamped
+                        got[i] = logits[row, T.min((p * per_thread + i) * nt + tx, vocab - 1)]
+                    mine[0] = T.float32(-3.4e38)
+                    at[0] = vocab
+                    for i in T.unroll(per_thread):
+                        if (p * per_thread + i) * nt + tx < vocab and got[i] > mine[0]:
+                            mine[0] = got[i]
+                            at[0] = T.Cast("int32", (p * per_thread + i) * nt + tx)
+                    tree_argmax(tx, val, idx, mine, at, nt)
+                    if tx == 0:
+                        part_val[row * parts + p] = mine[0]
+                        part_idx[row * parts + p] = at[0]
+        for row in T.thread_binding(n, thread="blockIdx.x"):
+            for tx in T.thread_binding(parts, thread="threadIdx.x"):
+                val = T.decl_buffer((parts,), "float32", scope="shared")
+                idx = T.decl_buffer((parts,), "int32", scope="shared")
+                mine = T.decl_buffer((2,), "float32", scope="local")
+                at = T.decl_buffer((2,), "int32", scope="local")
+                mine[0] = part_val[row * parts + tx]
+                at[0] = part_idx[row * parts + tx]
+                tree_argmax(tx, val, idx, mine, at, parts)
                 if tx == 0:
                     best[row] = T.if_then_else(at[0] < vocab, at[0], 0)
         for sb in T.thread_binding((b1 + 63) // 64, thread="blockIdx.x"):
