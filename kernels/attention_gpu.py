@@ -152,15 +152,17 @@ def tree_sum32(src, base, out):
 
 
 @kernel_cache
-def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str):
+def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str, v_sum: str = "tiled"):
     """out[t, h] = softmax(q k^T / sqrt(d)) v over the rows token t may see; the arguments of
-    kernels/attention.py's ``attention``. Grid: (token, query head) x 32 lanes."""
+    kernels/attention.py's ``attention``. Grid: (token, query head) x 32 lanes. ``v_sum="rows"``
+    keeps the row-by-row V sum for every head dim (the GPU check's kernel bench compares them)."""
     group, per_lane = num_heads // num_kv, (head_dim + WARP - 1) // WARP  # lane tx owns dims v * 32 + tx
     vec = max_vector_lanes()  # K-row loads of 16 bytes at fp16 (8 on Metal)
     vec = vec if head_dim % vec == 0 else 1
     scale = 1.0 / math.sqrt(head_dim)
     per_row = head_dim // vec  # lanes that cover one V row with a vector load each
-    groups = WARP // per_row if vec > 1 and WARP % per_row == 0 else 0  # row groups of the tiled V sum
+    tiles = v_sum == "tiled" and vec > 1 and WARP % per_row == 0
+    groups = WARP // per_row if tiles else 0  # row groups of the tiled V sum
 
     @T.macro
     def v_rows_load(kv, layer, hk, slot_s, vals, w, tx):

@@ -186,15 +186,16 @@ class Check:
 
     def kernels(self) -> None:
         """The projection kernels alone, each variant the payload's bench carries (kernels_bench.py),
-        in a process of its own; if the default tensor-core kernel faults, or gives a row other bits
-        than the row alone, the models are measured with their portable libraries instead."""
+        then its attention variants and the greedy argmax, in a process of its own; if the default
+        tensor-core kernel faults, or gives a row other bits than the row alone, the models are
+        measured with their portable libraries instead."""
         from speccompile.gpu_check import kernels_bench
 
         info = self.payload / f"{kernels_bench.FILE}.json"
         if not info.exists():
             return self.skip(self.result, "kernels", "the payload carries no kernel bench")
         seconds = min(90.0, max(0.0, self.left() - 240))
-        self.log(f"projection kernels alone (kernels_bench, at most {seconds:.0f} s)")
+        self.log(f"kernels alone: projections, attention, argmax (kernels_bench, at most {seconds:.0f} s)")
 
         def run():
             done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.kernels_bench", str(info),

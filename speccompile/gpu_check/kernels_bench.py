@@ -1,5 +1,7 @@
 """The q4 projection kernels alone on the device: time per token count, and bit identity of
-every row with the same row projected alone, for each kernel variant on real model shapes.
+every row with the same row projected alone, for each kernel variant on real model shapes;
+then the attention kernel's V-sum variants at decode, verify and prefill shapes, and greedy
+verification's argmax, timed and checked the same way.
 
 Why: a forward's cost per row count (check.py ``forward_cost_vs_rows``) mixes the projections
 with attention, norms and launches, and measures only the kernels a library was built with.
@@ -37,6 +39,14 @@ LAYERS = {"qwen15": 28, "smollm2": 30}
 # ("dense_*": fp16 weights, as q0f16 builds them; no model of the check has them)
 VARIANTS = {"portable": {}, "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_w16": {"warps": 16},
             "tc_u1": {"unroll": 1}, "tc_u4": {"unroll": 4}, "dense_portable": {}, "dense_tc": {}}
+# attention (kernels/attention_gpu.py) on each model's heads: (query heads, KV heads, head dim), and its
+# V sums: "attn" the default (16-byte vectors issued ahead), "attn_rows" row by row (run e's kernel)
+ATTENTION = {"qwen15": (12, 2, 128), "smollm2": (9, 3, 64)}
+ATTENTION_VARIANTS = {"attn": {}, "attn_rows": {"v_sum": "rows"}}
+CONTEXTS = (128, 2048, 8192)  # a decode token and 8 chained verify rows at each; and a 512-token prefill
+VERIFY_ROWS = 8
+PREFILL = 512
+VOCABS = {"qwen15": 151936, "smollm2": 49152}  # greedy verification's argmax (kernels/verification.py)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
 ALONE = 64  # rows projected one at a time: the reference every M-row result must equal bit for bit
 CHECKED_FEATURES = 512  # output features compared with float64 (the first and last 256)
@@ -62,14 +72,21 @@ def _dense(variant: str) -> bool:
     return variant.startswith("dense")
 
 
-def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=None, shapes=None) -> Path:
-    """Compile every (variant, model, projection) into one library; returns the listing's path."""
+def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=None, shapes=None,
+          attention=None, vocabs=None) -> Path:
+    """Compile every (variant, model, projection), the attention variants on each model's heads
+    and the greedy verification kernel for each vocabulary into one library; returns the
+    listing's path."""
     import tvm
 
     from speccompile.compiler.targets import fatbin_packer, find_nvcc
+    from speccompile.kernels.attention_gpu import attention_gpu
+    from speccompile.kernels.verification import accept_greedy_gpu
 
-    variants = list(variants or VARIANTS)
-    shapes = shapes or SHAPES
+    variants = list(VARIANTS if variants is None else variants)
+    shapes = SHAPES if shapes is None else shapes
+    attention = ATTENTION if attention is None else attention
+    vocabs = VOCABS if vocabs is None else vocabs
     if device == "cuda":
         archs = ["sm_90"]
         target = tvm.target.Target({"kind": "cuda", "arch": archs[0], "host": {"kind": "llvm"}})
@@ -86,6 +103,17 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
                     funcs[name] = _kernel(variant, n, k, dtype).with_attr("global_symbol", name)
                     listing.append({"name": name, "variant": variant, "model": model, "proj": proj, "n": n, "k": k,
                                     **VARIANTS[variant]})
+        attn = []
+        for variant, opts in ATTENTION_VARIANTS.items():
+            for model, (heads, kv_heads, dim) in attention.items():
+                name = f"{variant}__{model}"
+                funcs[name] = attention_gpu(1, heads, kv_heads, dim, dtype, **opts).with_attr("global_symbol", name)
+                attn.append({"name": name, "variant": variant, "model": model, "heads": heads, "kv_heads": kv_heads,
+                             "head_dim": dim})
+        accept = []
+        for model, vocab in vocabs.items():
+            funcs[f"accept__{model}"] = accept_greedy_gpu(vocab).with_attr("global_symbol", f"accept__{model}")
+            accept.append({"name": f"accept__{model}", "model": model, "vocab": vocab})
     ex = tvm.compile(tvm.IRModule(funcs), target=target)
     out_dir.mkdir(parents=True, exist_ok=True)
     lib, report = out_dir / f"{FILE}.so", {}
@@ -97,7 +125,8 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
     info = out_dir / f"{FILE}.json"
     info.write_text(json.dumps({"device": device, "dtype": dtype, "rows": list(ROWS), "layers": LAYERS,
                                 "shapes": {model: list(projs) for model, projs in shapes.items()},
-                                "functions": listing}, indent=1))
+                                "functions": listing, "attention": attn, "contexts": list(CONTEXTS),
+                                "verify_rows": VERIFY_ROWS, "prefill": PREFILL, "accept": accept}, indent=1))
     return info
 
 
@@ -152,6 +181,20 @@ def run(info_path: Path, log=print, deadline: float | None = None) -> dict:
     lib = tvm.runtime.load_module(str(Path(info_path).with_suffix(".so")))
     dev, dtype, rows = tvm.device(info["device"], 0), info["dtype"], [int(r) for r in info["rows"]]
     out: dict = {"device_kind": info["device"], "dtype": dtype, "rows": rows, "functions": {}, "skipped": []}
+    out["attention"] = {}  # first: a few seconds, where the projections may meet the deadline
+    for f in info.get("attention", []):
+        if deadline is not None and time.monotonic() > deadline:
+            out["skipped"].append(f["name"])
+            continue
+        out["attention"][f["name"]] = rec = time_attention(lib, f, info, dtype, dev)
+        log(f"  {f['name']}: {rec['us']} us, invariant {rec['invariant']}, err {rec['max_abs_err']:.1e}")
+    out["accept"] = {}
+    for f in info.get("accept", []):
+        if deadline is not None and time.monotonic() > deadline:
+            out["skipped"].append(f["name"])
+            continue
+        out["accept"][f["name"]] = rec = time_accept(lib, f, int(info["verify_rows"]), dev)
+        log(f"  {f['name']}: {rec['us']} us, first maximum {rec['correct']}")
     data: dict = {}  # (n, k) -> operands, shared by the variants
     for f in info["functions"]:
         if deadline is not None and time.monotonic() > deadline:
@@ -194,6 +237,93 @@ def run(info_path: Path, log=print, deadline: float | None = None) -> dict:
             f"invariant {rec['invariant']}, err/scale {rec['max_err_vs_scale']:.1e}")
     out["layers"] = layer_totals(out["functions"], info["layers"], info["shapes"])
     return out
+
+
+def _attention_inputs(rng, tokens: list[tuple[int, int]], pages: int, heads: int, dim: int, dtype: str) -> dict:
+    """The attention kernel's arguments but kv, numpy, for one sequence: its page table (pages
+    0..pages-2 shuffled; the last page holds the extra slots) and per token (prefix rows, extra
+    slots: a chain, the ancestors then the node)."""
+    from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
+
+    n, e = len(tokens), max(1, max(x for _, x in tokens))
+    extra = np.zeros((n, e), np.int32)
+    for t, (_, x) in enumerate(tokens):
+        extra[t, :x] = pages * PAGE - 1 - np.arange(x)
+    return dict(q=rng.standard_normal((n, heads, dim)).astype(dtype), pt=rng.permutation(pages - 1)[None, :]
+                .astype(np.int32), seq=np.zeros(n, np.int32), prefix=np.array([p for p, _ in tokens], np.int32),
+                extra=extra, extra_len=np.array([x for _, x in tokens], np.int32))
+
+
+def time_attention(lib, f: dict, info: dict, dtype: str, dev) -> dict:
+    """One attention variant on one model's heads: microseconds for a decode token and for
+    ``verify_rows`` chained verify rows at each context, and for a ``prefill``-token prompt; each
+    verify token's output (and a few prefill tokens') compared bit for bit with the token attended
+    alone, and two tokens per case against float64."""
+    import tvm
+
+    from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
+
+    heads, kv_heads, dim = f["heads"], f["kv_heads"], f["head_dim"]
+    contexts, verify, prefill = [int(c) for c in info["contexts"]], int(info["verify_rows"]), int(info["prefill"])
+    rng = np.random.default_rng(heads * dim)
+    pages = -(-max(max(contexts), prefill) // PAGE) + 2  # the last page holds the verify rows' slots
+    kv_np = (rng.standard_normal((1, 2, pages * PAGE, kv_heads, dim)) * 0.5).astype(dtype)
+    kv, fn, timer = tvm.runtime.tensor(kv_np, dev), lib[f["name"]], _timer(lib, f["name"], dev)
+    cases = {f"decode_{c}": [(c, 0)] for c in contexts}
+    cases.update({f"verify{verify}_{c}": [(c, i + 1) for i in range(verify)] for c in contexts})
+    cases[f"prefill_{prefill}"] = [(i + 1, 0) for i in range(prefill)]
+    rec: dict = {"us": {}, "mismatched": {}, "max_abs_err": 0.0}
+    for case, tokens in cases.items():
+        a = _attention_inputs(rng, tokens, pages, heads, dim, dtype)
+
+        def call(idx):
+            d = {k: tvm.runtime.tensor(np.ascontiguousarray(v[idx]), dev) for k, v in a.items() if k != "pt"}
+            out = tvm.runtime.empty((len(idx), heads, dim), dtype, dev)
+            args = (d["q"], kv, tvm.runtime.tensor(a["pt"], dev), d["seq"], d["prefix"], d["extra"], d["extra_len"],
+                    0, out)
+            fn(*args)
+            return out.numpy(), args
+
+        every = list(range(len(tokens)))
+        together, args = call(every)
+        rec["us"][case] = round(1e6 * timer(*args), 2)
+        if case.startswith("decode"):
+            continue
+        probe = every if len(every) <= verify else every[::64] + [every[-1]]  # prefill: a few tokens alone
+        bad = [i for i in probe if not np.array_equal(call([i])[0][0].view(np.uint8), together[i].view(np.uint8))]
+        if bad:
+            rec["mismatched"][case] = bad[:8]
+        for i in probe[:2]:  # float64 softmax attention over the token's rows
+            prefix, x = tokens[i]
+            rows = [int(a["pt"][0, r // PAGE]) * PAGE + r % PAGE for r in range(prefix)] + a["extra"][i, :x].tolist()
+            for h in range(heads):
+                k = kv_np[0, 0, rows, h // (heads // kv_heads)].astype(np.float64)
+                v = kv_np[0, 1, rows, h // (heads // kv_heads)].astype(np.float64)
+                s = k @ a["q"][i, h].astype(np.float64) / np.sqrt(dim)
+                p = np.exp(s - s.max())
+                err = np.abs(p @ v / p.sum() - together[i, h].astype(np.float64)).max()
+                rec["max_abs_err"] = max(rec["max_abs_err"], float(err))
+    rec["invariant"] = not rec["mismatched"]
+    return rec
+
+
+def time_accept(lib, f: dict, verify: int, dev) -> dict:
+    """Greedy verification on random logits: microseconds for 1 and ``verify`` + 1 rows (one
+    sequence per row, no drafts), and whether every bonus token is numpy's first maximum."""
+    import tvm
+
+    rng = np.random.default_rng(f["vocab"])
+    rec: dict = {"us": {}, "correct": True}
+    for n in (1, verify + 1):
+        logits = rng.standard_normal((n, f["vocab"])).astype(np.float32)
+        out = tvm.runtime.empty((n + 1, n + 2), "int32", dev)
+        args = (tvm.runtime.tensor(logits, dev), tvm.runtime.tensor(np.zeros(n, np.int32), dev),
+                tvm.runtime.tensor(np.full(n, -1, np.int32), dev),
+                tvm.runtime.tensor(np.arange(n + 1, dtype=np.int32), dev), out)
+        lib[f["name"]](*args)
+        rec["correct"] = rec["correct"] and out.numpy()[:n, 1].tolist() == np.argmax(logits, axis=1).tolist()
+        rec["us"][str(n)] = round(1e6 * _timer(lib, f["name"], dev)(*args), 2)
+    return rec
 
 
 def layer_totals(functions: dict, layers: dict, shapes: dict) -> dict:

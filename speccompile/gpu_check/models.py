@@ -233,7 +233,10 @@ def build_payload(device: str, out: Path, work: Path, tree_bytes: int, heads: Pa
     if device == "cuda":  # the projection kernels alone, each variant (speccompile/gpu_check/kernels_bench.py)
         from speccompile.gpu_check import kernels_bench
 
-        key = hashlib.sha256(Path(kernels_bench.__file__).read_bytes()).hexdigest()[:8]  # its variants and shapes
+        from speccompile import kernels
+
+        sources = [kernels_bench.__file__, *sorted(str(f) for f in Path(kernels.__file__).parent.glob("*.py"))]
+        key = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sources)).hexdigest()[:8]  # bench and kernels
         bench = work / f"cuda-{work_key()}" / f"kernels-{key}"
         if not (bench / f"{kernels_bench.FILE}.so").exists():
             _timed(times, "kernel bench", kernels_bench.build, bench)

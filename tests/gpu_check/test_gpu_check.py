@@ -158,7 +158,7 @@ def capi_prefix():
 
 
 @pytest.mark.hf
-def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
+def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path, monkeypatch):
     """The check on the tiny models: a q4 model whose weights travel (and a second build of it,
     measured beside the first), a random one made and converted where the check runs; TVM from
     the payload's runtime-only package; the C API the payload carries against the engine on the
@@ -181,8 +181,11 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
     if opencl_missing() is None:  # the kernel bench, as a cuda payload carries it, of the portable kernel on PoCL
         from speccompile.gpu_check import kernels_bench
 
+        monkeypatch.setattr(kernels_bench, "CONTEXTS", (40,))
+        monkeypatch.setattr(kernels_bench, "PREFILL", 20)
         info = kernels_bench.build(tmp_path / "bench", device="opencl", dtype="float32", variants=["portable"],
-                                   shapes={"tiny": {"qkv": (96, 256)}})
+                                   shapes={"tiny": {"qkv": (96, 256)}}, attention={"tiny": (4, 2, 64)},
+                                   vocabs={"tiny": 1000})
         files = {f"{kernels_bench.FILE}{ext}": info.with_suffix(ext) for ext in (".so", ".json")}
     parts = assemble(tmp_path / "payload", tmp_path / "work", models, [], "cpu", "q4f32_1", tree_bytes=0,
                      capi=capi_prefix, files=files)
@@ -215,6 +218,8 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path):
     if files:  # run in a process of its own; no tensor-core kernel in it, so that is said, and
         # a model without a portable library keeps its default
         assert result["kernels"]["functions"]["portable__tiny_qkv"]["invariant"]
+        assert result["kernels"]["attention"]["attn__tiny"]["invariant"]
+        assert result["kernels"]["accept"]["accept__tiny"]["correct"]
         assert result["tensor_core_refused"] == "the kernel bench measured no tensor-core kernel"
         assert result["models"]["tiny-llama"]["library"] == "models/tiny-llama.so"
     else:

@@ -22,7 +22,8 @@ def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatc
     result on stdout's last line."""
     monkeypatch.setattr(B, "ROWS", (1, 3, 8, 9, 20))
     shapes = {"tiny": {"qkv": (96, 256), "o": (64, 512)}}
-    info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable", "dense_portable"], shapes=shapes)
+    info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable", "dense_portable"], shapes=shapes,
+                   attention={}, vocabs={})
     listing = json.loads(info.read_text())
     assert [f["name"] for f in listing["functions"]] == ["portable__tiny_qkv", "portable__tiny_o",
                                                          "dense_portable__tiny_qkv", "dense_portable__tiny_o"]
@@ -41,6 +42,32 @@ def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatc
     layer = out["layers"]["portable__tiny"]
     assert layer["complete"] and layer["us"]["8"] == pytest.approx(
         out["functions"]["portable__tiny_qkv"]["us"]["8"] + out["functions"]["portable__tiny_o"]["us"]["8"], abs=0.02)
+
+
+@pytest.mark.skipif(_MISSING is not None, reason=f"OpenCL unavailable: {_MISSING}")
+def test_bench_times_and_checks_attention_variants_and_the_argmax_on_pocl(tmp_path, monkeypatch):
+    """The attention section at small contexts (a 300-row walk crosses the 256-row pass) and the
+    argmax section on a small vocabulary: both V sums bit-identical per token alone and together,
+    close to float64; every bonus token numpy's first maximum."""
+    monkeypatch.setattr(B, "CONTEXTS", (40, 300))
+    monkeypatch.setattr(B, "PREFILL", 70)
+    info = B.build(tmp_path, device="opencl", dtype="float32", variants=[], shapes={},
+                   attention={"tiny": (4, 2, 64)}, vocabs={"tiny": 5000})
+    listing = json.loads(info.read_text())
+    assert [f["name"] for f in listing["attention"]] == ["attn__tiny", "attn_rows__tiny"]
+    done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.kernels_bench", str(info), "--seconds", "200"],
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not out["skipped"]
+    for name in ("attn__tiny", "attn_rows__tiny"):
+        rec = out["attention"][name]
+        assert list(rec["us"]) == ["decode_40", "decode_300", "verify8_40", "verify8_300", "prefill_70"], rec["us"]
+        assert all(t > 0 for t in rec["us"].values())
+        assert rec["invariant"] and not rec["mismatched"], rec["mismatched"]
+        assert 0 < rec["max_abs_err"] < 1e-5  # fp32 against float64
+    acc = out["accept"]["accept__tiny"]
+    assert acc["correct"] and list(acc["us"]) == ["1", "9"]
 
 
 def test_layer_totals_flag_a_model_whose_projections_were_cut_short():
