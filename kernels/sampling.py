@@ -37,6 +37,7 @@ from speccompile.kernels.verification import block_argmax
 
 INT32_MIN = -(2**31)
 BISECT_STEPS = 33  # the key range spans at most 2**32 + 1 values
+CHUNK = 8  # GPU: a thread's loads issued together in each pass over a row (not one latency per element)
 
 
 def _key(x):
@@ -247,11 +248,18 @@ def _block_sum(red, tx, acc):
 @kernel_cache
 def sampling_probs_gpu(vocab: int):
     """The same contract, one thread block per row: every pass over the row is strided over
-    256 threads and reduced in shared memory. GPU sync rules forbid a barrier under a
+    256 threads, each loading its elements ``CHUNK`` at a time, and reduced in shared memory. GPU sync rules forbid a barrier under a
     branch, so the optional stages run a data-dependent number of bisection steps (0 when
     off) and temperature 0 is resolved only in the final write."""
     nt = PROBS_THREADS
-    steps = (vocab + nt - 1) // nt
+    chunks = (vocab + nt * CHUNK - 1) // (nt * CHUNK)  # a thread's chunks of CHUNK logits per pass
+
+    @T.macro
+    def load_chunk(src, row, io, tx, buf):
+        """buf[ii] = src[row, (io * CHUNK + ii) * nt + tx], every load issued before any is used
+        (an index past the row reads its last element, unused)."""
+        for ii in T.unroll(CHUNK):
+            buf[ii] = src[row, T.min((io * CHUNK + ii) * nt + tx, vocab - 1)]
 
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_temp: T.handle, var_top_k: T.handle, var_top_p: T.handle,
@@ -272,6 +280,8 @@ def sampling_probs_gpu(vocab: int):
                 acc = T.decl_buffer((1,), "float32", scope="local")  # block-reduced count or mass
                 at = T.decl_buffer((2,), "int32", scope="local")  # argmax, rival's index
                 k = T.decl_buffer((4,), "int64", scope="local")  # lo, hi, mid, top-k key
+                lv = T.decl_buffer((CHUNK,), "float32", scope="local")  # a chunk of logits
+                pv = T.decl_buffer((CHUNK,), "float32", scope="local")  # and of probs
                 block_argmax(logits, row, tx, val, idx, f, at, vocab, nt)  # the first maximum
                 f[0] = val[0]
                 at[0] = idx[0]
@@ -283,10 +293,12 @@ def sampling_probs_gpu(vocab: int):
                                                 BISECT_STEPS, 0)):
                     k[2] = T.floordiv(k[0] + k[1], 2)
                     acc[0] = T.float32(0)
-                    for i in range(steps):
-                        if i * nt + tx < vocab:
-                            if _key(logits[row, i * nt + tx]) >= k[2]:
-                                acc[0] = acc[0] + T.float32(1)
+                    for io in range(chunks):
+                        load_chunk(logits, row, io, tx, lv)
+                        for ii in T.unroll(CHUNK):
+                            if (io * CHUNK + ii) * nt + tx < vocab:
+                                if _key(lv[ii]) >= k[2]:
+                                    acc[0] = acc[0] + T.float32(1)
                     _block_sum(val, tx, acc)
                     if k[1] - k[0] > 1:
                         if acc[0] >= T.Cast("float32", top_k[row]):
@@ -295,13 +307,16 @@ def sampling_probs_gpu(vocab: int):
                             k[1] = k[2]
                 k[3] = k[0]
                 acc[0] = T.float32(0)
-                for i in range(steps):
-                    if i * nt + tx < vocab:
-                        if temp[row] > T.float32(0) and _key(logits[row, i * nt + tx]) >= k[3]:
-                            probs[row, i * nt + tx] = T.exp(logits[row, i * nt + tx] / temp[row] - f[0] / temp[row])
-                        else:
-                            probs[row, i * nt + tx] = T.float32(0)
-                        acc[0] = acc[0] + probs[row, i * nt + tx]
+                for io in range(chunks):
+                    load_chunk(logits, row, io, tx, lv)
+                    for ii in T.unroll(CHUNK):
+                        if (io * CHUNK + ii) * nt + tx < vocab:
+                            if temp[row] > T.float32(0) and _key(lv[ii]) >= k[3]:
+                                pv[ii] = T.exp(lv[ii] / temp[row] - f[0] / temp[row])
+                            else:
+                                pv[ii] = T.float32(0)
+                            probs[row, (io * CHUNK + ii) * nt + tx] = pv[ii]
+                            acc[0] = acc[0] + pv[ii]
                 _block_sum(val, tx, acc)
                 f[2] = acc[0]
                 # top-p: the smallest key hi with mass(key > hi) < top_p * mass; keep key >= hi
@@ -311,10 +326,13 @@ def sampling_probs_gpu(vocab: int):
                                                 BISECT_STEPS, 0)):
                     k[2] = T.floordiv(k[0] + k[1], 2)
                     acc[0] = T.float32(0)
-                    for i in range(steps):
-                        if i * nt + tx < vocab:
-                            if _key(logits[row, i * nt + tx]) > k[2]:
-                                acc[0] = acc[0] + probs[row, i * nt + tx]
+                    for io in range(chunks):
+                        load_chunk(logits, row, io, tx, lv)
+                        load_chunk(probs, row, io, tx, pv)
+                        for ii in T.unroll(CHUNK):
+                            if (io * CHUNK + ii) * nt + tx < vocab:
+                                if _key(lv[ii]) > k[2]:
+                                    acc[0] = acc[0] + pv[ii]
                     _block_sum(val, tx, acc)
                     if k[1] - k[0] > 1:
                         if acc[0] < top_p[row] * f[2]:
@@ -322,18 +340,24 @@ def sampling_probs_gpu(vocab: int):
                         else:
                             k[0] = k[2]
                 acc[0] = T.float32(0)
-                for i in range(steps):
-                    if i * nt + tx < vocab:
-                        if _key(logits[row, i * nt + tx]) < k[1]:
-                            probs[row, i * nt + tx] = T.float32(0)
-                        acc[0] = acc[0] + probs[row, i * nt + tx]
+                for io in range(chunks):
+                    load_chunk(logits, row, io, tx, lv)
+                    load_chunk(probs, row, io, tx, pv)
+                    for ii in T.unroll(CHUNK):
+                        if (io * CHUNK + ii) * nt + tx < vocab:
+                            if _key(lv[ii]) < k[1]:
+                                pv[ii] = T.float32(0)
+                                probs[row, (io * CHUNK + ii) * nt + tx] = T.float32(0)
+                            acc[0] = acc[0] + pv[ii]
                 _block_sum(val, tx, acc)
-                for i in range(steps):
-                    if i * nt + tx < vocab:
-                        if temp[row] > T.float32(0):
-                            probs[row, i * nt + tx] = probs[row, i * nt + tx] / acc[0]
-                        else:
-                            probs[row, i * nt + tx] = T.if_then_else(i * nt + tx == at[0], T.float32(1),
-                                                                     T.float32(0))
+                for io in range(chunks):
+                    load_chunk(probs, row, io, tx, pv)
+                    for ii in T.unroll(CHUNK):
+                        if (io * CHUNK + ii) * nt + tx < vocab:
+                            if temp[row] > T.float32(0):
+                                probs[row, (io * CHUNK + ii) * nt + tx] = pv[ii] / acc[0]
+                            else:
+                                probs[row, (io * CHUNK + ii) * nt + tx] = T.if_then_else(
+                                    (io * CHUNK + ii) * nt + tx == at[0], T.float32(1), T.float32(0))
 
     return kernel

@@ -97,20 +97,26 @@ def tree_argmax(tx, val, idx, mine, at, nt):
     T.tvm_storage_sync("shared")
 
 
+SCAN_CHUNK = 8  # a thread's logits loaded together in block_argmax's scan
+
+
 @T.macro
 def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
     """GPU: the first maximum of logits[row] over one block of ``nt`` (a power of two)
-    threads. Each thread scans a stride (indices rise, so ">" keeps the first), then
-    ``tree_argmax``. Afterwards mine[0]/at[0] of thread 0, and val[0]/idx[0] for all threads,
-    hold the maximum and its index (vocab if the row has no finite value)."""
+    threads. Each thread scans a stride (indices rise, so ">" keeps the first), loading
+    ``SCAN_CHUNK`` logits before comparing any, then ``tree_argmax``. Afterwards mine[0]/at[0]
+    of thread 0, and val[0]/idx[0] for all threads, hold the maximum and its index (vocab if
+    the row has no finite value)."""
+    got = T.decl_buffer((SCAN_CHUNK,), "float32", scope="local")
     mine[0] = T.float32(-3.4e38)
     at[0] = vocab
-    for i in range((vocab + nt - 1) // nt):
-        if i * nt + tx < vocab:
-            mine[1] = logits[row, i * nt + tx]
-            if mine[1] > mine[0]:
-                mine[0] = mine[1]
-                at[0] = T.Cast("int32", i * nt + tx)
+    for io in range((vocab + nt * SCAN_CHUNK - 1) // (nt * SCAN_CHUNK)):
+        for ii in T.unroll(SCAN_CHUNK):
+            got[ii] = logits[row, T.min((io * SCAN_CHUNK + ii) * nt + tx, vocab - 1)]
+        for ii in T.unroll(SCAN_CHUNK):
+            if (io * SCAN_CHUNK + ii) * nt + tx < vocab and got[ii] > mine[0]:
+                mine[0] = got[ii]
+                at[0] = T.Cast("int32", (io * SCAN_CHUNK + ii) * nt + tx)
     tree_argmax(tx, val, idx, mine, at, nt)
 
 

@@ -81,6 +81,7 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
 
     from speccompile.compiler.targets import fatbin_packer, find_nvcc
     from speccompile.kernels.attention_gpu import attention_gpu
+    from speccompile.kernels.sampling import sampling_probs_gpu
     from speccompile.kernels.verification import accept_greedy_gpu
 
     variants = list(VARIANTS if variants is None else variants)
@@ -114,6 +115,8 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
         for model, vocab in vocabs.items():
             funcs[f"accept__{model}"] = accept_greedy_gpu(vocab).with_attr("global_symbol", f"accept__{model}")
             accept.append({"name": f"accept__{model}", "model": model, "vocab": vocab})
+            funcs[f"probs__{model}"] = sampling_probs_gpu(vocab).with_attr("global_symbol", f"probs__{model}")
+            accept.append({"name": f"probs__{model}", "model": model, "vocab": vocab})
     ex = tvm.compile(tvm.IRModule(funcs), target=target)
     out_dir.mkdir(parents=True, exist_ok=True)
     lib, report = out_dir / f"{FILE}.so", {}
@@ -193,8 +196,9 @@ def run(info_path: Path, log=print, deadline: float | None = None) -> dict:
         if deadline is not None and time.monotonic() > deadline:
             out["skipped"].append(f["name"])
             continue
-        out["accept"][f["name"]] = rec = time_accept(lib, f, int(info["verify_rows"]), dev)
-        log(f"  {f['name']}: {rec['us']} us, first maximum {rec['correct']}")
+        timed = time_accept if f["name"].startswith("accept") else time_sampling
+        out["accept"][f["name"]] = rec = timed(lib, f, int(info["verify_rows"]), dev)
+        log(f"  {f['name']}: {rec['us']} us, correct {rec['correct']}")
     data: dict = {}  # (n, k) -> operands, shared by the variants
     for f in info["functions"]:
         if deadline is not None and time.monotonic() > deadline:
@@ -362,6 +366,29 @@ def refusal(out: dict | None, error: str | None = None) -> str | None:
         if not r["max_err_vs_scale"] < 1e-2:
             return f"{name}: max error {r['max_err_vs_scale']:.3g} of the scale against float64"
     return None
+
+
+def time_sampling(lib, f: dict, verify: int, dev) -> dict:
+    """The sampling kernel (probabilities with temperature, top-k, top-p) on random logits:
+    microseconds for 1 and ``verify`` + 1 rows at temperature 0.7 with top-p 0.9, top-k 40, and
+    no cut; ``correct``: the rows sum to 1 and keep the argmax."""
+    import tvm
+
+    rng = np.random.default_rng(f["vocab"] + 1)
+    rec: dict = {"us": {}, "correct": True}
+    for cut, (top_k, top_p) in {"top_p": (0, 0.9), "top_k": (40, 1.0), "none": (0, 1.0)}.items():
+        for n in (1, verify + 1):
+            logits = (rng.standard_normal((n, f["vocab"])) * 3).astype(np.float32)
+            out = tvm.runtime.empty((n, f["vocab"]), "float32", dev)
+            args = (tvm.runtime.tensor(logits, dev), tvm.runtime.tensor(np.full(n, 0.7, np.float32), dev),
+                    tvm.runtime.tensor(np.full(n, top_k, np.int32), dev),
+                    tvm.runtime.tensor(np.full(n, top_p, np.float32), dev), out)
+            lib[f["name"]](*args)
+            p = out.numpy()
+            rec["correct"] = rec["correct"] and bool(np.allclose(p.sum(axis=1), 1, atol=1e-4) and (
+                p[np.arange(n), logits.argmax(axis=1)] > 0).all())
+            rec["us"][f"{cut}_{n}"] = round(1e6 * _timer(lib, f["name"], dev)(*args), 2)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,8 +47,9 @@ def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatc
 @pytest.mark.skipif(_MISSING is not None, reason=f"OpenCL unavailable: {_MISSING}")
 def test_bench_times_and_checks_attention_variants_and_the_argmax_on_pocl(tmp_path, monkeypatch):
     """The attention section at small contexts (a 300-row walk crosses the 256-row pass) and the
-    argmax section on a small vocabulary: both V sums bit-identical per token alone and together,
-    close to float64; every bonus token numpy's first maximum."""
+    verification section on a small vocabulary: both V sums bit-identical per token alone and
+    together, close to float64; every bonus token numpy's first maximum; the sampling kernel's
+    rows sum to 1 and keep their argmax under each cut."""
     monkeypatch.setattr(B, "CONTEXTS", (40, 300))
     monkeypatch.setattr(B, "PREFILL", 70)
     info = B.build(tmp_path, device="opencl", dtype="float32", variants=[], shapes={},
@@ -68,6 +69,8 @@ def test_bench_times_and_checks_attention_variants_and_the_argmax_on_pocl(tmp_pa
         assert 0 < rec["max_abs_err"] < 1e-5  # fp32 against float64
     acc = out["accept"]["accept__tiny"]
     assert acc["correct"] and list(acc["us"]) == ["1", "9"]
+    probs = out["accept"]["probs__tiny"]
+    assert probs["correct"] and list(probs["us"]) == ["top_p_1", "top_p_9", "top_k_1", "top_k_9", "none_1", "none_9"]
 
 
 def test_layer_totals_flag_a_model_whose_projections_were_cut_short():

@@ -5,6 +5,8 @@ import re
 import numpy as np
 import pytest
 
+from conftest import opencl_missing
+
 from speccompile.runtime.model import Model, to_device
 from speccompile.runtime.sampling import SamplingParams, probs_from_logits
 from speccompile.runtime.acceptance import Draft, accept_reference
@@ -169,3 +171,36 @@ def test_gpu_versions_are_in_an_opencl_library(build_tiny, tmp_path):
     body = re.search(r"__kernel void sampling_probs\w*\([^)]*\) \{(.*?)\n\}", text, re.S)
     assert body and "__local float val_ptr[256];" in body.group(1)  # a thread block per row
     assert "__kernel void accept_sampled" in text
+
+
+@pytest.mark.skipif(opencl_missing() is not None, reason=f"OpenCL unavailable: {opencl_missing()}")
+@pytest.mark.parametrize("vocab", [1000, 49152])
+def test_opencl_gpu_sampling_probs_matches_numpy(vocab, tmp_path):
+    """sampling_probs_gpu (a block per row; each pass's loads issued a chunk at a time) on the
+    CPU OpenCL device against the numpy reference: temperature, top-k, top-p and temperature 0
+    per row, a vocabulary that is not a multiple of the chunk (1000) and SmolLM2's."""
+    import tvm
+
+    from speccompile.kernels.sampling import sampling_probs_gpu
+
+    rng = np.random.default_rng(vocab)
+    n = 12
+    logits = (rng.standard_normal((n, vocab)) * rng.uniform(0.5, 4.0, (n, 1))).astype(np.float32)
+    params = [_random_params(rng) for _ in range(n - 2)] + [SamplingParams(), SamplingParams(temperature=0.7,
+                                                                                             top_p=0.9)]
+    logits[-2, [5, vocab - 1]] = 50.0  # temperature 0 with a tie: the first index
+    mod = tvm.IRModule({"probs": sampling_probs_gpu(vocab).with_attr("global_symbol", "probs")})
+    lib = tmp_path / "probs.so"
+    tvm.compile(mod, target=tvm.target.Target({"kind": "opencl", "host": {"kind": "llvm"}})).export_library(str(lib))
+    fn, dev = tvm.runtime.load_module(str(lib))["probs"], tvm.device("opencl", 0)
+    t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), dev)
+    out = tvm.runtime.empty((n, vocab), "float32", dev)
+    fn(t(logits), t(np.array([s.temperature for s in params], np.float32)),
+       t(np.array([s.top_k for s in params], np.int32)), t(np.array([s.top_p for s in params], np.float32)), out)
+    got = out.numpy()
+    for row, s in enumerate(params[:-2] + params[-1:]):
+        row = row if row < n - 2 else n - 1
+        ref = probs_from_logits(logits[row], s)
+        np.testing.assert_allclose(got[row], ref, rtol=1e-5, atol=1e-6)
+        assert np.array_equal(got[row] > 0, ref > 0), row  # the same support: top-k and top-p cut alike
+    assert got[-2, 5] == 1.0 and got[-2].sum() == 1.0  # temperature 0: the first argmax, one-hot
