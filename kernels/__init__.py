@@ -2,8 +2,8 @@
 
 Projections (``cpu_matmul``, ``gpu_matmul``), attention over the paged KV cache
 (``attention``, ``attention_gpu``), the fused norm and activation (``norm_gpu``,
-``activation``), verification and sampling (``verification``, ``sampling``) and the drafts'
-top-k (``draft_topk``). ``models/`` calls them from relax; ``passes/`` dispatches projections
+``activation``), verification and sampling (``verification``, ``sampling``,
+``rejection_gpu``) and the drafts' top-k (``draft_topk``). ``models/`` calls them from relax; ``passes/`` dispatches projections
 to them. Each kernel reduces in a fixed order that does not depend on the row count, which
 is what makes the library batch invariant and greedy speculation lossless.
 """

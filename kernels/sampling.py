@@ -12,9 +12,9 @@ reference). Two kernels, so the runtime only moves a few integers per sequence:
   sequence per work item, with the random numbers given as input (the caller owns the
   per-sequence generators, so a seeded request stays reproducible).
 
-On GPUs, ``sampling_probs_gpu`` (one thread block per row, dispatched by
-passes/dispatch_gpu_kernels.py) replaces the first; the walk of the second is serial per
-sequence and is bound one thread per sequence by passes/bind_gpu_threads.py.
+On GPUs (dispatched by passes/dispatch_gpu_kernels.py), ``sampling_probs_gpu`` (one thread
+block per row) replaces the first and kernels/rejection_gpu.py's ``accept_sampled_gpu`` (one
+block per sequence: thread 0 walks, the block makes the passes over the vocabulary) the second.
 
 Differences from numpy, all at float ties: top-p keeps *every* element tied with the
 last one it needs (numpy's stable argsort keeps only the lower indices among them), and

@@ -6,8 +6,8 @@ become the batch-invariant GEMV kernels of ``kernels/gpu_matmul.py`` -- or, with
 decides), the tensor-core kernels of ``kernels/gpu_matmul_mma.py`` (q4, and dense fp16 whose k
 is a multiple of 32) -- the greedy
 acceptance kernel ``accept_greedy`` its thread-parallel version (kernels/verification.py), and
-``sampling_probs`` its block-per-row version (kernels/sampling.py; the
-rejection-sampling walk, serial per sequence, is bound by BindGPUThreads). The
+``sampling_probs`` its block-per-row version (kernels/sampling.py), and ``accept_sampled`` its
+block-per-sequence version (kernels/rejection_gpu.py). The
 embedding gathers (``take``, ``q4_take``) are plain injective functions that dlight's
 fallback rule schedules well, so they are left alone.
 """
@@ -17,6 +17,7 @@ import tvm
 from tvm import tirx
 
 from speccompile.kernels.attention_gpu import max_vector_lanes
+from speccompile.kernels.rejection_gpu import accept_sampled_gpu
 from speccompile.kernels.sampling import sampling_probs_gpu
 from speccompile.kernels.verification import accept_greedy_gpu
 
@@ -41,6 +42,8 @@ def select_kernel(func: tirx.PrimFunc, projections: str = "portable") -> tirx.Pr
         return accept_greedy_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
     if kind == "sampling_probs":
         return sampling_probs_gpu(int(func.ty.params[0].shape[1]))  # logits [n, vocab]
+    if kind == "accept_sampled":
+        return accept_sampled_gpu(int(func.ty.params[0].shape[1]))  # p [n, vocab]
     return None
 
 

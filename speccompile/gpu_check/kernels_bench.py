@@ -81,6 +81,7 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
 
     from speccompile.compiler.targets import fatbin_packer, find_nvcc
     from speccompile.kernels.attention_gpu import attention_gpu
+    from speccompile.kernels.rejection_gpu import accept_sampled_gpu
     from speccompile.kernels.sampling import sampling_probs_gpu
     from speccompile.kernels.verification import accept_greedy_gpu
 
@@ -117,6 +118,8 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
             accept.append({"name": f"accept__{model}", "model": model, "vocab": vocab})
             funcs[f"probs__{model}"] = sampling_probs_gpu(vocab).with_attr("global_symbol", f"probs__{model}")
             accept.append({"name": f"probs__{model}", "model": model, "vocab": vocab})
+            funcs[f"sampled__{model}"] = accept_sampled_gpu(vocab).with_attr("global_symbol", f"sampled__{model}")
+            accept.append({"name": f"sampled__{model}", "model": model, "vocab": vocab})
     ex = tvm.compile(tvm.IRModule(funcs), target=target)
     out_dir.mkdir(parents=True, exist_ok=True)
     lib, report = out_dir / f"{FILE}.so", {}
@@ -196,7 +199,7 @@ def run(info_path: Path, log=print, deadline: float | None = None) -> dict:
         if deadline is not None and time.monotonic() > deadline:
             out["skipped"].append(f["name"])
             continue
-        timed = time_accept if f["name"].startswith("accept") else time_sampling
+        timed = {"accept": time_accept, "probs": time_sampling, "sampled": time_sampled}[f["name"].split("__")[0]]
         out["accept"][f["name"]] = rec = timed(lib, f, int(info["verify_rows"]), dev)
         log(f"  {f['name']}: {rec['us']} us, correct {rec['correct']}")
     data: dict = {}  # (n, k) -> operands, shared by the variants
@@ -388,6 +391,39 @@ def time_sampling(lib, f: dict, verify: int, dev) -> dict:
             rec["correct"] = rec["correct"] and bool(np.allclose(p.sum(axis=1), 1, atol=1e-4) and (
                 p[np.arange(n), logits.argmax(axis=1)] > 0).all())
             rec["us"][f"{cut}_{n}"] = round(1e6 * _timer(lib, f["name"], dev)(*args), 2)
+    return rec
+
+
+def time_sampled(lib, f: dict, verify: int, dev) -> dict:
+    """Rejection sampling (kernels/rejection_gpu.py) on one sequence: microseconds for a plain
+    step (one row: the final draw alone) and for ``verify`` drafts whose first is rejected (the
+    residual's passes, then the draw), with random target and draft distributions; ``correct``:
+    the plain draw at u = 0.5 is the token whose CDF step holds 0.5."""
+    import tvm
+
+    rng = np.random.default_rng(f["vocab"] + 2)
+    vocab, rec = f["vocab"], {"us": {}, "correct": True}
+
+    def dist(rows):
+        x = np.exp(rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+        return x / x.sum(axis=1, keepdims=True)
+
+    for case, k in (("plain", 0), (f"reject_{verify}", verify)):
+        n = k + 1
+        p, q = dist(n), dist(n)
+        toks = rng.integers(0, vocab, n).astype(np.int32)
+        uniforms = np.full(n + 1, 0.5, np.float32)
+        uniforms[1:n] = 1.0  # every draft test fails: u < p / q is false where p < q
+        q[1:, toks[1:]] = 1.0  # so q(x) >= 1 > p(x)
+        out = tvm.runtime.empty((2, n + 2), "int32", dev)
+        t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), dev)
+        args = (t(p), t(q), t(np.zeros(n, np.int32)), t(toks), t(np.arange(-1, n - 1, dtype=np.int32)),
+                t(np.array([0, n], np.int32)), t(uniforms), out)
+        lib[f["name"]](*args)
+        if case == "plain":  # the token's CDF step holds 0.5, up to float32 sums
+            cdf, tok = np.cumsum(p[0], dtype=np.float64), int(out.numpy()[0, 1])
+            rec["correct"] = bool((tok == 0 or cdf[tok - 1] <= 0.5 + 1e-5) and cdf[tok] >= 0.5 - 1e-5)
+        rec["us"][case] = round(1e6 * _timer(lib, f["name"], dev)(*args), 2)
     return rec
 
 

@@ -71,6 +71,8 @@ def test_bench_times_and_checks_attention_variants_and_the_argmax_on_pocl(tmp_pa
     assert acc["correct"] and list(acc["us"]) == ["1", "9"]
     probs = out["accept"]["probs__tiny"]
     assert probs["correct"] and list(probs["us"]) == ["top_p_1", "top_p_9", "top_k_1", "top_k_9", "none_1", "none_9"]
+    sampled = out["accept"]["sampled__tiny"]
+    assert sampled["correct"] and list(sampled["us"]) == ["plain", "reject_8"]
 
 
 def test_layer_totals_flag_a_model_whose_projections_were_cut_short():

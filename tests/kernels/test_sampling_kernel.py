@@ -1,5 +1,6 @@
 """The library's TensorIR sampling kernels (sampling_probs, accept_sampled) against the
-numpy reference on the same random numbers, and the law of the kernel rejection sampler."""
+numpy reference on the same random numbers, and the law of the kernel rejection sampler; each
+for the CPU library and the OpenCL one (the GPU versions of both kernels)."""
 import re
 
 import numpy as np
@@ -12,9 +13,13 @@ from speccompile.runtime.sampling import SamplingParams, probs_from_logits
 from speccompile.runtime.acceptance import Draft, accept_reference
 
 
-@pytest.fixture(scope="module")
-def model(build_tiny):
-    built = build_tiny("tiny-llama", "q0f32")
+@pytest.fixture(scope="module", params=["llvm", "opencl"])
+def model(build_tiny, request):
+    """The tiny model's CPU library, and its OpenCL library on the CPU OpenCL device: the GPU
+    versions of both kernels (a block per row, a block per sequence) against the same references."""
+    if request.param == "opencl" and opencl_missing() is not None:
+        pytest.skip(f"OpenCL unavailable: {opencl_missing()}")
+    built = build_tiny("tiny-llama", "q0f32", request.param)
     return Model(built.model_dir, built.lib)
 
 
@@ -161,7 +166,7 @@ def test_kernel_rejection_sampling_matches_target_distribution(model, sampling, 
 
 
 def test_gpu_versions_are_in_an_opencl_library(build_tiny, tmp_path):
-    """GPU builds carry the block-per-row sampling_probs and the thread-bound sampler walk."""
+    """GPU builds carry the block-per-row sampling_probs and the block-per-sequence sampler."""
     from speccompile.compiler.compile import compile_model
 
     built = build_tiny("tiny-llama", "q0f32")
@@ -170,7 +175,8 @@ def test_gpu_versions_are_in_an_opencl_library(build_tiny, tmp_path):
     text = src.read_text()
     body = re.search(r"__kernel void sampling_probs\w*\([^)]*\) \{(.*?)\n\}", text, re.S)
     assert body and "__local float val_ptr[256];" in body.group(1)  # a thread block per row
-    assert "__kernel void accept_sampled" in text
+    walk = re.search(r"__kernel void accept_sampled\w*\([^)]*\) \{(.*?)\n\}", text, re.S)
+    assert walk and "__local int st_ptr[6];" in walk.group(1)  # a thread block per sequence
 
 
 @pytest.mark.skipif(opencl_missing() is not None, reason=f"OpenCL unavailable: {opencl_missing()}")
