@@ -324,6 +324,7 @@ class Check:
         rec["weight_bytes_per_token"] = weight_bytes_per_token(model.meta)
         tokens = self.step(rec, "logits_ours", self.logits_ours, engine)
         self.step(rec, "decode", self.decode, engine, clock, rec)
+        self.step(rec, "decode_sampled", self.decode_sampled, engine, rec)
         self.step(rec, "forward_cost_vs_rows", self.rows, model, kv, rec)
         self.step(rec, "prefill", self.prefill, model, kv, rec)
         if self.result["copy_bandwidth_gb_s"] is None:
@@ -335,8 +336,8 @@ class Check:
             rec["roofline_tok_s"] = round(self.result["copy_bandwidth_gb_s"] * 1e9 / rec["weight_bytes_per_token"], 1)
             if rec["decode_tok_s"]:
                 rec["roofline_share"] = round(rec["decode_tok_s"] / rec["roofline_tok_s"], 3)
-        self.log(f"  decode {rec['decode_tok_s']} tok/s (roofline {rec['roofline_tok_s']}), prefill "
-                 f"{rec['prefill_tok_s']} tok/s, host {rec['host_ms_per_step']} ms/step, rows {rec['forward_cost_vs_rows']}"
+        self.log(f"  decode {rec['decode_tok_s']} tok/s (sampled {rec.get('decode_tok_s_sampled')}; roofline "
+                 f"{rec['roofline_tok_s']}), prefill {rec['prefill_tok_s']} tok/s, host {rec['host_ms_per_step']} ms/step, rows {rec['forward_cost_vs_rows']}"
                  + (f", cuda graph {rec['cuda_graph']}" if "cuda_graph" in rec else ""))
         return tokens
 
@@ -402,6 +403,16 @@ class Check:
         rec["decode_tokens"] = n
         rec.setdefault("timings", {}).update({k: round(v, 3) for k, v in mid.items() if k != "tok_s"})
         rec["decode_runs_tok_s"] = [round(r["tok_s"], 1) for r in mine]
+
+    def decode_sampled(self, engine, rec: dict) -> None:
+        """Plain decoding at temperature 0.7, top-p 0.9: every step runs the sampling and the
+        rejection-sampling kernels instead of the greedy argmax (the second of two runs counts)."""
+        from speccompile.runtime.sampling import SamplingParams
+
+        ids, n = engine.encode_prompt(DECODE_PROMPT), 32 if self.quick else 128
+        for seed in (0, 1):
+            res = engine.generate(ids, n, SamplingParams(temperature=0.7, top_p=0.9, seed=seed), ignore_eos=True)
+        rec["decode_tok_s_sampled"] = round(res.stats.to_dict()["decode_tokens_per_s"], 1)
 
     def rows(self, model, kv, rec: dict) -> None:
         from speccompile.runtime.costs import measure_target

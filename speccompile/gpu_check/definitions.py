@@ -3,6 +3,9 @@
 DEFINITIONS = {
     "decode_tok_s": "plain greedy decoding at batch 1 through the engine's own step: decode steps after the "
                     "prefill / their wall time, median of the runs (decode_tokens new tokens each)",
+    "decode_tok_s_sampled": "plain decoding at batch 1 at temperature 0.7 with top-p 0.9 (the sampling and "
+                            "rejection-sampling kernels in every step): the engine's decode tok/s of the second of "
+                            "two generate calls, decode_tokens new tokens each",
     "roofline_tok_s": "copy_bandwidth_gb_s (a torch device-to-device copy, bytes read + written per second) / "
                       "weight_bytes_per_token (every parameter a decode step reads: all but an untied embedding)",
     "prefill_tok_s": "prefill_prompt_tokens / the wall time of their prefill into a fresh sequence (best of 3 "

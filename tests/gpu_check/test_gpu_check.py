@@ -203,7 +203,7 @@ def test_dry_run_end_to_end(build_tiny, capi_prefix, tmp_path, monkeypatch):
     for name, weights in (("tiny-llama", "real"), ("tiny-qwen2", "random")):
         r = result["models"][name]
         assert r["weights"] == weights and r["quantization"] == "q4f32_1"
-        for key in ("decode_tok_s", "roofline_tok_s", "prefill_tok_s", "host_ms_per_step"):
+        for key in ("decode_tok_s", "decode_tok_s_sampled", "roofline_tok_s", "prefill_tok_s", "host_ms_per_step"):
             assert r[key] > 0, (name, key)
         assert list(r["forward_cost_vs_rows"]) == ["1", "2", "4", "8", "16", "32"]
         assert r["forward_cost_vs_rows"]["1"] == 1.0 and min(r["forward_cost_vs_rows"].values()) > 0
