@@ -62,8 +62,9 @@ def _block_min_max(ired, tx, ia):
 @kernel_cache
 def accept_sampled_gpu(vocab: int):
     """kernels/sampling.py's ``accept_sampled`` with a block of ``NT`` threads per sequence."""
-    steps = (vocab + NT - 1) // NT  # a thread's stride of the vocabulary: v = i * NT + tx
-    span = (vocab + NT - 1) // NT  # a thread's contiguous slice for the final draw: v = tx * span + j
+    # elements per thread: a stride in the residual's passes (v = i * NT + tx), a contiguous
+    # slice in the final draw (v = tx * span + j)
+    span = (vocab + NT - 1) // NT
 
     @T.prim_func(private=True)
     def kernel(var_p: T.handle, var_q: T.handle, var_one_hot: T.handle, var_tokens: T.handle,
@@ -131,7 +132,7 @@ def accept_sampled_gpu(vocab: int):
                                 for _rej in range(go[0]):
                                     # rejected: p <- norm(max(p - q, 0)) for the next sibling
                                     acc[0] = T.float32(0)
-                                    for i in range(steps):
+                                    for i in range(span):
                                         if i * NT + tx < vocab:
                                             acc[1] = T.if_then_else(st[3] == 0, p[st[0], i * NT + tx],
                                                                     res[s * vocab + i * NT + tx])
@@ -144,7 +145,7 @@ def accept_sampled_gpu(vocab: int):
                                             acc[0] = acc[0] + acc[1]
                                     _block_sum(red, tx, acc)  # every thread: the residual's mass
                                     if acc[0] > T.float32(0):
-                                        for i in range(steps):
+                                        for i in range(span):
                                             if i * NT + tx < vocab:
                                                 res[s * vocab + i * NT + tx] = res[s * vocab + i * NT + tx] / acc[0]
                                     if tx == 0:
