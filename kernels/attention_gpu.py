@@ -253,6 +253,7 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
                         T.tvm_storage_sync("shared")
                         hk: T.let[T.int32] = T.Cast("int32", hq) // group
                         pre: T.let[T.int32] = prefix[t]
+                        sq: T.let[T.int32] = seq[t]  # loaded once, not before every pass's page lookup
                         rows: T.let[T.int32] = prefix[t] + extra_len[t]
                         for it in range(((rows + WARP - 1) // WARP + WARPS - 1) // WARPS):
                             blk: T.let[T.int32] = it * WARPS + T.Cast("int32", w)  # this warp's block of rows
@@ -260,7 +261,7 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
                             # a row past the end takes the last row's slot: its V is loaded, weighted 0
                             rr: T.let[T.int32] = T.min(r, rows - 1)
                             s: T.let[T.int32] = T.if_then_else(
-                                rr < pre, pt[seq[t], T.min(rr // PAGE, T.Cast("int32", pages) - 1)] * PAGE + rr % PAGE,
+                                rr < pre, pt[sq, T.min(rr // PAGE, T.Cast("int32", pages) - 1)] * PAGE + rr % PAGE,
                                 extra[t, T.max(rr - pre, 0)])
                             st[2] = T.float32(NEG)
                             if r < rows:
