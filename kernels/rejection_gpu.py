@@ -11,7 +11,7 @@ Here the walk's decisions (which child, the accept test u < p(x) / q(x)) are thr
 with the block through shared memory; the passes over the vocabulary are the block's, 256
 threads:
 - the residual: each thread its stride of the vocabulary, its mass summed per thread in index
-  order then over the threads in a fixed tree (``_block_sum``), so it is deterministic;
+  order then over the threads in a fixed tree (``block_sum``), so it is deterministic;
 - the final draw: each thread a contiguous slice; the slices' masses summed in slice order give
   every thread its starting CDF and the total (the same sum for all), then each thread scans its
   slice for the first index with cdf / total > u; the first slice that has one holds the token.
@@ -32,9 +32,9 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from speccompile.kernels import kernel_cache
-from speccompile.kernels.sampling import PROBS_THREADS, _block_sum
+from speccompile.kernels.sampling import PROBS_THREADS, block_sum
 
-NT = PROBS_THREADS  # threads per sequence (``_block_sum`` reduces over exactly these)
+NT = PROBS_THREADS  # threads per sequence (``block_sum`` reduces over exactly these)
 NONE = 2**31 - 1  # "no index" in the block's minimum
 
 
@@ -143,7 +143,7 @@ def accept_sampled_gpu(vocab: int):
                                                 acc[1] = T.max(acc[1] - q[c, i * NT + tx], T.float32(0))
                                             res[s * vocab + i * NT + tx] = acc[1]
                                             acc[0] = acc[0] + acc[1]
-                                    _block_sum(red, tx, acc)  # every thread: the residual's mass
+                                    block_sum(red, tx, acc)  # every thread: the residual's mass
                                     if acc[0] > T.float32(0):
                                         for i in range(span):
                                             if i * NT + tx < vocab:

@@ -230,7 +230,7 @@ _LOG_THREADS = 8
 
 
 @T.macro
-def _block_sum(red, tx, acc):
+def block_sum(red, tx, acc):
     """acc[0] <- the sum of acc[0] over the block, in a fixed tree order (deterministic)."""
     red[tx] = acc[0]
     for step in T.unroll(_LOG_THREADS):  # 256 -> 1; read, sync, write
@@ -299,7 +299,7 @@ def sampling_probs_gpu(vocab: int):
                             if (io * CHUNK + ii) * nt + tx < vocab:
                                 if _key(lv[ii]) >= k[2]:
                                     acc[0] = acc[0] + T.float32(1)
-                    _block_sum(val, tx, acc)
+                    block_sum(val, tx, acc)
                     if k[1] - k[0] > 1:
                         if acc[0] >= T.Cast("float32", top_k[row]):
                             k[0] = k[2]
@@ -317,7 +317,7 @@ def sampling_probs_gpu(vocab: int):
                                 pv[ii] = T.float32(0)
                             probs[row, (io * CHUNK + ii) * nt + tx] = pv[ii]
                             acc[0] = acc[0] + pv[ii]
-                _block_sum(val, tx, acc)
+                block_sum(val, tx, acc)
                 f[2] = acc[0]
                 # top-p: the smallest key hi with mass(key > hi) < top_p * mass; keep key >= hi
                 k[0] = T.int64(INT32_MIN) - 1
@@ -333,7 +333,7 @@ def sampling_probs_gpu(vocab: int):
                             if (io * CHUNK + ii) * nt + tx < vocab:
                                 if _key(lv[ii]) > k[2]:
                                     acc[0] = acc[0] + pv[ii]
-                    _block_sum(val, tx, acc)
+                    block_sum(val, tx, acc)
                     if k[1] - k[0] > 1:
                         if acc[0] < top_p[row] * f[2]:
                             k[1] = k[2]
@@ -349,7 +349,7 @@ def sampling_probs_gpu(vocab: int):
                                 pv[ii] = T.float32(0)
                                 probs[row, (io * CHUNK + ii) * nt + tx] = T.float32(0)
                             acc[0] = acc[0] + pv[ii]
-                _block_sum(val, tx, acc)
+                block_sum(val, tx, acc)
                 for io in range(chunks):
                     load_chunk(probs, row, io, tx, pv)
                     for ii in T.unroll(CHUNK):
