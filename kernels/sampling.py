@@ -33,11 +33,10 @@ from tvm.script import tirx as T
 from speccompile.kernels import kernel_cache
 
 from speccompile.kernels.attention import scratch_scope
-from speccompile.kernels.verification import block_argmax
+from speccompile.kernels.verification import LOAD_AHEAD as CHUNK, block_argmax, load_strided
 
 INT32_MIN = -(2**31)
 BISECT_STEPS = 33  # the key range spans at most 2**32 + 1 values
-CHUNK = 8  # GPU: a thread's loads issued together in each pass over a row (not one latency per element)
 
 
 def _key(x):
@@ -248,18 +247,12 @@ def block_sum(red, tx, acc):
 @kernel_cache
 def sampling_probs_gpu(vocab: int):
     """The same contract, one thread block per row: every pass over the row is strided over
-    256 threads, each loading its elements ``CHUNK`` at a time, and reduced in shared memory. GPU sync rules forbid a barrier under a
-    branch, so the optional stages run a data-dependent number of bisection steps (0 when
-    off) and temperature 0 is resolved only in the final write."""
+    256 threads, each loading its elements ``CHUNK`` at a time (``load_strided``), and reduced
+    in shared memory. GPU sync rules forbid a barrier under a branch, so the optional stages run
+    a data-dependent number of bisection steps (0 when off) and temperature 0 is resolved only
+    in the final write."""
     nt = PROBS_THREADS
     chunks = (vocab + nt * CHUNK - 1) // (nt * CHUNK)  # a thread's chunks of CHUNK logits per pass
-
-    @T.macro
-    def load_chunk(src, row, io, tx, buf):
-        """buf[ii] = src[row, (io * CHUNK + ii) * nt + tx], every load issued before any is used
-        (an index past the row reads its last element, unused)."""
-        for ii in T.unroll(CHUNK):
-            buf[ii] = src[row, T.min((io * CHUNK + ii) * nt + tx, vocab - 1)]
 
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_temp: T.handle, var_top_k: T.handle, var_top_p: T.handle,
@@ -294,7 +287,7 @@ def sampling_probs_gpu(vocab: int):
                     k[2] = T.floordiv(k[0] + k[1], 2)
                     acc[0] = T.float32(0)
                     for io in range(chunks):
-                        load_chunk(logits, row, io, tx, lv)
+                        load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
                         for ii in T.unroll(CHUNK):
                             if (io * CHUNK + ii) * nt + tx < vocab:
                                 if _key(lv[ii]) >= k[2]:
@@ -308,7 +301,7 @@ def sampling_probs_gpu(vocab: int):
                 k[3] = k[0]
                 acc[0] = T.float32(0)
                 for io in range(chunks):
-                    load_chunk(logits, row, io, tx, lv)
+                    load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
                     for ii in T.unroll(CHUNK):
                         if (io * CHUNK + ii) * nt + tx < vocab:
                             if temp[row] > T.float32(0) and _key(lv[ii]) >= k[3]:
@@ -327,8 +320,8 @@ def sampling_probs_gpu(vocab: int):
                     k[2] = T.floordiv(k[0] + k[1], 2)
                     acc[0] = T.float32(0)
                     for io in range(chunks):
-                        load_chunk(logits, row, io, tx, lv)
-                        load_chunk(probs, row, io, tx, pv)
+                        load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
+                        load_strided(probs, row, io * CHUNK, tx, pv, CHUNK, nt, vocab)
                         for ii in T.unroll(CHUNK):
                             if (io * CHUNK + ii) * nt + tx < vocab:
                                 if _key(lv[ii]) > k[2]:
@@ -341,8 +334,8 @@ def sampling_probs_gpu(vocab: int):
                             k[0] = k[2]
                 acc[0] = T.float32(0)
                 for io in range(chunks):
-                    load_chunk(logits, row, io, tx, lv)
-                    load_chunk(probs, row, io, tx, pv)
+                    load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
+                    load_strided(probs, row, io * CHUNK, tx, pv, CHUNK, nt, vocab)
                     for ii in T.unroll(CHUNK):
                         if (io * CHUNK + ii) * nt + tx < vocab:
                             if _key(lv[ii]) < k[1]:
@@ -351,7 +344,7 @@ def sampling_probs_gpu(vocab: int):
                             acc[0] = acc[0] + pv[ii]
                 block_sum(val, tx, acc)
                 for io in range(chunks):
-                    load_chunk(probs, row, io, tx, pv)
+                    load_strided(probs, row, io * CHUNK, tx, pv, CHUNK, nt, vocab)
                     for ii in T.unroll(CHUNK):
                         if (io * CHUNK + ii) * nt + tx < vocab:
                             if temp[row] > T.float32(0):

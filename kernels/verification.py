@@ -97,26 +97,40 @@ def tree_argmax(tx, val, idx, mine, at, nt):
     T.tvm_storage_sync("shared")
 
 
-SCAN_CHUNK = 8  # a thread's logits loaded together in block_argmax's scan
+LOAD_AHEAD = 8  # GPU: a thread's strided loads issued together in a pass over a row
+
+
+@T.macro
+def load_strided(src, row, first, tx, buf, count, nt, vocab):
+    """buf[i] = src[row, (first + i) * nt + tx] for i < count, every load issued before any is
+    used (not one memory latency per element); an index past the row reads its last element,
+    which the caller does not use."""
+    for i in T.unroll(count):
+        buf[i] = src[row, T.min((first + i) * nt + tx, vocab - 1)]
+
+
+@T.macro
+def scan_first_max(logits, row, tx, mine, at, got, first, count, nt, vocab):
+    """mine[0] / at[0] <- the first maximum of themselves and logits[row, (first + i) * nt + tx],
+    i < count (indices rise, so ">" keeps the first); ``got``: count floats of scratch."""
+    load_strided(logits, row, first, tx, got, count, nt, vocab)
+    for i in T.unroll(count):
+        if (first + i) * nt + tx < vocab and got[i] > mine[0]:
+            mine[0] = got[i]
+            at[0] = T.Cast("int32", (first + i) * nt + tx)
 
 
 @T.macro
 def block_argmax(logits, row, tx, val, idx, mine, at, vocab, nt):
     """GPU: the first maximum of logits[row] over one block of ``nt`` (a power of two)
-    threads. Each thread scans a stride (indices rise, so ">" keeps the first), loading
-    ``SCAN_CHUNK`` logits before comparing any, then ``tree_argmax``. Afterwards mine[0]/at[0]
-    of thread 0, and val[0]/idx[0] for all threads, hold the maximum and its index (vocab if
-    the row has no finite value)."""
-    got = T.decl_buffer((SCAN_CHUNK,), "float32", scope="local")
+    threads: each thread scans its stride ``LOAD_AHEAD`` logits at a time, then
+    ``tree_argmax``. Afterwards mine[0]/at[0] of thread 0, and val[0]/idx[0] for all threads,
+    hold the maximum and its index (vocab if the row has no finite value)."""
+    got = T.decl_buffer((LOAD_AHEAD,), "float32", scope="local")
     mine[0] = T.float32(-3.4e38)
     at[0] = vocab
-    for io in range((vocab + nt * SCAN_CHUNK - 1) // (nt * SCAN_CHUNK)):
-        for ii in T.unroll(SCAN_CHUNK):
-            got[ii] = logits[row, T.min((io * SCAN_CHUNK + ii) * nt + tx, vocab - 1)]
-        for ii in T.unroll(SCAN_CHUNK):
-            if (io * SCAN_CHUNK + ii) * nt + tx < vocab and got[ii] > mine[0]:
-                mine[0] = got[ii]
-                at[0] = T.Cast("int32", (io * SCAN_CHUNK + ii) * nt + tx)
+    for io in range((vocab + nt * LOAD_AHEAD - 1) // (nt * LOAD_AHEAD)):
+        scan_first_max(logits, row, tx, mine, at, got, io * LOAD_AHEAD, LOAD_AHEAD, nt, vocab)
     tree_argmax(tx, val, idx, mine, at, nt)
 
 
@@ -153,14 +167,9 @@ def accept_greedy_gpu(vocab: int):
                     mine = T.decl_buffer((2,), "float32", scope="local")  # this thread's max, a rival's
                     at = T.decl_buffer((2,), "int32", scope="local")  # and their indices
                     got = T.decl_buffer((per_thread,), "float32", scope="local")
-                    for i in T.unroll(per_thread):  # index (p * per_thread + i) * nt + tx, clamped
-                        got[i] = logits[row, T.min((p * per_thread + i) * nt + tx, vocab - 1)]
                     mine[0] = T.float32(-3.4e38)
                     at[0] = vocab
-                    for i in T.unroll(per_thread):
-                        if (p * per_thread + i) * nt + tx < vocab and got[i] > mine[0]:
-                            mine[0] = got[i]
-                            at[0] = T.Cast("int32", (p * per_thread + i) * nt + tx)
+                    scan_first_max(logits, row, tx, mine, at, got, p * per_thread, per_thread, nt, vocab)
                     tree_argmax(tx, val, idx, mine, at, nt)
                     if tx == 0:
                         part_val[row * parts + p] = mine[0]
