@@ -132,12 +132,9 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
 
     One task per (token, KV head) serves the ``group`` query heads that share it, so each
     K/V row is fetched once for all of them and their independent dot products overlap.
-    Each head's arithmetic is still one fixed sequence over its rows. GPUs get
-    kernels/attention_gpu.py's version (a warp per token and query head).
+    Each head's arithmetic is still one fixed sequence over its rows. GPU builds use
+    kernels/attention_gpu.py's pair instead (models/llama.py: chunks of rows, then their merge).
     """
-    if not building_for_cpu():
-        from speccompile.kernels.attention_gpu import attention_gpu
-        return attention_gpu(num_layers, num_heads, num_kv, head_dim, dtype)
     group = num_heads // num_kv
     scratch = scratch_scope()
     lanes = 16 if head_dim % 16 == 0 else 8

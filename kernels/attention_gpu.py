@@ -6,20 +6,31 @@ GPU idle: a decode step ran 2 attention threads per layer, and the first GPU che
 (H200) measured attention at 50-94% of every forward -- 0.78 ms per layer per decoded
 token on Qwen2.5-1.5B with a 16-token context, 94% of a 512-token prefill.
 
-Attention: a work-group of 8 warps per (token, query head). The rows the token may see
-(the same list as the portable kernel: the sequence's positions ``0..prefix-1`` through
-its page table, then its extra slots) are cut into blocks of 32, block ``b`` holding rows
-``32b..32b+31``; warp ``w`` walks blocks ``w, w + 8, w + 16, ...`` with its own online
-softmax state. Inside a block, lane j scores row ``32b + j`` (a full dot product over
-head_dim in a fixed order); the block's maximum, exp weights and their fixed pairwise sum
-are formed from shared memory identically by every lane of the warp; then each lane
-updates its head_dim / 32 output elements over the block's rows in increasing order. At
-the end warp 0 merges the 8 states in warp order. Every quantity depends only on the
-token's own row list (and the constants 32 and 8), never on how many tokens, sequences or
-which entry point share the launch: prefill, decode, chain and tree verify give the same
-bits per token on the GPU, as the portable kernel does on the CPU (the two differ from
-each other; a library is built for one device). Rows past the end of the list score
-nothing and weigh exactly 0, and a warp with no rows merges as exactly zero.
+Attention: a token's rows (the same list as the portable kernel: the sequence's positions
+``0..prefix-1`` through its page table, then its extra slots) are cut into passes of 256 and
+the passes into at most 8 chunks of equal whole passes (``chunking``: 2,048 rows are 8 chunks
+of one pass, 8,192 rows 8 of four). A work-group of 8 warps attends one chunk of one (token,
+query head): the chunk's rows are blocks of 32, warp ``w`` walking blocks ``w, w + 8, ...``
+of it with its own online softmax state. Inside a block, lane j scores row ``32b + j`` (a full
+dot product over head_dim in a fixed order); the block's maximum, exp weights and their fixed
+pairwise sum are formed from shared memory identically by every lane of the warp; then each
+lane updates its head_dim / 32 output elements over the block's rows in increasing order.
+Warp 0 merges the 8 warp states in warp order into the chunk's state (m, l, o); a token of one
+chunk writes its output there, a token of several writes the state, and a second kernel
+(``attention_merge_gpu``) merges its chunk states in chunk order by the same rule. Every
+quantity depends only on the token's own row list (and the constants 32, 8 and 8), never on
+how many tokens, sequences or which entry point share the launch, nor on how many work-groups
+a launch gives each (token, head) (``split_grid``): prefill, decode, chain and tree verify
+give the same bits per token on the GPU, as the portable kernel does on the CPU (the two
+differ from each other; a library is built for one device). Rows past the end of the list
+score nothing and weigh exactly 0, and a warp with no rows merges as exactly zero.
+
+Why chunks: a decode step has one token, so one work-group per (token, head) put 9 to 14
+work-groups on a GPU of 132 SMs; the H100 profile of a SmolLM2 step at a 2,048-token context
+spent 73% of it in attention (56 us per layer walking 8 passes one after another). With the
+chunks side by side a decode step's passes run together; a prefill has tokens enough and walks
+a token's chunks in one work-group. The cost: a second launch per layer, and chunk states of
+``[tokens, heads, 8, head_dim + 2]`` floats (planned by Relax beside the layer's buffers).
 
 The weighted V sum of a block: lane (g, c) loads the ``vec``-wide piece c of rows g, g + G,
 g + 2G, ... (G = 32 / (head_dim / vec) row groups; 4 at head_dim 64, 2 at 128, 16-byte loads
@@ -32,9 +43,8 @@ context whose 1.5 MB of K/V the GPU reads in ~0.5 us; and ptxas places loads nex
 uses unless they are issued before a barrier. Head dims whose pieces do not tile a warp keep
 the row-by-row sum.
 
-Why 8 warps: a decode step has one token, so its parallelism is heads x warps; one warp
-per head walked a 2,048-token context in 64 serial blocks (93% of a SmolLM2 step on an
-H200). With 8 the walk is 8 blocks deep, and a 512-token prefill still fills the GPU.
+Why 8 warps: one warp per head walked a 2,048-token context in 64 serial blocks (93% of a
+SmolLM2 step on an H200); with 8, a pass covers 256 rows.
 
 After the QKV projection, one kernel adds the bias (Qwen2), rotates q and k and appends k
 and v to the cache: one work item per element (token, head, dim), its angle computed by the
@@ -53,8 +63,59 @@ from speccompile.kernels import kernel_cache
 from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
 
 WARP = 32  # lanes per warp; also rows per block of the walk
-WARPS = 8  # warps per (token, query head): warp w walks row blocks w, w + 8, w + 16, ...
+WARPS = 8  # warps per (token, query head, chunk): warp w walks row blocks w, w + 8, w + 16, ... of the chunk
+PASS = WARPS * WARP  # rows of one pass of a work-group
+SPLITS = 8  # most chunks a token's rows are cut into
+SPLIT_ROWS = 64  # launches of up to 64 / Z tokens run Z work-groups per (token, head), Z <= SPLITS
 NEG = -3.0e38  # the running maximum before any row
+
+
+def chunking(rows):
+    """(passes, passes per chunk, chunks) of a token that sees ``rows`` rows: its passes of 256
+    rows cut into at most SPLITS chunks of equal whole passes (the last may be shorter). A
+    function of the token's own row count only, so a token's bits do not depend on the launch."""
+    passes = (rows + PASS - 1) // PASS
+    per_chunk = (passes + SPLITS - 1) // SPLITS
+    return passes, per_chunk, (passes + per_chunk - 1) // per_chunk
+
+
+def split_grid(n):
+    """Work-groups per (token, head) for a launch of ``n`` tokens: a decode or verify step has
+    few tokens, so its chunks run side by side (a 2,048-token context: 8 work-groups per head
+    where one walked all the rows); a prefill has tokens enough, and one work-group walks a
+    token's chunks one after another. Any Z gives the same bits."""
+    return T.max(T.int64(1), T.min(T.int64(SPLITS), T.int64(SPLIT_ROWS) // n))
+
+
+def _state_at(src, t, hq, u, k, head_dim):
+    """Element k of softmax state u -- (m, l, o[head_dim]) -- in a work-group's warp states
+    (shared, [u * (head_dim + 2) + k]) or a token's chunk states (global, [t, hq, u, k])."""
+    return src[u * (head_dim + 2) + k] if len(src.shape) == 1 else src[t, hq, u, k]
+
+
+def state_merge(head_dim: int):
+    """The one merge of online-softmax states, in state order: m = the largest m_u, then
+    l = sum l_u exp(m_u - m) and o = sum o_u exp(m_u - m), each summed u = 0, 1, ... in turn
+    (st[4] = m, st[1] = l; lane tx's dims v * 32 + tx of o). Warps into a chunk's state and
+    chunks into a token's output both use it."""
+    per_lane = (head_dim + WARP - 1) // WARP
+
+    @T.macro
+    def merge(src, t, hq, count, st, o, tx):
+        st[4] = _state_at(src, t, hq, 0, 0, head_dim)
+        for u in range(1, count):
+            st[4] = T.max(st[4], _state_at(src, t, hq, u, 0, head_dim))
+        st[1] = T.float32(0)
+        for v in T.unroll(per_lane):
+            o[v] = T.float32(0)
+        for u in range(count):
+            st[3] = T.exp(_state_at(src, t, hq, u, 0, head_dim) - st[4])
+            st[1] = st[1] + _state_at(src, t, hq, u, 1, head_dim) * st[3]
+            for v in T.unroll(per_lane):
+                if v * WARP + tx < head_dim:
+                    o[v] = o[v] + _state_at(src, t, hq, u, 2 + v * WARP + tx, head_dim) * st[3]
+
+    return merge
 
 
 def max_vector_lanes() -> int:
@@ -212,10 +273,11 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
                 o[v] = o[v] + acc[0]
 
     load_values, weigh_values = (v_tiled_load, v_tiled_sum) if groups else (v_rows_load, v_rows_sum)
+    merge_states = state_merge(head_dim)
 
     @T.prim_func(private=True)
     def kernel(var_q: T.handle, var_kv: T.handle, var_pt: T.handle, var_seq: T.handle, var_prefix: T.handle,
-               var_extra: T.handle, var_extra_len: T.handle, layer: T.int64, var_out: T.handle):
+               var_extra: T.handle, var_extra_len: T.handle, layer: T.int64, var_out: T.handle, var_part: T.handle):
         T.func_attr({"tir.noalias": True, "op_pattern": 8, "tirx.is_scheduled": True})
         n = T.int64()
         slots = T.int64()
@@ -230,90 +292,132 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
         extra = T.match_buffer(var_extra, (n, e), "int32")
         extra_len = T.match_buffer(var_extra_len, (n,), "int32")
         out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
+        part = T.match_buffer(var_part, (n, num_heads, SPLITS, head_dim + 2), "float32")  # [t, h, chunk]: m, l, o
         for t in T.thread_binding(n, thread="blockIdx.x"):
             for hq in T.thread_binding(num_heads, thread="blockIdx.y"):
-                for w in T.thread_binding(WARPS, thread="threadIdx.y"):
-                    for tx in T.thread_binding(WARP, thread="threadIdx.x"):
-                        q_s = T.decl_buffer((head_dim,), "float32", scope="shared")
-                        red = T.decl_buffer((WARPS * WARP,), "float32", scope="shared")  # [w, j]: scores, weights
-                        slot_s = T.decl_buffer((WARPS * WARP,), "int32", scope="shared")
-                        part = T.decl_buffer((WARPS * (head_dim + 2),), "float32", scope="shared")  # [w]: m, l, o
-                        vals = T.decl_buffer((max(per_row, 1) * vec,), dtype, scope="local")  # V vectors ahead
-                        vp = T.decl_buffer((WARPS * WARP * vec,), "float32", scope="shared")  # [w, g, d]: V sums
-                        tmp = T.decl_buffer((16,), "float32", scope="local")
-                        o = T.decl_buffer((per_lane,), "float32", scope="local")  # dims v * 32 + tx
-                        kl = T.decl_buffer((vec,), dtype, scope="local")
-                        st = T.decl_buffer((5,), "float32", scope="local")  # m, l, score, alpha, new m
-                        for v in T.unroll(per_lane):
-                            if w == 0 and v * WARP + tx < head_dim:
-                                q_s[v * WARP + tx] = T.Cast("float32", q[t, hq, v * WARP + tx])
-                            o[v] = T.float32(0)
-                        st[0] = T.float32(NEG)
-                        st[1] = T.float32(0)
-                        T.tvm_storage_sync("shared")
-                        hk: T.let[T.int32] = T.Cast("int32", hq) // group
-                        pre: T.let[T.int32] = prefix[t]
-                        sq: T.let[T.int32] = seq[t]  # loaded once, not before every pass's page lookup
-                        rows: T.let[T.int32] = prefix[t] + extra_len[t]
-                        for it in range(((rows + WARP - 1) // WARP + WARPS - 1) // WARPS):
-                            blk: T.let[T.int32] = it * WARPS + T.Cast("int32", w)  # this warp's block of rows
-                            r: T.let[T.int32] = blk * WARP + T.Cast("int32", tx)
-                            # a row past the end takes the last row's slot: its V is loaded, weighted 0
-                            rr: T.let[T.int32] = T.min(r, rows - 1)
-                            s: T.let[T.int32] = T.if_then_else(
-                                rr < pre, pt[sq, T.min(rr // PAGE, T.Cast("int32", pages) - 1)] * PAGE + rr % PAGE,
-                                extra[t, T.max(rr - pre, 0)])
-                            st[2] = T.float32(NEG)
-                            if r < rows:
-                                for a in T.unroll(4):
-                                    tmp[a] = T.float32(0)
-                                for c in range(head_dim // vec):
-                                    for u in T.vectorized(vec):
-                                        kl[u] = kv[layer, 0, s, hk, c * vec + u]
-                                    for u in T.unroll(vec):
-                                        tmp[u % 4] = tmp[u % 4] + q_s[c * vec + u] * T.Cast("float32", kl[u])
-                                st[2] = ((tmp[0] + tmp[1]) + (tmp[2] + tmp[3])) * T.float32(scale)
-                            red[w * WARP + tx] = st[2]
-                            slot_s[w * WARP + tx] = s
-                            T.tvm_storage_sync("shared")
-                            load_values(kv, layer, hk, slot_s, vals, w, tx)
-                            st[4] = st[0]  # the block's new maximum, read by every lane of the warp alike
-                            for j in range(WARP):
-                                st[4] = T.max(st[4], red[w * WARP + j])
-                            T.tvm_storage_sync("shared")
-                            red[w * WARP + tx] = T.if_then_else(r < rows, T.exp(st[2] - st[4]), T.float32(0))
-                            T.tvm_storage_sync("shared")
-                            tree_sum32(red, w * WARP, tmp)
-                            st[3] = T.exp(st[0] - st[4])
-                            st[1] = st[1] * st[3] + tmp[0]
-                            st[0] = st[4]
+                for z in T.thread_binding(split_grid(n), thread="blockIdx.z"):
+                    for w in T.thread_binding(WARPS, thread="threadIdx.y"):
+                        for tx in T.thread_binding(WARP, thread="threadIdx.x"):
+                            q_s = T.decl_buffer((head_dim,), "float32", scope="shared")
+                            red = T.decl_buffer((WARPS * WARP,), "float32", scope="shared")  # [w, j]: scores, weights
+                            slot_s = T.decl_buffer((WARPS * WARP,), "int32", scope="shared")
+                            warp_part = T.decl_buffer((WARPS * (head_dim + 2),), "float32", scope="shared")  # [w]: m, l, o
+                            vals = T.decl_buffer((max(per_row, 1) * vec,), dtype, scope="local")  # V vectors ahead
+                            vp = T.decl_buffer((WARPS * WARP * vec,), "float32", scope="shared")  # [w, g, d]: V sums
+                            tmp = T.decl_buffer((16,), "float32", scope="local")
+                            o = T.decl_buffer((per_lane,), "float32", scope="local")  # dims v * 32 + tx
+                            kl = T.decl_buffer((vec,), dtype, scope="local")
+                            st = T.decl_buffer((5,), "float32", scope="local")  # m, l, score, alpha, new m
                             for v in T.unroll(per_lane):
-                                o[v] = o[v] * st[3]
-                            weigh_values(kv, layer, hk, red, slot_s, vals, vp, o, w, tx, rows - blk * WARP)
+                                if w == 0 and v * WARP + tx < head_dim:
+                                    q_s[v * WARP + tx] = T.Cast("float32", q[t, hq, v * WARP + tx])
                             T.tvm_storage_sync("shared")
-                        # each warp's (m, l, o) into shared; warp 0 merges them in warp order
-                        if tx == 0:
-                            part[w * (head_dim + 2)] = st[0]
-                            part[w * (head_dim + 2) + 1] = st[1]
-                        for v in T.unroll(per_lane):
-                            if v * WARP + tx < head_dim:
-                                part[w * (head_dim + 2) + 2 + v * WARP + tx] = o[v]
-                        T.tvm_storage_sync("shared")
-                        if w == 0:
-                            st[4] = part[0]
-                            for u in range(1, WARPS):
-                                st[4] = T.max(st[4], part[u * (head_dim + 2)])
-                            st[1] = T.float32(0)
-                            for v in T.unroll(per_lane):
-                                o[v] = T.float32(0)
-                            for u in range(WARPS):
-                                st[3] = T.exp(part[u * (head_dim + 2)] - st[4])
-                                st[1] = st[1] + part[u * (head_dim + 2) + 1] * st[3]
+                            hk: T.let[T.int32] = T.Cast("int32", hq) // group
+                            pre: T.let[T.int32] = prefix[t]
+                            sq: T.let[T.int32] = seq[t]  # loaded once, not before every pass's page lookup
+                            rows: T.let[T.int32] = prefix[t] + extra_len[t]
+                            passes: T.let[T.int32] = chunking(rows)[0]
+                            per_chunk: T.let[T.int32] = chunking(rows)[1]  # passes of a chunk
+                            chunks: T.let[T.int32] = chunking(rows)[2]
+                            zz: T.let[T.int32] = T.Cast("int32", z)
+                            zn: T.let[T.int32] = T.Cast("int32", split_grid(n))
+                            # this block's chunks: z, z + Z, ... (each chunk's bits do not depend on Z)
+                            for ci in range((chunks - zz + zn - 1) // zn):
+                                c: T.let[T.int32] = zz + ci * zn
+                                st[0] = T.float32(NEG)
+                                st[1] = T.float32(0)
+                                for v in T.unroll(per_lane):
+                                    o[v] = T.float32(0)
+                                for it in range(T.min(per_chunk, passes - c * per_chunk)):
+                                    blk: T.let[T.int32] = (c * per_chunk + it) * WARPS + T.Cast("int32", w)
+                                    r: T.let[T.int32] = blk * WARP + T.Cast("int32", tx)
+                                    # a row past the end takes the last row's slot: its V is loaded, weighted 0
+                                    rr: T.let[T.int32] = T.min(r, rows - 1)
+                                    s: T.let[T.int32] = T.if_then_else(
+                                        rr < pre,
+                                        pt[sq, T.min(rr // PAGE, T.Cast("int32", pages) - 1)] * PAGE + rr % PAGE,
+                                        extra[t, T.max(rr - pre, 0)])
+                                    st[2] = T.float32(NEG)
+                                    if r < rows:
+                                        for a in T.unroll(4):
+                                            tmp[a] = T.float32(0)
+                                        for cc in range(head_dim // vec):
+                                            for u in T.vectorized(vec):
+                                                kl[u] = kv[layer, 0, s, hk, cc * vec + u]
+                                            for u in T.unroll(vec):
+                                                tmp[u % 4] = tmp[u % 4] + q_s[cc * vec + u] * T.Cast("float32", kl[u])
+                                        st[2] = ((tmp[0] + tmp[1]) + (tmp[2] + tmp[3])) * T.float32(scale)
+                                    red[w * WARP + tx] = st[2]
+                                    slot_s[w * WARP + tx] = s
+                                    T.tvm_storage_sync("shared")
+                                    load_values(kv, layer, hk, slot_s, vals, w, tx)
+                                    st[4] = st[0]  # the block's new maximum, read by every lane of the warp alike
+                                    for j in range(WARP):
+                                        st[4] = T.max(st[4], red[w * WARP + j])
+                                    T.tvm_storage_sync("shared")
+                                    red[w * WARP + tx] = T.if_then_else(r < rows, T.exp(st[2] - st[4]), T.float32(0))
+                                    T.tvm_storage_sync("shared")
+                                    tree_sum32(red, w * WARP, tmp)
+                                    st[3] = T.exp(st[0] - st[4])
+                                    st[1] = st[1] * st[3] + tmp[0]
+                                    st[0] = st[4]
+                                    for v in T.unroll(per_lane):
+                                        o[v] = o[v] * st[3]
+                                    weigh_values(kv, layer, hk, red, slot_s, vals, vp, o, w, tx, rows - blk * WARP)
+                                    T.tvm_storage_sync("shared")
+                                # the chunk: each warp's (m, l, o) into shared; warp 0 merges them in warp order
+                                if tx == 0:
+                                    warp_part[w * (head_dim + 2)] = st[0]
+                                    warp_part[w * (head_dim + 2) + 1] = st[1]
                                 for v in T.unroll(per_lane):
                                     if v * WARP + tx < head_dim:
-                                        o[v] = o[v] + part[u * (head_dim + 2) + 2 + v * WARP + tx] * st[3]
-                            for v in T.unroll(per_lane):
-                                if v * WARP + tx < head_dim:
-                                    out[t, hq, v * WARP + tx] = T.Cast(dtype, o[v] / st[1])
+                                        warp_part[w * (head_dim + 2) + 2 + v * WARP + tx] = o[v]
+                                T.tvm_storage_sync("shared")
+                                if w == 0:
+                                    merge_states(warp_part, t, hq, WARPS, st, o, tx)
+                                    # one chunk: the output itself; more: the chunk's state for merge_chunks
+                                    if chunks == 1:
+                                        for v in T.unroll(per_lane):
+                                            if v * WARP + tx < head_dim:
+                                                out[t, hq, v * WARP + tx] = T.Cast(dtype, o[v] / st[1])
+                                    else:
+                                        if tx == 0:
+                                            part[t, hq, c, 0] = st[4]
+                                            part[t, hq, c, 1] = st[1]
+                                        for v in T.unroll(per_lane):
+                                            if v * WARP + tx < head_dim:
+                                                part[t, hq, c, 2 + v * WARP + tx] = o[v]
+                                T.tvm_storage_sync("shared")
+
+    return kernel
+
+
+@kernel_cache
+def attention_merge_gpu(num_heads: int, head_dim: int, dtype: str):
+    """out[t, h] of every token cut into more than one chunk: its chunk states merged in chunk
+    order (state_merge); tokens of one chunk got their output from attention_gpu itself. One
+    warp per (token, query head); out is updated in place."""
+    per_lane = (head_dim + WARP - 1) // WARP
+    merge_states = state_merge(head_dim)
+
+    @T.prim_func(private=True)
+    def kernel(var_out: T.handle, var_part: T.handle, var_prefix: T.handle, var_extra_len: T.handle):
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, "tirx.is_scheduled": True})
+        n = T.int64()
+        out = T.match_buffer(var_out, (n, num_heads, head_dim), dtype)
+        part = T.match_buffer(var_part, (n, num_heads, SPLITS, head_dim + 2), "float32")
+        prefix = T.match_buffer(var_prefix, (n,), "int32")
+        extra_len = T.match_buffer(var_extra_len, (n,), "int32")
+        for t in T.thread_binding(n, thread="blockIdx.x"):
+            for hq in T.thread_binding(num_heads, thread="blockIdx.y"):
+                for tx in T.thread_binding(WARP, thread="threadIdx.x"):
+                    o = T.decl_buffer((per_lane,), "float32", scope="local")
+                    st = T.decl_buffer((5,), "float32", scope="local")
+                    chunks: T.let[T.int32] = chunking(prefix[t] + extra_len[t])[2]
+                    if chunks > 1:
+                        merge_states(part, t, hq, chunks, st, o, tx)
+                        for v in T.unroll(per_lane):
+                            if v * WARP + tx < head_dim:
+                                out[t, hq, v * WARP + tx] = T.Cast(dtype, o[v] / st[1])
 
     return kernel

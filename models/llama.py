@@ -18,7 +18,7 @@ from speccompile.runtime.contract import FORWARD_META, TARGET
 from speccompile.kernels import attention as A
 from speccompile.kernels.activation import swiglu
 from speccompile.kernels.attention import building_for_cpu
-from speccompile.kernels.attention_gpu import qkv_rope_append_gpu
+from speccompile.kernels.attention_gpu import SPLITS, attention_gpu, attention_merge_gpu, qkv_rope_append_gpu
 from speccompile.kernels.norm_gpu import add_rms_norm_gpu
 from speccompile.models.config import LlamaConfig, hf_source_map  # noqa: F401 - re-exported (lives with the config: no TVM)
 from speccompile.models.exports import contract_spec, forward_meta_specs
@@ -66,11 +66,18 @@ class Attention(nn.Module):
         # q: [n, heads, head_dim] (rotated; this token's K/V already in kv) -> (o_proj output [n, hidden], kv)
         cfg, dtype, n = self.cfg, q.dtype, q.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        out = op.tensor_ir_op(
-            A.attention(cfg.num_hidden_layers, h, hkv, d, dtype), "attention",
-            [q, kv, meta["page_table"], meta["token_seq"], meta["token_prefix"], meta["extra_slots"],
-             meta["extra_len"], tirx.IntImm("int64", layer_id)],
-            Tensor.placeholder((n, h, d), dtype))
+        args = [q, kv, meta["page_table"], meta["token_seq"], meta["token_prefix"], meta["extra_slots"],
+                meta["extra_len"], tirx.IntImm("int64", layer_id)]
+        if building_for_cpu():
+            out = op.tensor_ir_op(A.attention(cfg.num_hidden_layers, h, hkv, d, dtype), "attention", args,
+                                  Tensor.placeholder((n, h, d), dtype))
+        else:  # a long context's rows in chunks side by side, then their states merged (kernels/attention_gpu.py)
+            out, part = op.tensor_ir_op(
+                attention_gpu(cfg.num_hidden_layers, h, hkv, d, dtype), "attention", args,
+                [Tensor.placeholder((n, h, d), dtype), Tensor.placeholder((n, h, SPLITS, d + 2), "float32")])
+            out = op.tensor_ir_inplace_op(attention_merge_gpu(h, d, dtype), "attention_merge",
+                                          [out, part, meta["token_prefix"], meta["extra_len"]], inplace_indices=[0],
+                                          out=Tensor.placeholder((n, h, d), dtype))
         return self.o_proj(op.reshape(out, (n, h * d))), kv
 
 

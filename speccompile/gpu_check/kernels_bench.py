@@ -1,7 +1,7 @@
 """The q4 projection kernels alone on the device: time per token count, and bit identity of
 every row with the same row projected alone, for each kernel variant on real model shapes;
-then the attention kernel's V-sum variants at decode, verify and prefill shapes, and greedy
-verification's argmax, timed and checked the same way.
+then the attention kernels' V-sum variants (chunks, then their merge) at decode, verify and
+prefill shapes, and greedy verification's argmax, timed and checked the same way.
 
 Why: a forward's cost per row count (check.py ``forward_cost_vs_rows``) mixes the projections
 with attention, norms and launches, and measures only the kernels a library was built with.
@@ -80,7 +80,7 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
     import tvm
 
     from speccompile.compiler.targets import fatbin_packer, find_nvcc
-    from speccompile.kernels.attention_gpu import attention_gpu
+    from speccompile.kernels.attention_gpu import SPLITS, attention_gpu, attention_merge_gpu
     from speccompile.kernels.rejection_gpu import accept_sampled_gpu
     from speccompile.kernels.sampling import sampling_probs_gpu
     from speccompile.kernels.verification import accept_greedy_gpu
@@ -110,8 +110,10 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
             for model, (heads, kv_heads, dim) in attention.items():
                 name = f"{variant}__{model}"
                 funcs[name] = attention_gpu(1, heads, kv_heads, dim, dtype, **opts).with_attr("global_symbol", name)
-                attn.append({"name": name, "variant": variant, "model": model, "heads": heads, "kv_heads": kv_heads,
-                             "head_dim": dim})
+                funcs[f"{name}__merge"] = attention_merge_gpu(heads, dim, dtype).with_attr("global_symbol",
+                                                                                          f"{name}__merge")
+                attn.append({"name": name, "merge": f"{name}__merge", "variant": variant, "model": model,
+                             "heads": heads, "kv_heads": kv_heads, "head_dim": dim})
         accept = []
         for model, vocab in vocabs.items():
             funcs[f"accept__{model}"] = accept_greedy_gpu(vocab).with_attr("global_symbol", f"accept__{model}")
@@ -132,7 +134,8 @@ def build(out_dir: Path, device: str = "cuda", dtype: str = "float16", variants=
     info.write_text(json.dumps({"device": device, "dtype": dtype, "rows": list(ROWS), "layers": LAYERS,
                                 "shapes": {model: list(projs) for model, projs in shapes.items()},
                                 "functions": listing, "attention": attn, "contexts": list(CONTEXTS),
-                                "verify_rows": VERIFY_ROWS, "prefill": PREFILL, "accept": accept}, indent=1))
+                                "verify_rows": VERIFY_ROWS, "prefill": PREFILL, "accept": accept,
+                                "attention_splits": SPLITS}, indent=1))
     return info
 
 
@@ -262,7 +265,8 @@ def _attention_inputs(rng, tokens: list[tuple[int, int]], pages: int, heads: int
 
 
 def time_attention(lib, f: dict, info: dict, dtype: str, dev) -> dict:
-    """One attention variant on one model's heads: microseconds for a decode token and for
+    """One attention variant on one model's heads, its chunks and their merge (two launches, as
+    in a model; ``us_merge`` the merge's share): microseconds for a decode token and for
     ``verify_rows`` chained verify rows at each context, and for a ``prefill``-token prompt; each
     verify token's output (and a few prefill tokens') compared bit for bit with the token attended
     alone, and two tokens per case against float64."""
@@ -276,24 +280,30 @@ def time_attention(lib, f: dict, info: dict, dtype: str, dev) -> dict:
     pages = -(-max(max(contexts), prefill) // PAGE) + 2  # the last page holds the verify rows' slots
     kv_np = (rng.standard_normal((1, 2, pages * PAGE, kv_heads, dim)) * 0.5).astype(dtype)
     kv, fn, timer = tvm.runtime.tensor(kv_np, dev), lib[f["name"]], _timer(lib, f["name"], dev)
+    merge, merge_timer = lib[f["merge"]], _timer(lib, f["merge"], dev)
     cases = {f"decode_{c}": [(c, 0)] for c in contexts}
     cases.update({f"verify{verify}_{c}": [(c, i + 1) for i in range(verify)] for c in contexts})
     cases[f"prefill_{prefill}"] = [(i + 1, 0) for i in range(prefill)]
-    rec: dict = {"us": {}, "mismatched": {}, "max_abs_err": 0.0}
+    rec: dict = {"us": {}, "us_merge": {}, "mismatched": {}, "max_abs_err": 0.0}
     for case, tokens in cases.items():
         a = _attention_inputs(rng, tokens, pages, heads, dim, dtype)
 
         def call(idx):
             d = {k: tvm.runtime.tensor(np.ascontiguousarray(v[idx]), dev) for k, v in a.items() if k != "pt"}
             out = tvm.runtime.empty((len(idx), heads, dim), dtype, dev)
+            part = tvm.runtime.empty((len(idx), heads, info["attention_splits"], dim + 2), "float32", dev)
             args = (d["q"], kv, tvm.runtime.tensor(a["pt"], dev), d["seq"], d["prefix"], d["extra"], d["extra_len"],
-                    0, out)
+                    0, out, part)
+            merge_args = (out, part, d["prefix"], d["extra_len"])
             fn(*args)
-            return out.numpy(), args
+            merge(*merge_args)
+            return out.numpy(), args, merge_args
 
         every = list(range(len(tokens)))
-        together, args = call(every)
-        rec["us"][case] = round(1e6 * timer(*args), 2)
+        together, args, merge_args = call(every)
+        us_merge = 1e6 * merge_timer(*merge_args)  # (it rewrites the same outputs: times are all it gives here)
+        rec["us"][case] = round(1e6 * timer(*args) + us_merge, 2)
+        rec["us_merge"][case] = round(us_merge, 2)
         if case.startswith("decode"):
             continue
         probe = every if len(every) <= verify else every[::64] + [every[-1]]  # prefill: a few tokens alone

@@ -38,11 +38,11 @@ def test_batch_invariance_is_bit_exact(build_tiny, quant):
     check_batch_invariance(Model(built.model_dir, built.lib))
 
 
-def check_batch_invariance(model) -> None:
+def check_batch_invariance(model, prompt: list[int] = IDS[:13]) -> None:
     """A token's logits are identical decoded alone, verified among others, in a batch, in a tree
-    (tests/runtime/test_opencl.py runs it on the OpenCL device too)."""
-    kv = model.create_kv_cache(512)
-    prompt, cont = IDS[:13], IDS[13:]
+    (tests/runtime/test_opencl.py runs it on the OpenCL device too, with a long prompt as well)."""
+    kv = model.create_kv_cache(3 * len(prompt) + 64)
+    cont = IDS[13:]
     # plain: prefill then one decode per token
     kv.add_sequence(0)
     model.prefill(kv, [0], [prompt])

@@ -119,7 +119,8 @@ static inline void tvm_builtin_ptx_mma_sync_aligned_m16n8k16_row_col_f32_f16_f16
 
 // Launch: blocks in order, each as block_x * block_y threads.
 template <typename F>
-static void emu_launch(int grid_x, int grid_y, int block_x, int block_y, F kernel) {
+static void emu_launch(int grid_x, int grid_y, int block_x, int block_y, F kernel, int grid_z = 1) {
+  for (int bz = 0; bz < grid_z; ++bz)
   for (int by = 0; by < grid_y; ++by)
     for (int bx = 0; bx < grid_x; ++bx) {
       emu_warps = std::vector<EmuWarp>(block_y);
@@ -130,7 +131,7 @@ static void emu_launch(int grid_x, int grid_y, int block_x, int block_y, F kerne
         for (int tx = 0; tx < block_x; ++tx)
           threads.emplace_back([=] {
             threadIdx = {tx, ty, 0};
-            blockIdx = {bx, by, 0};
+            blockIdx = {bx, by, bz};
             kernel();
           });
       for (auto& th : threads) th.join();

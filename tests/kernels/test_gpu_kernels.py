@@ -213,31 +213,38 @@ def _attention_reference(args, seen):
 @needs_opencl
 @pytest.mark.parametrize("dim", [64, 128, 48])
 def test_gpu_attention_matches_numpy_and_each_token_is_bit_identical_alone(tmp_path, dim):
-    """Row counts around the 32-row blocks and the 8-warp interleave (1, 31..33, 255..257,
-    700 rows, and trees with extra slots): close to float64 softmax attention, and each
-    token's output bit-identical whether it runs alone, with the others, or in another order
-    -- the property prefill, decode and verify sharing this kernel rests on. Head dims 64 and
-    128 take the tiled V sum (4 and 2 row groups), 48 the row-by-row one."""
+    """Row counts around the 32-row blocks, the 8-warp passes and the chunks (1, 31..33,
+    255..257, 700; 2,049 rows: 9 passes in 5 chunks of 2; 4,000: 16 passes in 8 chunks; trees
+    with extra slots): close to float64 softmax attention, and each token's output
+    bit-identical whether it runs alone (its chunks side by side), with the others (a chunk
+    after another), or in another order -- the property prefill, decode and verify sharing
+    this kernel rests on. Head dims 64 and 128 take the tiled V sum (4 and 2 row groups), 48
+    the row-by-row one."""
     import tvm
 
-    from speccompile.kernels.attention_gpu import attention_gpu
+    from speccompile.kernels.attention_gpu import SPLITS, attention_gpu, attention_merge_gpu
 
     rng = np.random.default_rng(7)
-    rows, extras = [1, 31, 32, 33, 255, 256, 257, 700, 40, 300], [0, 0, 0, 0, 0, 0, 0, 0, 3, 9]
+    rows = [1, 31, 32, 33, 255, 256, 257, 700, 2049, 4000, 40, 300]
+    extras = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 9]
     args, seen = _attention_case(rng, rows, extras, dim=dim)
     heads, dim = args["q"].shape[1:]
-    mod = tvm.IRModule({"att": attention_gpu(1, heads, args["kv"].shape[3], dim, "float32").with_attr(
-        "global_symbol", "att")})
+    mod = tvm.IRModule({
+        "att": attention_gpu(1, heads, args["kv"].shape[3], dim, "float32").with_attr("global_symbol", "att"),
+        "merge": attention_merge_gpu(heads, dim, "float32").with_attr("global_symbol", "merge")})
     lib = tmp_path / "att.so"
     tvm.compile(mod, target=tvm.target.Target(OPENCL)).export_library(str(lib))
-    fn, dev = tvm.runtime.load_module(str(lib))["att"], tvm.device("opencl", 0)
+    module, dev = tvm.runtime.load_module(str(lib)), tvm.device("opencl", 0)
     kv, pt = tvm.runtime.tensor(args["kv"], dev), tvm.runtime.tensor(args["pt"], dev)
 
     def run(idx):
         t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), dev)
         out = tvm.runtime.empty((len(idx), heads, dim), "float32", dev)
-        fn(t(args["q"][idx]), kv, pt, t(args["seq"][idx]), t(args["prefix"][idx]), t(args["extra"][idx]),
-           t(args["extra_len"][idx]), 0, out)
+        part = tvm.runtime.empty((len(idx), heads, SPLITS, dim + 2), "float32", dev)
+        prefix, extra_len = t(args["prefix"][idx]), t(args["extra_len"][idx])
+        module["att"](t(args["q"][idx]), kv, pt, t(args["seq"][idx]), prefix, t(args["extra"][idx]), extra_len, 0,
+                      out, part)
+        module["merge"](out, part, prefix, extra_len)
         return out.numpy()
 
     every = list(range(len(rows)))

@@ -146,6 +146,14 @@ def test_tiny_batch_invariance_is_bit_exact_on_opencl(build_tiny, quant):
     check_batch_invariance(Model(built.model_dir, built.lib))
 
 
+def test_long_contexts_are_bit_exact_on_opencl(build_tiny):
+    """A 300-token prompt: its decode and verify rows see 301-308 rows, two chunks of the GPU
+    attention merged after (kernels/attention_gpu.py), beside a short sequence of one chunk in the
+    same launch; prefill, decode, verify, batch and tree still give a token the same bits."""
+    built = build_tiny("tiny-llama", "q4f32_1", "opencl")
+    check_batch_invariance(Model(built.model_dir, built.lib), prompt=(IDS * 15)[:300])
+
+
 def test_padded_page_tables_give_the_same_bits_on_opencl(build_tiny):
     built = build_tiny("tiny-llama", "q4f32_1", "opencl")  # built for the logits test too
     check_padded_pages(Model(built.model_dir, built.lib))
