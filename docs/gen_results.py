@@ -221,7 +221,17 @@ def rows_one_shot(name, data, commit, date):
              num(o.get("plain_tokens_per_s")), num(o.get("spec_tokens_per_s")), ratio(o.get("speedup")),
              ratio(data.get("mean_of_categories")), ratio(e2e), per_cat or "—",
              f"{num(o.get('accept_rate'), 2)} / {num(o.get('mean_accepted_length'), 2)}",
-             frac(o.get("identical_outputs"), o.get("prompts")), llama_one_shot(o)]]
+             sampled_label(data.get("sampling")) or frac(o.get("identical_outputs"), o.get("prompts")),
+             llama_one_shot(o)]]
+
+
+def sampled_label(sampling) -> str | None:
+    """A sampled run's settings in place of the identity count (its answers are separate draws)."""
+    if not isinstance(sampling, dict) or not sampling.get("temperature"):
+        return None
+    return ("sampled: T " + ", ".join(f"{v:g}" if k == "temperature" else f"{k.replace('_', '-')} {v:g}"
+                                      for k, v in sampling.items() if k != "seed" and v is not None)
+            + " (not compared)")
 
 
 def llama_one_shot(o: dict) -> str:

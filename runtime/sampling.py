@@ -11,7 +11,8 @@ import numpy as np
 
 from .options import check_options, option
 
-SAMPLED = ("generate", "chat")  # commands that take sampling options (a server's requests carry their own)
+# commands that take sampling options (a server's requests carry their own; bench: --one-shot's processes)
+SAMPLED = ("generate", "chat", "bench")
 
 
 @dataclass

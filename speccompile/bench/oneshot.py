@@ -4,7 +4,12 @@ Users run ``generate``, ``chat`` and freshly started servers, not warm benchmark
 policy that needs hundreds of steps to learn its costs never pays for them. Each prompt is
 decoded by four fresh ``speccompile generate --json`` processes, plain / spec / spec / plain
 (this kind of machine drifts 10-30% in speed within seconds; the mean of each pair cancels a
-linear drift), and the four outputs must be token-identical at temperature 0. Decode tok/s
+linear drift), and the four outputs must be token-identical at temperature 0. With sampling
+options (``--temperature`` and the rest, a server's default for most models), every process
+samples with them (and ``--seed``, if given): each answer is its own draw from the target's
+distribution (tests/runtime check that distribution; here only speed is compared), so
+answers are not compared and their lengths may differ: times are compared per decoded
+token. Decode tok/s
 is what each process reports for its own decode loop; a request's end-to-end seconds are its
 prefill plus that decode (what a user waits for once the model is loaded: a draft model
 prefills every prompt too), and ``request_speedup`` is quoted on them. Model loading and the
@@ -27,6 +32,7 @@ from pathlib import Path
 from speccompile.bench.llama_cpp import run_llama_prompt, summarize_llama_speculative
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
 from speccompile.runtime.contract import read_model_config
+from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.speculative import SpeculativeConfig
 from speccompile.runtime.tokenizer import render_messages
 
@@ -35,7 +41,7 @@ PLAIN = {"speculative_mode": "disable"}  # generate speculates unless told not t
 
 
 def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
-              overrides: str | None = None, response_format: dict | None = None) -> dict:
+              overrides: str | None = None, response_format: dict | None = None, sampling: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
            "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
     if response_format:  # as a user would: the response_format object in a file
@@ -44,7 +50,7 @@ def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, sp
         cmd += ["--response-format", str(path)]
     if overrides:
         cmd += ["--overrides", overrides]
-    for key, value in (spec or {}).items():
+    for key, value in {**(spec or {}), **(sampling or {})}.items():
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
     t0 = time.perf_counter()
@@ -59,14 +65,19 @@ def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, sp
 def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Path | None = None,
                  max_tokens: int = 128, categories: list[str] | None = None, per_category: int | None = None,
                  limit: int | None = None, out_json: Path | None = None, quiet: bool = False,
-                 overrides: str | None = None, repeat: int = 1, llama_speculative: dict | None = None) -> dict:
+                 overrides: str | None = None, repeat: int = 1, llama_speculative: dict | None = None,
+                 sampling: dict | None = None) -> dict:
     """``repeat``: plain / spec / spec / plain quartets per prompt (one fresh process each run);
     a prompt's times are the means over all its plain and all its spec runs, its counts the
     sums over its spec runs. Fresh processes on this kind of machine swing ~10% apart, and a
     category holds few prompts: repeats are what make a category's number mean something.
     ``llama_speculative`` (binary, gguf, draft_gguf, draft_max, modes): llama.cpp's run of each
     prompt per mode and repeat (prompts under a response_format are not given to it: it would
-    decode them without the schema)."""
+    decode them without the schema). ``sampling``: SamplingParams' fields for every process
+    (default: greedy)."""
+    params = SamplingParams(**(sampling or {}))
+    if not params.greedy and llama_speculative:
+        raise ValueError("--llama-speculative runs llama.cpp greedily: leave out the sampling options")
     if not SpeculativeConfig(**spec).enabled:
         raise ValueError("--one-shot compares plain and speculative decoding: give a --speculative-mode")
     if repeat < 1:
@@ -80,8 +91,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         plains, specs, llama = [], [], {}
         text = render_messages(config, [{"role": "user", "content": p["prompt"]}]) if peers else None
         for _ in range(repeat):
-            a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"])
-                            for sp in (PLAIN, spec, spec, PLAIN))
+            a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"],
+                                      sampling) for sp in (PLAIN, spec, spec, PLAIN))
             plains += [a, b]
             specs += [s1, s2]
             for mode in peers if not p["response_format"] else ():
@@ -90,10 +101,13 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                     llama_speculative.get("draft_gguf"), llama_speculative.get("draft_max", 3)))
         runs = plains + specs
         tokens = plains[0]["stats"]["decode_tokens"]
-        plain_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in plains)
-        spec_s = statistics.fmean(r["stats"]["decode_tokens"] / r["stats"]["decode_tokens_per_s"] for r in specs)
-        plain_req = statistics.fmean(r["stats"]["request_seconds"] for r in plains)
-        spec_req = statistics.fmean(r["stats"]["request_seconds"] for r in specs)
+        # per decoded token (sampled answers differ in length), then for the plain answer's length;
+        # a request: its prefill (the rest of request_seconds) plus that decode
+        plain_s, spec_s = (tokens * statistics.fmean(1.0 / r["stats"]["decode_tokens_per_s"] for r in g)
+                           for g in (plains, specs))
+        plain_req, spec_req = (statistics.fmean(r["stats"]["request_seconds"] - r["stats"]["decode_tokens"]
+                                                / r["stats"]["decode_tokens_per_s"] for r in g) + s
+                               for g, s in ((plains, plain_s), (specs, spec_s)))
         total = {k: sum(r["stats"][k] for r in specs) for k in counts}
         emitted = sum(r["stats"]["mean_accepted_length"] * r["stats"]["verify_steps"] for r in specs)
         row = {"id": p["id"], "category": p["category"], "decode_tokens": tokens, "runs": len(runs),
@@ -103,7 +117,9 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                # end to end (prefill + decode), what a user waits for: a draft model prefills too
                "plain_request_seconds": plain_req, "spec_request_seconds": spec_req,
                "request_speedup": plain_req / spec_req,
-               "identical_output": all(r["token_ids"] == runs[0]["token_ids"] for r in runs),
+               # greedy: all four the same; sampled: not compared (each answer is its own draw)
+               "identical_output": (all(r["token_ids"] == runs[0]["token_ids"] for r in runs) if params.greedy
+                                    else None),
                "plain_process_seconds": statistics.fmean(r["process_seconds"] for r in plains),
                "spec_process_seconds": statistics.fmean(r["process_seconds"] for r in specs),
                "accept_rate": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else 0.0,
@@ -127,7 +143,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                   f" -> {row['spec_request_seconds']:.2f} s x{row['request_speedup']:.2f}) accept {row['accept_rate']:.2f} "
                   f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']:.0f}/"
                   f"{row['verify_steps'] + row['plain_steps']:.0f} steps"
-                  f"{'' if row['identical_output'] else '  OUTPUT DIFFERS'}"
+                  f"{'' if row['identical_output'] is not False else '  OUTPUT DIFFERS'}"
                   f"{'  CUDA GRAPHS OFF: ' + '; '.join(failed) if failed else ''}"
                   + "".join(f" | llama.cpp {m} {v['tokens_per_s']:.1f} tok/s (ours x{v['ours_over']:.2f})"
                             for m, v in row.get("llama_cpp_spec", {}).items()), flush=True)
@@ -147,7 +163,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                "accept_rate": sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0,
                "mean_accepted_length": (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
                                         if steps else 0.0),
-               "identical_outputs": sum(r["identical_output"] for r in group),
+               "identical_outputs": sum(bool(r["identical_output"]) for r in group),
                "verify_steps": steps, "draft_tokens": drafted}
         ran = [r for r in group if "llama_cpp_spec" in r]
         if ran:  # on the prompts llama.cpp decoded: its rate per mode, ours over it and over its best
@@ -165,6 +181,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
 
     categories_out = {c: summarize(g) for c, g in by_cat.items()}
     report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,
+              "sampling": {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "seed")},
               "max_tokens": max_tokens, "repeat": repeat, "host": _host(), "overall": summarize(rows),
               "mean_of_categories": statistics.fmean(c["speedup"] for c in categories_out.values()),
               "categories": categories_out, "prompts": rows}
@@ -172,7 +189,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         print(f"overall x{report['overall']['speedup']:.2f} (end to end x{report['overall']['request_speedup']:.2f}), "
               f"mean of categories x{report['mean_of_categories']:.2f}, "
               + ", ".join(f"{c} {v['speedup']:.2f}" for c, v in categories_out.items())
-              + f"; identical {report['overall']['identical_outputs']}/{len(rows)}"
+              + (f"; identical {report['overall']['identical_outputs']}/{len(rows)}" if params.greedy else
+                 f"; sampled at temperature {params.temperature:g}, not compared")
               + ("; ours over llama.cpp's best x{:.2f}".format(report["overall"]["ours_over_best_llama_cpp"])
                  if "ours_over_best_llama_cpp" in report["overall"] else ""), flush=True)
     if out_json:

@@ -336,6 +336,7 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
 @click.option("--json", "out_json", type=click.Path(path_type=Path), default=None)
 @click.option("--category", "categories", multiple=True, help="only these prompt categories (repeatable)")
 @click.option("--per-category", type=int, default=None, help="at most N prompts of each category")
+@with_sampling("bench")
 @with_spec("bench")
 @with_engine("bench")
 @click.option("--endpoint", default=None, help="drive a running server at this URL instead of loading a model")
@@ -369,7 +370,7 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
               help="with --llama-speculative: llama.cpp's --spec-draft-n-max (its default is 3)")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP + "; not with --endpoint")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
-              per_category, spec, sizes, endpoint, concurrency, api_key, compare, ab, soak, llama_bench, gguf, llama_spec, draft_gguf,
+              per_category, sampling, spec, sizes, endpoint, concurrency, api_key, compare, ab, soak, llama_bench, gguf, llama_spec, draft_gguf,
               one_shot, repeat, llama_modes, llama_draft_max, overrides):
     """Measure decode tokens/s at batch 1 (plain and speculative side by side: the default
     suffix drafting, or --speculative-mode; disable measures plain alone) and the share of
@@ -378,6 +379,9 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
     percentiles); run it against a speculative and a plain server to compare them."""
     from speccompile.bench.runner import run_bench, run_endpoint_bench
 
+    if SamplingParams(**sampling) != SamplingParams() and not one_shot:
+        fail(ValueError("--temperature, --top-p, --top-k and --seed are for --one-shot runs (a warm bench and "
+                        "--endpoint decode greedily, so plain and speculative outputs can be compared)"))
     if endpoint:
         try:
             if overrides:
@@ -434,7 +438,8 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
             if llama_bench:
                 raise ValueError("--llama-bench is for a warm bench; --one-shot takes --llama-speculative")
             run_one_shot(model_dir, model_lib, cli_spec, prompts, max_tokens, list(categories) or None, per_category,
-                         num_prompts, out_json, overrides=overrides, repeat=repeat, llama_speculative=lspec)
+                         num_prompts, out_json, overrides=overrides, repeat=repeat, llama_speculative=lspec,
+                         sampling=sampling)
             return
         if llama_bench and (gguf is None or not Path(llama_bench).exists()):
             raise ValueError("--llama-bench needs an existing llama-bench binary and a --gguf model file")

@@ -139,6 +139,36 @@ def test_one_shot_bench_repeats_fresh_generate_processes(build_tiny, tmp_path):
         run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, repeat=0)
 
 
+def test_one_shot_bench_samples_as_told_and_compares_per_token(build_tiny, tmp_path, monkeypatch):
+    """--one-shot with sampling options: every generate process gets them (a server's default
+    for most models is to sample), answers are not compared (each is its own draw), a seeded
+    plain pair repeats itself, and times are per decoded token. Sampling options anywhere but
+    --one-shot, or beside llama.cpp's greedy peer, are refused before anything runs."""
+    from speccompile.bench import oneshot
+
+    built = build_tiny("tiny-llama", "q0f32")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Why is the sky blue?"]}) + "\n")
+    calls, real = [], oneshot._generate
+    monkeypatch.setattr(oneshot, "_generate", lambda *a: calls.append(a) or real(*a))
+    sampling = {"temperature": 2.0, "top_p": 0.95, "top_k": 50, "seed": 3}
+    report = oneshot.run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, max_tokens=12,
+                                  quiet=True, sampling=sampling)
+    assert [c[-1] for c in calls] == [sampling] * 4 and report["sampling"] == sampling
+    row = report["prompts"][0]
+    assert row["identical_output"] is None and report["overall"]["identical_outputs"] == 0
+    assert row["spec_seconds"] > 0 and row["plain_request_seconds"] > row["plain_seconds"]
+    a = real(built.model_dir, built.lib, "Why is the sky blue?", 12, oneshot.PLAIN, None, None, sampling)
+    b = real(built.model_dir, built.lib, "Why is the sky blue?", 12, oneshot.PLAIN, None, None, sampling)
+    greedy = real(built.model_dir, built.lib, "Why is the sky blue?", 12, oneshot.PLAIN)
+    assert a["token_ids"] == b["token_ids"] != greedy["token_ids"]  # the seed is honoured, and it samples
+    with pytest.raises(ValueError, match="greedily"):
+        oneshot.run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, sampling=sampling,
+                             llama_speculative={"binary": tmp_path, "gguf": tmp_path, "modes": ["ngram"]})
+    res = CliRunner().invoke(main, ["bench", str(built.model_dir), "--model-lib", str(built.lib), "--temperature", "0.7"])
+    assert res.exit_code == 2 and "are for --one-shot runs" in res.output
+
+
 def test_train_heads_takes_its_settings_as_options_checked_before_anything_loads():
     """train-heads' settings are generated options (no environment variables); a bad value
     is refused by name before any model is fetched (the unit tier refuses a fetch anyway)."""
