@@ -37,6 +37,11 @@ from speccompile.kernels.verification import LOAD_AHEAD as CHUNK, block_argmax, 
 
 INT32_MIN = -(2**31)
 BISECT_STEPS = 33  # the key range spans at most 2**32 + 1 values
+BUCKETS = 2048  # the CPU kernel's histograms: 11 bits of a key at a time
+CANDIDATES = 4096  # most keys the CPU kernel's top-p bisection sums over as a list
+MARGIN = 1e-3  # the K0 a top-p histogram proposes holds this much more than top_p (float sums differ)
+SLOTS = 8  # the GPU kernel's keys above K0 kept per thread (2,048 a row)
+SPAN = 8.0  # the GPU kernel's K0: logits within SPAN temperatures of the maximum (probability > e^-8)
 
 
 def _key(x):
@@ -45,9 +50,44 @@ def _key(x):
     return T.Cast("int64", T.if_then_else(bits >= 0, bits, T.bitwise_xor(bits, T.int32(0x7FFFFFFF))))
 
 
+def _ukey(x):
+    """_key shifted to [0, 2**32): the same order, non-negative (its top bits pick a bucket)."""
+    return _key(x) - T.int64(INT32_MIN)
+
+
+@T.macro
+def _find_bucket(hist, count: int, need, k, at, rank):
+    """Scan ``hist`` [count] from its last bucket down: k[at] = the bucket where the running
+    count reaches ``need``, k[rank] = ``need`` less the counts above that bucket."""
+    k[at] = T.int64(-1)
+    k[rank] = need
+    for bb in range(count):
+        if k[at] < 0:
+            if T.Cast("int64", hist[count - 1 - bb]) >= k[rank]:
+                k[at] = T.int64(count - 1 - bb)
+            else:
+                k[rank] = k[rank] - T.Cast("int64", hist[count - 1 - bb])
+
+
 @kernel_cache
 def sampling_probs(vocab: int):
+    """The CPU kernel: a row per work item. The thresholds are the bisection's (module doc),
+    found with fewer passes over the row (a pass over 152k logits is ~0.1 ms on one core; the
+    bisections' ~66 made sampling 6 ms a row, a fifth of a 1.5B model's decode step):
+
+    - top-k: the k-th largest key by radix selection -- counts of the keys' top 11 bits, then of
+      the next 11 within the bucket that holds it, then of the last 10: three passes, exact.
+    - top-p: the bisection's predicate at key K sums, in index order, the probabilities of
+      the keys above K; every key it tests lies above its ``lo``. A histogram of the mass (and
+      count) by the keys' top 11 bits proposes a larger ``lo`` (K0): a bucket edge with a little
+      more than top_p of the mass above it. One pass checks it exactly (the same
+      index-order sum the bisection would make at K0) and lists the keys above it, in index
+      order; the bisection then sums over that list alone -- the same terms in the same order,
+      so the same bits -- from K0. Whatever K0 is, the threshold is the one the predicate
+      defines; when the check fails or the list would be too long (a flat row: ~0.3 ms more
+      than before, for the histogram), the bisection runs over the whole row from the bottom."""
     scratch = scratch_scope()
+
     @T.prim_func(private=True)
     def kernel(var_logits: T.handle, var_temp: T.handle, var_top_k: T.handle, var_top_p: T.handle,
                var_probs: T.handle):
@@ -59,8 +99,9 @@ def sampling_probs(vocab: int):
         top_p = T.match_buffer(var_top_p, (n,), "float32")
         probs = T.match_buffer(var_probs, (n, vocab), "float32")
         for i in T.parallel(n):
-            f = T.decl_buffer((3,), "float32", scope=scratch)  # max logit, softmax mass, kept mass
-            k = T.decl_buffer((5,), "int64", scope=scratch)  # lo, hi, mid, count, argmax / top-k key
+            f = T.decl_buffer((4,), "float32", scope=scratch)  # max logit, softmax mass, kept mass, mass above K0
+            # lo, hi, mid, count, argmax / top-k key, bucket, rank in it / candidates
+            k = T.decl_buffer((7,), "int64", scope=scratch)
             f[0] = logits[i, 0]
             k[4] = T.int64(0)
             for v in range(1, vocab):
@@ -71,22 +112,30 @@ def sampling_probs(vocab: int):
                 for v in range(vocab):
                     probs[i, v] = T.if_then_else(T.Cast("int64", v) == k[4], T.float32(1), T.float32(0))
             else:
-                # top-k: lo = the largest key with count(key >= lo) >= top_k (the k-th largest logit)
-                k[0] = T.int64(INT32_MIN)
-                k[1] = _key(f[0]) + 1
+                k[4] = T.int64(INT32_MIN)  # keep key >= this (INT32_MIN without top-k: everything)
                 if top_k[i] > 0 and top_k[i] < vocab:
-                    for _it in range(BISECT_STEPS):
-                        if k[1] - k[0] > 1:
-                            k[2] = T.floordiv(k[0] + k[1], 2)
-                            k[3] = T.int64(0)
-                            for v in range(vocab):
-                                if _key(logits[i, v]) >= k[2]:
-                                    k[3] = k[3] + 1
-                            if k[3] >= T.Cast("int64", top_k[i]):
-                                k[0] = k[2]
-                            else:
-                                k[1] = k[2]
-                k[4] = k[0]  # keep key >= this (INT32_MIN without top-k: everything)
+                    # the top_k-th largest key, 11 + 11 + 10 bits at a time
+                    hist = T.decl_buffer((BUCKETS,), "int32", scope=scratch)  # key counts per bucket
+                    for b in range(BUCKETS):
+                        hist[b] = 0
+                    for v in range(vocab):
+                        hist[_ukey(logits[i, v]) // (1 << 21)] += 1
+                    _find_bucket(hist, BUCKETS, T.Cast("int64", top_k[i]), k, 5, 6)
+                    k[0] = k[5]  # the bits found so far
+                    for b in range(BUCKETS):
+                        hist[b] = 0
+                    for v in range(vocab):
+                        if _ukey(logits[i, v]) // (1 << 21) == k[0]:
+                            hist[_ukey(logits[i, v]) // (1 << 10) % BUCKETS] += 1
+                    _find_bucket(hist, BUCKETS, k[6], k, 5, 6)
+                    k[0] = k[0] * BUCKETS + k[5]
+                    for b in range(1024):
+                        hist[b] = 0
+                    for v in range(vocab):
+                        if _ukey(logits[i, v]) // (1 << 10) == k[0]:
+                            hist[_ukey(logits[i, v]) % 1024] += 1
+                    _find_bucket(hist, 1024, k[6], k, 5, 6)
+                    k[4] = k[0] * 1024 + k[5] + T.int64(INT32_MIN)
                 f[1] = T.float32(0)
                 for v in range(vocab):
                     if _key(logits[i, v]) >= k[4]:
@@ -97,15 +146,56 @@ def sampling_probs(vocab: int):
                 f[2] = f[1]
                 if top_p[i] < T.float32(1):
                     # top-p: hi = the smallest key K with mass(key > K) < top_p * mass; keep key >= hi
+                    # K0: the highest bucket edge with top_p (and a margin) of the mass above it
+                    hist = T.decl_buffer((BUCKETS,), "int32", scope=scratch)  # key counts per bucket
+                    mass = T.decl_buffer((BUCKETS,), "float32", scope=scratch)  # probability per bucket
+                    cand = T.decl_buffer((CANDIDATES,), "int32", scope=scratch)  # indices with key > K0, in order
+                    for b in range(BUCKETS):
+                        mass[b] = T.float32(0)
+                        hist[b] = 0
+                    for v in range(vocab):
+                        mass[_ukey(logits[i, v]) // (1 << 21)] += probs[i, v]
+                        hist[_ukey(logits[i, v]) // (1 << 21)] += 1
+                    f[3] = T.float32(0)
+                    k[5] = T.int64(-1)
+                    k[6] = T.int64(0)  # keys at or above the bucket
+                    for bb in range(BUCKETS):
+                        if k[5] < 0:
+                            f[3] = f[3] + mass[BUCKETS - 1 - bb]
+                            k[6] = k[6] + T.Cast("int64", hist[BUCKETS - 1 - bb])
+                            if f[3] >= top_p[i] * f[1] * T.float32(1 + MARGIN):
+                                k[5] = T.int64(BUCKETS - 1 - bb)
                     k[0] = T.int64(INT32_MIN) - 1
                     k[1] = _key(f[0])
+                    if k[6] > CANDIDATES:  # too many keys to list (a flat row): bisect over the row
+                        k[5] = T.int64(-1)
+                    k[6] = T.int64(CANDIDATES + 1)
+                    if k[5] >= 0:  # check K0 exactly and list the keys above it
+                        k[2] = k[5] * (1 << 21) + T.int64(INT32_MIN) - 1
+                        k[6] = T.int64(0)
+                        f[3] = T.float32(0)
+                        for v in range(vocab):
+                            if _key(logits[i, v]) > k[2]:
+                                f[3] = f[3] + probs[i, v]
+                                if k[6] < CANDIDATES:
+                                    cand[k[6]] = T.Cast("int32", v)
+                                k[6] = k[6] + 1
+                        if f[3] >= top_p[i] * f[1] and k[6] <= CANDIDATES:
+                            k[0] = k[2]
+                        else:
+                            k[6] = T.int64(CANDIDATES + 1)
                     for _it in range(BISECT_STEPS):
                         if k[1] - k[0] > 1:
                             k[2] = T.floordiv(k[0] + k[1], 2)
                             f[2] = T.float32(0)
-                            for v in range(vocab):
-                                if _key(logits[i, v]) > k[2]:
-                                    f[2] = f[2] + probs[i, v]
+                            if k[6] <= CANDIDATES:
+                                for j in range(k[6]):
+                                    if _key(logits[i, cand[j]]) > k[2]:
+                                        f[2] = f[2] + probs[i, cand[j]]
+                            else:
+                                for v in range(vocab):
+                                    if _key(logits[i, v]) > k[2]:
+                                        f[2] = f[2] + probs[i, v]
                             if f[2] < top_p[i] * f[1]:
                                 k[1] = k[2]
                             else:
@@ -244,13 +334,44 @@ def block_sum(red, tx, acc):
     T.tvm_storage_sync("shared")
 
 
+@T.macro
+def gather_above(logits, probs, row, tx, lv, pv, cl, cp, cnt, acc, k0, with_probs: bool, chunks, vocab):
+    """One pass: this thread's elements with key >= k0, in its pass order, into cl / cp (their
+    logits and probs, at most SLOTS; cnt[0] counts them all); acc[0] = their mass (their count
+    without probs), summed in the order a bisection pass sums them."""
+    cnt[0] = 0
+    acc[0] = T.float32(0)
+    for io in range(chunks):
+        load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, PROBS_THREADS, vocab)
+        if with_probs:
+            load_strided(probs, row, io * CHUNK, tx, pv, CHUNK, PROBS_THREADS, vocab)
+        for ii in T.unroll(CHUNK):
+            if (io * CHUNK + ii) * PROBS_THREADS + tx < vocab:
+                if _key(lv[ii]) >= k0:
+                    if cnt[0] < SLOTS:
+                        cl[cnt[0]] = lv[ii]
+                        if with_probs:
+                            cp[cnt[0]] = pv[ii]
+                    cnt[0] = cnt[0] + 1
+                    acc[0] = acc[0] + (pv[ii] if with_probs else T.float32(1))
+
+
 @kernel_cache
 def sampling_probs_gpu(vocab: int):
     """The same contract, one thread block per row: every pass over the row is strided over
     256 threads, each loading its elements ``CHUNK`` at a time (``load_strided``), and reduced
     in shared memory. GPU sync rules forbid a barrier under a branch, so the optional stages run
     a data-dependent number of bisection steps (0 when off) and temperature 0 is resolved only
-    in the final write."""
+    in the final write.
+
+    Each bisection starts from a proposed ``lo`` (K0): one pass lists, per thread, its keys at or
+    above K0 (logits and probs, up to SLOTS each, in pass order), and checks K0 with the sum a
+    pass would make there (top-k: at least top_k keys; top-p: top_p of the mass). When K0 holds
+    and every list fits, each bisection step sums a thread's list instead of its share of the row:
+    the same terms in the same order, the same tree, so the same bits, and the threshold is the
+    one the predicate defines whatever K0 was. Why: a step over the row is ~600 loads per thread;
+    66 of them made a 152k-vocabulary row a chain of 66 passes (never timed on a GPU: the GPU
+    check's kernel bench times it). A row too flat for the lists bisects over the row."""
     nt = PROBS_THREADS
     chunks = (vocab + nt * CHUNK - 1) // (nt * CHUNK)  # a thread's chunks of CHUNK logits per pass
 
@@ -269,29 +390,51 @@ def sampling_probs_gpu(vocab: int):
             for tx in T.thread_binding(nt, thread="threadIdx.x"):
                 val = T.decl_buffer((nt,), "float32", scope="shared")
                 idx = T.decl_buffer((nt,), "int32", scope="shared")
-                f = T.decl_buffer((4,), "float32", scope="local")  # max, rival, softmax mass, kept mass
+                f = T.decl_buffer((4,), "float32", scope="local")  # max, rival / K0 count or mass, mass, kept
                 acc = T.decl_buffer((1,), "float32", scope="local")  # block-reduced count or mass
                 at = T.decl_buffer((2,), "int32", scope="local")  # argmax, rival's index
-                k = T.decl_buffer((4,), "int64", scope="local")  # lo, hi, mid, top-k key
+                k = T.decl_buffer((5,), "int64", scope="local")  # lo, hi, mid, top-k key, K0
                 lv = T.decl_buffer((CHUNK,), "float32", scope="local")  # a chunk of logits
                 pv = T.decl_buffer((CHUNK,), "float32", scope="local")  # and of probs
+                cl = T.decl_buffer((SLOTS,), "float32", scope="local")  # this thread's keys above K0: logits
+                cp = T.decl_buffer((SLOTS,), "float32", scope="local")  # and probs
+                cnt = T.decl_buffer((1,), "int32", scope="local")
+                use = T.decl_buffer((1,), "int32", scope="local")  # bisect over the lists (1) or the row (0)
                 block_argmax(logits, row, tx, val, idx, f, at, vocab, nt)  # the first maximum
                 f[0] = val[0]
                 at[0] = idx[0]
                 T.tvm_storage_sync("shared")
-                # top-k (see sampling_probs): the largest key lo with count(key >= lo) >= top_k
+                # top-k (see sampling_probs): the largest key lo with count(key >= lo) >= top_k,
+                # from lo = K0 over the lists of keys >= K0 when K0 holds top_k keys and the lists fit
                 k[0] = T.int64(INT32_MIN)
                 k[1] = _key(f[0]) + 1
+                use[0] = 0
+                for _g in range(T.if_then_else(temp[row] > T.float32(0) and top_k[row] > 0 and top_k[row] < vocab,
+                                               1, 0)):
+                    k[4] = _key(f[0] - T.float32(SPAN) * temp[row])
+                    gather_above(logits, probs, row, tx, lv, pv, cl, cp, cnt, acc, k[4], False, chunks, vocab)
+                    block_sum(val, tx, acc)
+                    f[1] = acc[0]  # keys >= K0
+                    acc[0] = T.if_then_else(cnt[0] > SLOTS, T.float32(1), T.float32(0))
+                    block_sum(val, tx, acc)  # threads whose list is too long
+                    if acc[0] == T.float32(0) and f[1] >= T.Cast("float32", top_k[row]):
+                        use[0] = 1
+                        k[0] = k[4]
                 for _it in range(T.if_then_else(temp[row] > T.float32(0) and top_k[row] > 0 and top_k[row] < vocab,
                                                 BISECT_STEPS, 0)):
                     k[2] = T.floordiv(k[0] + k[1], 2)
                     acc[0] = T.float32(0)
-                    for io in range(chunks):
-                        load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
-                        for ii in T.unroll(CHUNK):
-                            if (io * CHUNK + ii) * nt + tx < vocab:
-                                if _key(lv[ii]) >= k[2]:
-                                    acc[0] = acc[0] + T.float32(1)
+                    if use[0] == 1:
+                        for j in range(T.min(cnt[0], SLOTS)):
+                            if _key(cl[j]) >= k[2]:
+                                acc[0] = acc[0] + T.float32(1)
+                    else:
+                        for io in range(chunks):
+                            load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
+                            for ii in T.unroll(CHUNK):
+                                if (io * CHUNK + ii) * nt + tx < vocab:
+                                    if _key(lv[ii]) >= k[2]:
+                                        acc[0] = acc[0] + T.float32(1)
                     block_sum(val, tx, acc)
                     if k[1] - k[0] > 1:
                         if acc[0] >= T.Cast("float32", top_k[row]):
@@ -312,20 +455,41 @@ def sampling_probs_gpu(vocab: int):
                             acc[0] = acc[0] + pv[ii]
                 block_sum(val, tx, acc)
                 f[2] = acc[0]
-                # top-p: the smallest key hi with mass(key > hi) < top_p * mass; keep key >= hi
+                # top-p: the smallest key hi with mass(key > hi) < top_p * mass; keep key >= hi --
+                # from lo = K0 - 1 over the lists of keys >= K0 when their mass (summed as a pass at
+                # K0 - 1 sums it) holds top_p and the lists fit. K0: top-k's threshold (all the mass),
+                # else the key SPAN temperatures below the maximum, then 2 SPAN.
                 k[0] = T.int64(INT32_MIN) - 1
                 k[1] = T.if_then_else(top_p[row] < T.float32(1), _key(f[0]), T.int64(INT32_MIN))
+                use[0] = 0
+                for attempt in range(T.if_then_else(temp[row] > T.float32(0) and top_p[row] < T.float32(1), 2, 0)):
+                    for _g in range(T.if_then_else(use[0] == 0, 1, 0)):
+                        k[4] = T.if_then_else(attempt == 0 and k[3] > T.int64(INT32_MIN), k[3],
+                                              _key(f[0] - T.float32(SPAN) * T.Cast("float32", attempt + 1) * temp[row]))
+                        gather_above(logits, probs, row, tx, lv, pv, cl, cp, cnt, acc, k[4], True, chunks, vocab)
+                        block_sum(val, tx, acc)
+                        f[1] = acc[0]  # mass of the keys >= K0
+                        acc[0] = T.if_then_else(cnt[0] > SLOTS, T.float32(1), T.float32(0))
+                        block_sum(val, tx, acc)
+                        if acc[0] == T.float32(0) and not (f[1] < top_p[row] * f[2]):
+                            use[0] = 1
+                            k[0] = k[4] - 1
                 for _it in range(T.if_then_else(temp[row] > T.float32(0) and top_p[row] < T.float32(1),
                                                 BISECT_STEPS, 0)):
                     k[2] = T.floordiv(k[0] + k[1], 2)
                     acc[0] = T.float32(0)
-                    for io in range(chunks):
-                        load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
-                        load_strided(probs, row, io * CHUNK, tx, pv, CHUNK, nt, vocab)
-                        for ii in T.unroll(CHUNK):
-                            if (io * CHUNK + ii) * nt + tx < vocab:
-                                if _key(lv[ii]) > k[2]:
-                                    acc[0] = acc[0] + pv[ii]
+                    if use[0] == 1:
+                        for j in range(T.min(cnt[0], SLOTS)):
+                            if _key(cl[j]) > k[2]:
+                                acc[0] = acc[0] + cp[j]
+                    else:
+                        for io in range(chunks):
+                            load_strided(logits, row, io * CHUNK, tx, lv, CHUNK, nt, vocab)
+                            load_strided(probs, row, io * CHUNK, tx, pv, CHUNK, nt, vocab)
+                            for ii in T.unroll(CHUNK):
+                                if (io * CHUNK + ii) * nt + tx < vocab:
+                                    if _key(lv[ii]) > k[2]:
+                                        acc[0] = acc[0] + pv[ii]
                     block_sum(val, tx, acc)
                     if k[1] - k[0] > 1:
                         if acc[0] < top_p[row] * f[2]:

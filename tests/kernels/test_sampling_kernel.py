@@ -180,11 +180,12 @@ def test_gpu_versions_are_in_an_opencl_library(build_tiny, tmp_path):
 
 
 @pytest.mark.skipif(opencl_missing() is not None, reason=f"OpenCL unavailable: {opencl_missing()}")
-@pytest.mark.parametrize("vocab", [1000, 49152])
+@pytest.mark.parametrize("vocab", [1000, 49152, 151936])
 def test_opencl_gpu_sampling_probs_matches_numpy(vocab, tmp_path):
     """sampling_probs_gpu (a block per row; each pass's loads issued a chunk at a time) on the
     CPU OpenCL device against the numpy reference: temperature, top-k, top-p and temperature 0
-    per row, a vocabulary that is not a multiple of the chunk (1000) and SmolLM2's."""
+    per row, a vocabulary that is not a multiple of the chunk (1000), SmolLM2's and Qwen's
+    (rows whose keys near the maximum fit the threads' lists, and rows too flat for them)."""
     import tvm
 
     from speccompile.kernels.sampling import sampling_probs_gpu
@@ -210,3 +211,49 @@ def test_opencl_gpu_sampling_probs_matches_numpy(vocab, tmp_path):
         np.testing.assert_allclose(got[row], ref, rtol=1e-5, atol=1e-6)
         assert np.array_equal(got[row] > 0, ref > 0), row  # the same support: top-k and top-p cut alike
     assert got[-2, 5] == 1.0 and got[-2].sum() == 1.0  # temperature 0: the first argmax, one-hot
+
+
+def test_cpu_sampling_probs_at_qwens_vocabulary_matches_numpy(tmp_path):
+    """The CPU kernel at 151,936 logits, where its shortcuts matter: top-k by radix selection,
+    and top-p's bisection over the keys above a histogram's proposal (a peaked row: a few
+    dozen candidates) or, when they would be too many (a near-flat row) or the proposal fails
+    its check (top-p 0.9999), over the whole row. Support and values as numpy's (but for float32
+    sums against float64 ones at the near-flat row's cut)."""
+    import tvm
+
+    from speccompile.kernels.sampling import CANDIDATES, sampling_probs
+
+    vocab = 151936
+    rng = np.random.default_rng(3)
+    peaked = (rng.standard_normal(vocab) * 2.5).astype(np.float32)
+    peaked[:50] += 12
+    flat = (rng.standard_normal(vocab) * 0.05).astype(np.float32)
+    sharp = rng.standard_normal(vocab).astype(np.float32)
+    sharp[:10] += 25  # top-p 0.9999 cuts among these (float32 sums of a heavy tail would differ from numpy's)
+    rows = [(peaked, SamplingParams(temperature=0.7, top_k=20, top_p=0.8)),
+            (peaked, SamplingParams(temperature=0.7, top_p=0.9)),
+            (peaked, SamplingParams(temperature=1.0, top_k=5000, top_p=0.95)),
+            (peaked, SamplingParams(temperature=1.3, top_k=40)),
+            (sharp, SamplingParams(temperature=1.0, top_p=0.9999)),
+            (flat, SamplingParams(temperature=1.0, top_p=0.9)),
+            (flat, SamplingParams(temperature=0.5, top_k=7, top_p=0.5))]
+    logits = np.stack([r for r, _ in rows])
+    fn = tvm.compile(tvm.IRModule({"probs": sampling_probs(vocab).with_attr("global_symbol", "probs")}),
+                     target=tvm.target.Target({"kind": "llvm"}))["probs"]
+    dev = tvm.cpu()
+    t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), dev)
+    out = tvm.runtime.empty(logits.shape, "float32", dev)
+    fn(t(logits), t(np.array([s.temperature for _, s in rows], np.float32)),
+       t(np.array([s.top_k for _, s in rows], np.int32)), t(np.array([s.top_p for _, s in rows], np.float32)), out)
+    got = out.numpy()
+    kept = []
+    for i, (row, s) in enumerate(rows):
+        ref = probs_from_logits(row, s)
+        kept.append(int((ref > 0).sum()))
+        if row is flat and not s.top_k:  # a cut through ~137k float32 terms: a token either side of numpy's
+            assert np.sum((got[i] > 0) != (ref > 0)) <= 2, s
+            np.testing.assert_allclose(got[i], ref, rtol=1e-4, atol=1e-5, err_msg=str(s))
+            continue
+        np.testing.assert_allclose(got[i], ref, rtol=1e-5, atol=1e-7, err_msg=str(s))
+        assert np.array_equal(got[i] > 0, ref > 0), s
+    assert kept[0] <= 20 and kept[1] < CANDIDATES < kept[5]  # both bisections ran
