@@ -40,7 +40,7 @@ BISECT_STEPS = 33  # the key range spans at most 2**32 + 1 values
 BUCKETS = 2048  # the CPU kernel's histograms: 11 bits of a key at a time
 CANDIDATES = 4096  # most keys the CPU kernel's top-p bisection sums over as a list
 MARGIN = 1e-3  # the K0 a top-p histogram proposes holds this much more than top_p (float sums differ)
-SLOTS = 8  # the GPU kernel's keys above K0 kept per thread (2,048 a row)
+SLOTS = 16  # the GPU kernel's keys above K0 kept per thread (4,096 a row; ~1,000 spread over 256 threads fit)
 SPAN = 8.0  # the GPU kernel's K0: logits within SPAN temperatures of the maximum (probability > e^-8)
 
 

@@ -70,7 +70,8 @@ def test_bench_times_and_checks_attention_variants_and_the_argmax_on_pocl(tmp_pa
     acc = out["accept"]["accept__tiny"]
     assert acc["correct"] and list(acc["us"]) == ["1", "9"]
     probs = out["accept"]["probs__tiny"]
-    assert probs["correct"] and list(probs["us"]) == ["top_p_1", "top_p_9", "top_k_1", "top_k_9", "none_1", "none_9"]
+    assert probs["correct"] and list(probs["us"]) == [f"{cut}_{n}" for cut in ("top_p", "top_k", "none", "top_p_peaked",
+                                                                               "top_k_top_p_peaked") for n in (1, 9)]
     sampled = out["accept"]["sampled__tiny"]
     assert sampled["correct"] and list(sampled["us"]) == ["plain", "reject_8"]
 
