@@ -51,6 +51,11 @@ def test_the_nucleus_widens_until_it_holds_top_p():
     q = np.zeros(1000)
     q[[7, 3]] = [0.6, 0.4]
     assert list(_nucleus(q, 0.5)) == [7] and list(_nucleus(q, 0.7)) == [7, 3]
+    # the tokens without mass sort last, after all of it: they join only when it is short of
+    # top_p (rounding, in a normalised row), and then all of them, as a full sort has it
+    r = np.zeros(1000)
+    r[[7, 3]] = [0.3, 0.3]
+    assert sorted(_nucleus(r, 0.5)) == [3, 7] and sorted(_nucleus(r, 0.7)) == list(range(1000))
 
 
 def test_a_seeded_sample_is_the_references_draw():
