@@ -18,7 +18,7 @@ import numpy as np
 
 from .kv_cache import KVCacheFull
 from .model import Model, read_metadata
-from .sampling import SamplingParams, probs_from_logits
+from .sampling import SamplingParams, draw, probs_from_logits
 from .adaptive import StepPlan
 from .costs import time_min
 from .acceptance import Draft
@@ -103,7 +103,7 @@ def pick(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator)
         z = np.exp(logits.astype(np.float32) - logits[tok])
         return tok, float(1.0 / z.sum()), None
     q = probs_from_logits(logits, sampling)
-    tok = int(rng.choice(q.shape[-1], p=q))
+    tok = draw(q, rng)
     return tok, float(q[tok]), q
 
 

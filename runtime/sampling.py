@@ -85,8 +85,18 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     """One token from one row of logits [vocab]."""
     if params.greedy:
         return int(np.argmax(logits))
-    p = probs_from_logits(logits, params)
-    return int(rng.choice(p.shape[-1], p=p))
+    return draw(probs_from_logits(logits, params), rng)
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """``rng.choice(len(p), p=p)``'s token from the same random number, by the inverse CDF over
+    the tokens with mass only: their partial sums are the full row's (zeros add nothing), and
+    the first index past the draw always has mass. Why: after a top-k or top-p most of a 152k
+    row is zero, and the full row's CDF took ~1.2 ms a draw (0.5 ms over the support, Zen 4)."""
+    support = np.flatnonzero(p)
+    cdf = np.cumsum(p[support])
+    cdf /= cdf[-1]
+    return int(support[cdf.searchsorted(rng.random(), side="right")])
 
 
 def token_logprobs(logits: np.ndarray, tokens: list[int], temperature: float, top: int) -> list[tuple]:
