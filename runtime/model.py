@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,23 @@ def tile_rows(arr: np.ndarray, tile: int) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(n // tile, tile, c).transpose(0, 2, 1)).reshape(n, c)
 
 
+def upload_param(arr: np.ndarray, tile: int | None, device):
+    """One weight (memory-mapped) into a new tensor on ``device``, its rows tiled by ``tile`` as
+    tile_rows has them (None: as stored). On the CPU it is written once, straight into the
+    tensor's memory through a numpy view of it: the tiled (or contiguous) copy and then the
+    upload were two passes over fresh pages (a 1.5B model's load: 1.1-1.4 -> 0.9 s, Zen 4)."""
+    if device.dlpack_device_type() != 1:  # not the CPU: no view of the tensor's memory
+        return to_device(tile_rows(arr, tile) if tile else np.ascontiguousarray(arr), device)
+    out = tvm.runtime.empty(arr.shape, arr.dtype.name, device)
+    view = np.from_dlpack(out)
+    if tile:
+        n, c = arr.shape
+        np.copyto(view.reshape(n // tile, c, tile), arr.reshape(n // tile, tile, c).transpose(0, 2, 1))
+    else:
+        np.copyto(view, arr)
+    return out
+
+
 def check_compatible(meta: dict, index: dict, model_dir: Path, lib_path: Path) -> None:
     """Refuse a library compiled for other weights, naming the first difference."""
     tmeta = index.get("metadata", {})
@@ -206,8 +225,12 @@ class Model:
             raise ModelLoadError(str(err)) from err
         tiled = set(self.meta.get("tiled_params", []))
         tile = int(self.meta.get("tile", 16))
-        self.params = [to_device(tile_rows(arrays[n], tile) if n in tiled else np.ascontiguousarray(arrays[n]),
-                                 self.device) for n in names]
+        # on the CPU the weights are copied by numpy, which lets go of the GIL: all cores at once
+        # (0.9 -> 0.5 s for a 1.5B model on 2 cores); device uploads stay in one thread
+        workers = (os.cpu_count() or 1) if self.device.dlpack_device_type() == 1 else 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            self.params = list(pool.map(lambda n: upload_param(arrays[n], tile if n in tiled else None, self.device),
+                                        names))
         del arrays
         self.vocab_size = int(self.meta["vocab_size"])
         self.hidden_size = int(self.meta["hidden_size"])
