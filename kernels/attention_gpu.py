@@ -375,7 +375,7 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
                                 T.tvm_storage_sync("shared")
                                 if w == 0:
                                     merge_states(warp_part, t, hq, WARPS, st, o, tx)
-                                    # one chunk: the output itself; more: the chunk's state for merge_chunks
+                                    # one chunk: the output itself; more: the chunk's state for attention_merge_gpu
                                     if chunks == 1:
                                         for v in T.unroll(per_lane):
                                             if v * WARP + tx < head_dim:

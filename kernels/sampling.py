@@ -78,9 +78,10 @@ def sampling_probs(vocab: int):
     - top-k: the k-th largest key by radix selection -- counts of the keys' top 11 bits, then of
       the next 11 within the bucket that holds it, then of the last 10: three passes, exact.
     - top-p: the bisection's predicate at key K sums, in index order, the probabilities of
-      the keys above K; every key it tests lies above its ``lo``. A histogram of the mass (and
-      count) by the keys' top 11 bits proposes a larger ``lo`` (K0): a bucket edge with a little
-      more than top_p of the mass above it. One pass checks it exactly (the same
+      the keys above K; every key it tests lies above its ``lo``. K0, a larger ``lo``: after a
+      top-k, its threshold less one (all the mass lies above); else, from a histogram of the mass
+      (and count) by the keys' top 11 bits, a bucket edge with a little more than top_p of the
+      mass above it. One pass checks it exactly (the same
       index-order sum the bisection would make at K0) and lists the keys above it, in index
       order; the bisection then sums over that list alone -- the same terms in the same order,
       so the same bits -- from K0. Whatever K0 is, the threshold is the one the predicate
@@ -146,32 +147,36 @@ def sampling_probs(vocab: int):
                 f[2] = f[1]
                 if top_p[i] < T.float32(1):
                     # top-p: hi = the smallest key K with mass(key > K) < top_p * mass; keep key >= hi
-                    # K0: the highest bucket edge with top_p (and a margin) of the mass above it
-                    hist = T.decl_buffer((BUCKETS,), "int32", scope=scratch)  # key counts per bucket
-                    mass = T.decl_buffer((BUCKETS,), "float32", scope=scratch)  # probability per bucket
+                    # K0 (k[2], when k[5] >= 0): top-k's threshold less one (all the mass is above it),
+                    # else the highest bucket edge with top_p (and a margin) of the mass above it
                     cand = T.decl_buffer((CANDIDATES,), "int32", scope=scratch)  # indices with key > K0, in order
-                    for b in range(BUCKETS):
-                        mass[b] = T.float32(0)
-                        hist[b] = 0
-                    for v in range(vocab):
-                        mass[_ukey(logits[i, v]) // (1 << 21)] += probs[i, v]
-                        hist[_ukey(logits[i, v]) // (1 << 21)] += 1
-                    f[3] = T.float32(0)
-                    k[5] = T.int64(-1)
-                    k[6] = T.int64(0)  # keys at or above the bucket
-                    for bb in range(BUCKETS):
-                        if k[5] < 0:
-                            f[3] = f[3] + mass[BUCKETS - 1 - bb]
-                            k[6] = k[6] + T.Cast("int64", hist[BUCKETS - 1 - bb])
-                            if f[3] >= top_p[i] * f[1] * T.float32(1 + MARGIN):
-                                k[5] = T.int64(BUCKETS - 1 - bb)
+                    k[5] = T.int64(0)
+                    k[2] = k[4] - 1
+                    if k[4] == T.int64(INT32_MIN):
+                        hist = T.decl_buffer((BUCKETS,), "int32", scope=scratch)  # key counts per bucket
+                        mass = T.decl_buffer((BUCKETS,), "float32", scope=scratch)  # probability per bucket
+                        for b in range(BUCKETS):
+                            mass[b] = T.float32(0)
+                            hist[b] = 0
+                        for v in range(vocab):
+                            mass[_ukey(logits[i, v]) // (1 << 21)] += probs[i, v]
+                            hist[_ukey(logits[i, v]) // (1 << 21)] += 1
+                        f[3] = T.float32(0)
+                        k[5] = T.int64(-1)
+                        k[6] = T.int64(0)  # keys at or above the bucket
+                        for bb in range(BUCKETS):
+                            if k[5] < 0:
+                                f[3] = f[3] + mass[BUCKETS - 1 - bb]
+                                k[6] = k[6] + T.Cast("int64", hist[BUCKETS - 1 - bb])
+                                if f[3] >= top_p[i] * f[1] * T.float32(1 + MARGIN):
+                                    k[5] = T.int64(BUCKETS - 1 - bb)
+                        if k[6] > CANDIDATES:  # too many keys to list (a flat row): bisect over the row
+                            k[5] = T.int64(-1)
+                        k[2] = k[5] * (1 << 21) + T.int64(INT32_MIN) - 1
                     k[0] = T.int64(INT32_MIN) - 1
                     k[1] = _key(f[0])
-                    if k[6] > CANDIDATES:  # too many keys to list (a flat row): bisect over the row
-                        k[5] = T.int64(-1)
                     k[6] = T.int64(CANDIDATES + 1)
                     if k[5] >= 0:  # check K0 exactly and list the keys above it
-                        k[2] = k[5] * (1 << 21) + T.int64(INT32_MIN) - 1
                         k[6] = T.int64(0)
                         f[3] = T.float32(0)
                         for v in range(vocab):
