@@ -160,8 +160,9 @@ class LlamaConfig:
 
     def extra_metadata(self) -> dict[str, Any]:
         """What a target library records beyond the common keys: the decoder layers whose
-        outputs ``forward_tokens_features`` exports for EAGLE-3 heads."""
-        return {"feature_layers": feature_layers(self.num_hidden_layers)}
+        outputs ``forward_tokens_features`` exports for EAGLE-3 heads, and that the library
+        exports ``feature_buffer`` (runtime/contract.py)."""
+        return {"feature_layers": feature_layers(self.num_hidden_layers), "feature_buffer": True}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LlamaConfig":

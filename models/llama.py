@@ -203,6 +203,12 @@ class LlamaForCausalLM(nn.Module):
         # input_embeds: [n, hidden] -> logits at every position [n, vocab]
         return self._logits(self._body(input_embeds, kv, self._meta(positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len)))
 
+    def feature_buffer(self, hidden_states: Tensor) -> Tensor:
+        # hidden_states: [n, hidden] -> [n, 3 * hidden] (the rows repeated): nothing reads the
+        # values; a CUDA graph of forward_tokens_features keeps its features' block through this
+        # call's output, whose planned size is theirs (runtime/cuda_graph.py)
+        return op.concat([hidden_states] * len(self.cfg.extra_metadata()["feature_layers"]), dim=-1)
+
     def get_logits(self, hidden_states: Tensor) -> Tensor:
         # hidden_states: [n, hidden] (after the final norm) -> [n, vocab]
         return self._logits(hidden_states)

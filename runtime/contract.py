@@ -130,6 +130,10 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
         # as forward_tokens_hidden, plus the outputs of the decoder layers _metadata's
         # feature_layers names (low, mid, high), concatenated [n, 3 * hidden]: an EAGLE-3 head's input
         "forward_tokens_features": ("input_embeds", *_FORWARD),
+        # hidden states [n, hidden] -> [n, 3 * hidden], the shape (so the planned size) of
+        # forward_tokens_features' features: what a CUDA graph of that forward keeps its features'
+        # block with (runtime/cuda_graph.py), as get_logits keeps the logits' block
+        "feature_buffer": ("hidden_states", PARAMS),
         # hidden states [n, hidden] -> logits [n, vocab], bit-identical to the fused forwards'
         "get_logits": ("hidden_states", PARAMS),
         # kv[:, :, dst[i]] = kv[:, :, src[i]]: commits the accepted path of a token tree
@@ -183,11 +187,13 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
 # target's lm_head it drafts through the separate calls); a target has
 # ``forward_tokens_features`` when it records its feature layers (libraries built before
 # EAGLE-3 support, or before draft steps on device, lack them and keep loading: the runtime
-# takes the separate calls).
+# takes the separate calls), and ``feature_buffer`` when ``_metadata["feature_buffer"]`` is
+# true (without it the features forward runs as calls, not as a CUDA graph).
 OPTIONAL_ENTRY_POINTS: dict[tuple[str, str], str] = {(EAGLE, "draft_logits"): "draft_vocab_size",
                                                      (EAGLE, "draft_step"): "draft_top_k",
                                                      (EAGLE, "draft_catch_up"): "draft_top_k",
-                                                     (TARGET, "forward_tokens_features"): "feature_layers"}
+                                                     (TARGET, "forward_tokens_features"): "feature_layers",
+                                                     (TARGET, "feature_buffer"): "feature_buffer"}
 
 # --------------------------------------------------------------------- _metadata
 # The ``_metadata`` keys the runtimes rely on, and why. ``compile`` writes more (TVM
@@ -221,7 +227,7 @@ METADATA_KEYS: dict[str, str] = {
     "entry_points": "each exported function's argument names in calling order (ENTRY_POINTS)",
 }
 KIND_METADATA_KEYS: dict[str, dict[str, str]] = {
-    TARGET: {},  # plus, optionally, feature_layers (OPTIONAL_ENTRY_POINTS)
+    TARGET: {},  # plus, optionally, feature_layers and feature_buffer (OPTIONAL_ENTRY_POINTS)
     # plus, optionally, draft_top_k and target_embed as EAGLE3's (OPTIONAL_ENTRY_POINTS)
     EAGLE: {"draft_vocab_size": "0, or the size of the reduced vocabulary (d2t, draft_logits)"},
     EAGLE3: {"draft_vocab_size": "the size of its draft vocabulary (d2t, draft_logits)",

@@ -225,7 +225,7 @@ def measure_target(model, kv, rows: list[int], features: str) -> dict[int, float
     """Seconds of a target forward plus greedy verification over r rows of one scratch
     sequence (after a 16-token prefix), through the very calls a decode step makes: the
     fused logits entry points, or (for heads that read ``features``: the Proposer's
-    attribute) hidden states or layer features + get_logits."""
+    attribute) hidden states or layer features with their logits."""
     sid = -1
     kv.add_sequence(sid)
     try:
@@ -235,8 +235,7 @@ def measure_target(model, kv, rows: list[int], features: str) -> dict[int, float
             tokens = [list(range(16, 16 + r))]
             parents = [list(range(-1, r - 1))]
             if features == "layers":
-                hidden, feats = model.forward_features(kv, [sid], tokens)
-                logits = model.get_logits(hidden)
+                hidden, feats, logits = model.forward_features_logits(kv, [sid], tokens)
                 feats.numpy()
             elif features:
                 hidden, logits = model.forward_hidden_logits(kv, [sid], tokens)

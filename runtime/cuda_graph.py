@@ -38,6 +38,7 @@ as before: the same kernels, so the same bits.
 from __future__ import annotations
 
 import ctypes
+import time
 import warnings
 from typing import Any, Callable
 
@@ -142,6 +143,7 @@ class CudaGraphs:
         self.kept: dict[tuple, list] = {}  # output class -> blocks, as tensors of max_rows rows
         self.enabled, self.failed = True, None
         self.captures = self.replays = 0
+        self.capture_seconds = 0.0  # wall time of captures: two calls, the recording, instantiation, the check
 
     @staticmethod
     def available(device, meta: dict) -> bool:
@@ -161,6 +163,7 @@ class CudaGraphs:
             return None
         g = self.graphs.get(key)
         if g is None:
+            t0 = time.perf_counter()
             try:
                 g = self._capture(key, arrays, call, reserve, flush)  # replayed once already, and checked
             except Exception as err:  # noqa: BLE001 -- any failure: decode without graphs, same kernels
@@ -168,6 +171,8 @@ class CudaGraphs:
                 warnings.warn(f"CUDA graph capture failed, decoding without graphs: {self.failed}", RuntimeWarning,
                               stacklevel=3)
                 return None
+            finally:
+                self.capture_seconds += time.perf_counter() - t0
         else:
             g.upload(self.driver.cu, arrays)
             self._launch(g)
@@ -282,4 +287,4 @@ class CudaGraphs:
 
     def stats(self) -> dict:
         return {"enabled": self.enabled, "failed": self.failed, "graphs": len(self.graphs),
-                "captures": self.captures, "replays": self.replays}
+                "captures": self.captures, "capture_seconds": round(self.capture_seconds, 4), "replays": self.replays}

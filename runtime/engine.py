@@ -335,9 +335,12 @@ class Engine(GenerationAPI):
         host features: what the proposer reads -- those hidden states, or the target's low/mid/high
         layer outputs [n, 3 * hidden] -- then, for the feature sink, the hidden states too)."""
         if self._features() == "layers":
-            hidden, feats = self.model.forward_features(self.kv, ids, tokens, parents)
-            feats = (feats.numpy(),) + ((hidden.numpy(),) if self.feature_sink is not None else ())
-            return (self.model.get_logits(hidden) if logits else hidden), feats
+            if logits:  # one call: one CUDA graph where they apply
+                hidden, feats, out = self.model.forward_features_logits(self.kv, ids, tokens, parents)
+            else:
+                hidden, feats = self.model.forward_features(self.kv, ids, tokens, parents)
+                out = hidden
+            return out, (feats.numpy(),) + ((hidden.numpy(),) if self.feature_sink is not None else ())
         if logits:  # one call: one CUDA graph where they apply
             hidden, out = self.model.forward_hidden_logits(self.kv, ids, tokens, parents)
         else:

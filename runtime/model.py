@@ -309,7 +309,7 @@ class Model:
 
     def _forward(self, name: str, ids: np.ndarray, kv: PagedKV, batch: ForwardBatch, *extra,
                  logits: bool = False) -> list:
-        """[embeddings, the entry point's output(, get_logits of it)] on device: replayed from a
+        """[embeddings, the entry point's outputs(, get_logits of the first)] on device: replayed from a
         CUDA graph where one applies, else called."""
         # ids were range-checked (and counted: check_rows) by the caller before the KV cache was touched
         arrays = batch.arrays
@@ -317,7 +317,8 @@ class Model:
             table = arrays[_PAGE_TABLE]  # the extra columns name page 0; no token reads past its own pages
             arrays = list(arrays)
             arrays[_PAGE_TABLE] = np.pad(table, ((0, 0), (0, self.page_width - table.shape[1])))
-        if self.graphs is not None and (name in GRAPHED or logits) and ids.size <= self.graphs.max_rows and not extra:
+        graphed = name in GRAPHED or logits and (name != "forward_tokens_features" or "feature_buffer" in self._fn)
+        if self.graphs is not None and graphed and ids.size <= self.graphs.max_rows and not extra:
             key = (name, logits, kv.tensor.data_ptr(), kv.tensor.shape, ids.shape, *(a.shape for a in arrays))
             outs = self.graphs.run(key, [ids, *arrays], lambda t: self._call(name, t[0], kv, t[1:], logits=logits),
                                    self._reserve, self.vm["_metadata"])
@@ -327,10 +328,13 @@ class Model:
                           [self.uploads.put(f"meta{i}", a) for i, a in enumerate(arrays)], *extra, logits=logits)
 
     def _call(self, name: str, ids, kv: PagedKV, meta: list, *extra, logits: bool = False) -> list:
+        """[embeddings, the entry point's outputs (a tuple's in order; the first is the hidden
+        states where there are several), then, with ``logits``, get_logits of that first]."""
         emb = self._fn["embed"](ids, self.params)
         # contract.ENTRY_POINTS' order: input_embeds, [logit_positions], kv, FORWARD_META..., params
         out = self._fn[name](emb, *extra, kv.tensor, *meta, self.params)
-        return [emb, out, self._fn["get_logits"](out, self.params)] if logits else [emb, out]
+        outs = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+        return [emb, *outs, self._fn["get_logits"](outs[0], self.params)] if logits else [emb, *outs]
 
     def _reserve(self, width: int, rows: int):
         """A tensor of ``rows`` rows from the call whose output has the planned size of a graphed
@@ -338,9 +342,11 @@ class Model:
         (CudaGraphs keeps its block)."""
         if width == self.hidden_size:
             return self._fn["embed"](to_device(np.zeros(rows, np.int32), self.device), self.params)
+        hidden = to_device(np.zeros((rows, self.hidden_size), self.dtype), self.device)
         if width == self.vocab_size:
-            hidden = to_device(np.zeros((rows, self.hidden_size), self.dtype), self.device)
             return self._fn["get_logits"](hidden, self.params)
+        if "feature_buffer" in self._fn and width == len(self.feature_layers) * self.hidden_size:
+            return self._fn["feature_buffer"](hidden, self.params)
         raise ValueError(f"no call makes outputs {width} wide (hidden {self.hidden_size}, vocab {self.vocab_size})")
 
     # ------------------------------------------------------------ forwards
@@ -412,9 +418,20 @@ class Model:
         if "forward_tokens_features" not in self._fn:
             raise ModelLoadError(f"{self.lib_path} exports no layer features (it was built before EAGLE-3 "
                                  "support): rebuild it with `speccompile compile`")
-        out = self._run("forward_tokens_features", *self._plan(kv, seq_ids, token_lists, tree_parents),
-                        on_device=True)
-        return out[0], out[1]
+        outs = self._forward("forward_tokens_features", *self._plan(kv, seq_ids, token_lists, tree_parents))
+        return outs[1], outs[2]
+
+    def forward_features_logits(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
+                                tree_parents: list[list[int]] | None = None):
+        """:meth:`forward_features` and :meth:`get_logits` of its hidden states in one call (one
+        CUDA graph where the library exports ``feature_buffer``): (device hidden [n, hidden],
+        device features [n, 3 * hidden], device logits [n, vocab]), what a step of an EAGLE-3
+        head verifies with. Read them before the model's next forward."""
+        if "forward_tokens_features" not in self._fn:
+            return self.forward_features(kv, seq_ids, token_lists, tree_parents)  # raises: no such entry point
+        outs = self._forward("forward_tokens_features", *self._plan(kv, seq_ids, token_lists, tree_parents),
+                             logits=True)
+        return outs[1], outs[2], outs[3]
 
     @property
     def cpu_kernels(self) -> bool:

@@ -84,7 +84,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         raise ValueError(f"--repeat must be >= 1, not {repeat}")
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     rows = []
-    counts = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "draft_steps")
+    counts = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "draft_steps",
+              "draft_seconds", "verify_seconds", "other_seconds")  # where a spec run's steps spent their time
     peers = llama_speculative["modes"] if llama_speculative else []
     config = read_model_config(model_dir) if peers else None
     for i, p in enumerate(prompts):
@@ -133,6 +134,10 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
             row.setdefault("llama_cpp_spec", {})[mode] = {
                 **lr, "ours_over": row["spec_tokens_per_s"] / lr["tokens_per_s"],
                 "ours_over_request": lr["request_seconds"] / row["spec_request_seconds"]}
+        if all(r.get("cuda_graph") for r in runs):  # cuda: graphs captured per process, and their cost
+            row["cuda_graph"] = {f"{name}_{k}": statistics.fmean(r["cuda_graph"][k] for r in g)
+                                 for name, g in (("plain", plains), ("spec", specs))
+                                 for k in ("captures", "capture_seconds", "replays")}
         failed = sorted({r["cuda_graph"]["failed"] for r in runs if (r.get("cuda_graph") or {}).get("failed")})
         if failed:  # a cuda run whose graphs were turned off: its speed is not the default's
             row["cuda_graph_failed"] = failed

@@ -325,6 +325,8 @@ class Check:
         tokens = self.step(rec, "logits_ours", self.logits_ours, engine)
         self.step(rec, "decode", self.decode, engine, clock, rec)
         self.step(rec, "decode_sampled", self.decode_sampled, engine, rec)
+        if model.graphs is not None and model.feature_layers:
+            self.step(rec, "features_step", self.features_step, model, kv, rec)
         self.step(rec, "forward_cost_vs_rows", self.rows, model, kv, rec)
         self.step(rec, "prefill", self.prefill, model, kv, rec)
         if self.result["copy_bandwidth_gb_s"] is None:
@@ -414,6 +416,33 @@ class Check:
             res = engine.generate(ids, n, SamplingParams(temperature=0.7, top_p=0.9, seed=seed), ignore_eos=True)
         rec["decode_tok_s_sampled"] = round(res.stats.to_dict()["decode_tokens_per_s"], 1)
 
+    def features_step(self, model, kv, rec: dict) -> None:
+        """The verify forward of a step with an EAGLE-3 head (layer features, hidden states and
+        logits: forward_features_logits), one row at a time as a plain step makes it, replayed
+        from a CUDA graph and called: ms per step (features and logits read on the host, as the
+        engine reads them) and whether every output has the same bits."""
+        graphs, n, sid = model.graphs, 8 if self.quick else 48, -9
+        out, times = {}, {}
+        for mode in (True, False, True, False):  # the first of each warms up
+            graphs.enabled = mode
+            kv.add_sequence(sid)
+            try:
+                model.prefill(kv, [sid], [list(range(100, 116))])
+                got, t0 = [], time.perf_counter()
+                for i in range(n):
+                    hidden, feats, logits = model.forward_features_logits(kv, [sid], [[200 + i]])
+                    got.append((feats.numpy(), logits.numpy()))
+                times[mode] = 1e3 * (time.perf_counter() - t0) / n
+                out.setdefault(mode, got)
+            finally:
+                kv.remove_sequence(sid)
+        graphs.enabled = True
+        same = all(np.array_equal(a, b) for x, y in zip(out[True], out[False]) for a, b in zip(x, y))
+        rec["features_step"] = {"graph_ms": round(times[True], 3), "calls_ms": round(times[False], 3),
+                                "identical_to_no_graph": same, "graphed": "feature_buffer" in model._fn,
+                                "failed": graphs.failed}
+        self.log(f"  EAGLE-3 step forward: graph {times[True]:.3f} ms, calls {times[False]:.3f} ms, identical {same}")
+
     def rows(self, model, kv, rec: dict) -> None:
         from speccompile.runtime.costs import measure_target
 
@@ -495,7 +524,9 @@ class Check:
                     "per_prompt": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                                     if k in ("category", "speedup", "accept_rate", "mean_accepted_length",
                                              "identical_output", "plain_tokens_per_s", "spec_tokens_per_s",
-                                             "verify_steps", "plain_steps", "cuda_graph_failed")}
+                                             "verify_steps", "plain_steps", "cuda_graph_failed", "cuda_graph",
+                                             "draft_seconds", "verify_seconds", "other_seconds",
+                                             "plain_seconds", "spec_seconds")}
                                    for r in report["prompts"]]}
                 self.save()
 

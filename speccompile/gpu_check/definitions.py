@@ -13,6 +13,10 @@ DEFINITIONS = {
     "cuda_graph": "decode_tok_s's runs alternate with runs whose forwards are called, not replayed from CUDA "
                   "graphs (runtime/cuda_graph.py): their median (decode_tok_s_no_graph), whether both gave the same "
                   "tokens, and the graphs captured and replayed over the check",
+    "features_step": "the verify forward of a step with an EAGLE-3 head (forward_features_logits: layer features, "
+                     "hidden states, logits; features and logits read on the host), one row at a time after a "
+                     "16-token prefix, 48 steps: ms per step replayed from one CUDA graph (graph_ms) and called "
+                     "(calls_ms), the second of two runs each, and whether every output had the same bits",
     "host_ms_per_step": "wall time of a plain engine step (propose, forward, accept, commit) at a 128-token "
                         "context less the device's busy time in it (the sum of its kernels' CUPTI times; "
                         "kernel_profile.engine_step_ctx128): Python, TVM VM dispatch, launches and copies the "
@@ -31,7 +35,10 @@ DEFINITIONS = {
     "speculative": "bench --one-shot: per prompt, fresh `speccompile generate --json` processes plain / spec / "
                    "spec / plain at temperature 0; speedup = plain / spec decode seconds over all prompts; "
                    "acceptance = accepted / drafted tokens; mean_accepted_length = tokens per verify step "
-                   "(bonus included); identical = [prompts whose four outputs are token-identical, prompts]",
+                   "(bonus included); identical = [prompts whose four outputs are token-identical, prompts]; per "
+                   "prompt, a spec run's seconds proposing (draft_seconds), in verify forwards and acceptance "
+                   "(verify_seconds) and committing and emitting (other_seconds), and cuda_graph: the graphs a "
+                   "plain and a spec process captured, the wall seconds the captures took, the replays",
     "kernel_profile": "speccompile/gpu_check/profile.py: per phase, wall ms per call, device_busy_ms (the sum of its "
                       "kernels' CUPTI times), launches per call and the top kernels by device time",
     "capi": "the payload's prebuilt C API (spc_generate) on the same library, 2 prompts x 32 greedy tokens, plain "

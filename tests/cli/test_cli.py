@@ -150,7 +150,9 @@ def test_one_shot_bench_samples_as_told_and_compares_per_token(build_tiny, tmp_p
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Why is the sky blue?"]}) + "\n")
     calls, real = [], oneshot._generate
-    monkeypatch.setattr(oneshot, "_generate", lambda *a: calls.append(a) or real(*a))
+    graphs = {"enabled": True, "failed": None, "graphs": 2, "captures": 2, "capture_seconds": 0.02, "replays": 9}
+    # what a cuda process adds to its JSON: the graphs it captured, at what cost
+    monkeypatch.setattr(oneshot, "_generate", lambda *a: calls.append(a) or {**real(*a), "cuda_graph": graphs})
     sampling = {"temperature": 2.0, "top_p": 0.95, "top_k": 50, "seed": 3}
     report = oneshot.run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, max_tokens=12,
                                   quiet=True, sampling=sampling)
@@ -158,6 +160,9 @@ def test_one_shot_bench_samples_as_told_and_compares_per_token(build_tiny, tmp_p
     row = report["prompts"][0]
     assert row["identical_output"] is None and report["overall"]["identical_outputs"] == 0
     assert row["spec_seconds"] > 0 and row["plain_request_seconds"] > row["plain_seconds"]
+    assert row["verify_seconds"] > 0 and row["draft_seconds"] > 0 and row["other_seconds"] > 0  # a spec run's steps
+    assert row["cuda_graph"] == {"plain_captures": 2, "plain_capture_seconds": 0.02, "plain_replays": 9,
+                                 "spec_captures": 2, "spec_capture_seconds": 0.02, "spec_replays": 9}
     a = real(built.model_dir, built.lib, "Why is the sky blue?", 12, oneshot.PLAIN, None, None, sampling)
     b = real(built.model_dir, built.lib, "Why is the sky blue?", 12, oneshot.PLAIN, None, None, sampling)
     greedy = real(built.model_dir, built.lib, "Why is the sky blue?", 12, oneshot.PLAIN)

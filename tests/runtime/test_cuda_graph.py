@@ -113,7 +113,9 @@ def test_replays_give_the_calls_bits_with_blocks_kept_across_graphs(build_tiny):
     assert graphs.failed is None, graphs.failed
     # one graph per shape (decode, chains of 4 and 2, hidden states of 3), none dropped by a
     # later capture; each capture replays once (checked), then 6 decodes and 1 hidden step
-    assert graphs.stats() == {"enabled": True, "failed": None, "graphs": 4, "captures": 4, "replays": 4 + 7}
+    stats = graphs.stats()
+    assert stats.pop("capture_seconds") > 0
+    assert stats == {"enabled": True, "failed": None, "graphs": 4, "captures": 4, "replays": 4 + 7}
     assert all(np.array_equal(a, b) for a, b in zip(plain, replayed))
     kept = {c: [t.data_ptr() for t in ts] for c, ts in graphs.kept.items()}
     # logits; embeddings and hidden states (on cuda the hidden states live in the VM's lifted allocation)
@@ -139,3 +141,69 @@ def test_a_graph_whose_blocks_cannot_be_kept_turns_graphs_off_and_changes_nothin
         out = _outputs_of(model, graphs, kv)
     assert graphs.failed and "could not be kept" in graphs.failed and graphs.graphs == {} and graphs.kept == {}
     assert all(np.array_equal(a, b) for a, b in zip(plain, out))
+
+
+def test_an_eagle3_step_replays_its_features_and_logits_from_one_graph(build_tiny):
+    """forward_features_logits (what a step with an EAGLE-3 head verifies with) is one graph: the
+    features' block is kept through feature_buffer, as the logits' through get_logits. On the CPU
+    the planned intermediates come from the same pool as the outputs (a cuda library lifts them),
+    so a later capture may move the blocks and drop earlier graphs here; what must hold is the
+    bits, and that a graph's own steps replay it."""
+    model, kv, _, graphs = _tiny(build_tiny)
+    assert "feature_buffer" in model._fn and model.feature_layers
+
+    def steps(g):
+        model.graphs, model.page_width = g, (40 if g is not None else None)
+        kv.add_sequence(0)
+        out = [model.prefill(kv, [0], [IDS[:9]])]
+        for chunk in ([9, 10], [11, 12], [13, 14, 15]):
+            out += [t.numpy() for t in model.forward_features_logits(kv, [0], [chunk])]
+            if g is not None and chunk == [11, 12]:  # the second step of one shape: replayed, not captured
+                assert (g.captures, g.replays) == (1, 2)
+        out += [model.decode(kv, [0], [1]), model.forward_tokens(kv, [0], [[2, 3]])]
+        out += [t.numpy() for t in model.forward_features_logits(kv, [0], [[4, 5]])]
+        kv.remove_sequence(0)
+        return out
+
+    plain = steps(None)
+    replayed = steps(graphs)
+    assert graphs.failed is None, graphs.failed
+    width = len(model.feature_layers) * model.hidden_size
+    assert ("float32", width) in graphs.kept and graphs.kept[("float32", width)][0].shape == (64, width)
+    assert len(plain) == len(replayed) and all(np.array_equal(a, b) for a, b in zip(plain, replayed))
+    # the unfused calls give the same bits: forward_features, then get_logits of its hidden states
+    kv.add_sequence(1)
+    model.graphs, model.page_width = None, None
+    model.prefill(kv, [1], [IDS[:9]])
+    hidden, feats = model.forward_features(kv, [1], [[9, 10]])
+    assert np.array_equal(hidden.numpy(), plain[1]) and np.array_equal(feats.numpy(), plain[2])
+    assert np.array_equal(model.get_logits(hidden).numpy(), plain[3])
+
+
+def test_the_gpu_checks_features_step_compares_graph_and_calls(build_tiny):
+    """speccompile/gpu_check's features_step, run on the emulated graphs: it records both
+    timings, that the graph exists, and the bit comparison (which replays of other bits fail)."""
+    from types import SimpleNamespace
+
+    from speccompile.gpu_check.check import Check
+
+    model, kv, _, graphs = _tiny(build_tiny)
+    model.graphs, model.page_width = graphs, 40
+    check = SimpleNamespace(quick=True, log=lambda _msg: None)
+    rec = {}
+    Check.features_step(check, model, kv, rec)
+    step = rec["features_step"]
+    assert step["identical_to_no_graph"] and step["graphed"] and step["failed"] is None
+    assert step["graph_ms"] > 0 and step["calls_ms"] > 0 and graphs.replays >= 8 and graphs.enabled
+
+    class Skewed(Replayed):  # replays after a graph's checked first one write other bits than the call
+        def _launch(self, g):
+            super()._launch(g)
+            g.launched = getattr(g, "launched", 0) + 1
+            if g.launched > 1:
+                for out in self._outputs(g):
+                    out.copyfrom(out.numpy() + 1)
+
+    model.graphs = Skewed(model.device, 64)
+    Check.features_step(check, model, kv, rec)
+    assert rec["features_step"]["failed"] is None and not rec["features_step"]["identical_to_no_graph"]
