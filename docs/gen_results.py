@@ -327,7 +327,7 @@ def rows_gpu(name, data, commit, date):
         alt_cost = portable.get("forward_cost_vs_rows") or {}
         rows.append([code(name), date, commit, model, f"{m.get('quantization', '—')}, {m.get('weights', '—')} weights",
                      gpu_projections(data, m), num(m.get("decode_tok_s")),
-                     num((m.get("cuda_graph") or {}).get("decode_tok_s_no_graph")),
+                     num((m.get("cuda_graph") or {}).get("decode_tok_s_no_graph")), features_step(m),
                      num(capi.get("tok_s")), num(m.get("prefill_tok_s"), 0),
                      " / ".join(ratio(cost.get(k)) for k in ("8", "16", "32")), num(m.get("host_ms_per_step"), 2),
                      f"{num(portable.get('decode_tok_s'))}; {' / '.join(ratio(alt_cost.get(k)) for k in ('8', '16', '32'))}"
@@ -335,6 +335,16 @@ def rows_gpu(name, data, commit, date):
                      f"{num(peers.get('hf_fp16_tok_s'))} / {num(peers.get('torch_compile_tok_s'))}",
                      spec_s or "—", num(m.get("logits_max_abs_diff_vs_torch"), 4)])
     return rows
+
+
+def features_step(m) -> str:
+    """An EAGLE-3 step's verify forward, ms replayed from a CUDA graph / called (checks before
+    it was measured: —)."""
+    f = m.get("features_step")
+    if not isinstance(f, dict):
+        return "—"
+    same = "" if f.get("identical_to_no_graph") else " (bits DIFFER)"
+    return f"{num(f.get('graph_ms'), 3)} / {num(f.get('calls_ms'), 3)}{same}"
 
 
 BENCH_MODELS = {"SmolLM2-135M-Instruct": "smollm2", "Qwen2.5-1.5B": "qwen15"}  # check model -> kernel bench shapes
@@ -362,7 +372,7 @@ def bench_layers(data, model) -> str:
 
 
 HEAD_GPU = ["file", "date", "commit", "model", "weights", "projections", "decode tok/s (Python)",
-            "same, without CUDA graphs", "decode tok/s (C API)",
+            "same, without CUDA graphs", "EAGLE-3 step forward ms, graph / calls", "decode tok/s (C API)",
             "prefill tok/s", "forward cost 8 / 16 / 32 rows vs 1", "host ms/step",
             "portable build: decode tok/s; 8 / 16 / 32 rows vs 1", "one layer's projections alone, 8 / 16 rows vs 1",
             "transformers fp16 / torch.compile tok/s", "speculative (SmolLM2)", "max logit diff vs torch"]
