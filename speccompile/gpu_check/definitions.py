@@ -40,7 +40,9 @@ DEFINITIONS = {
                    "(verify_seconds) and committing and emitting (other_seconds), and cuda_graph: the graphs a "
                    "plain and a spec process captured, the wall seconds the captures took, the replays",
     "kernel_profile": "speccompile/gpu_check/profile.py: per phase, wall ms per call, device_busy_ms (the sum of its "
-                      "kernels' CUPTI times), launches per call and the top kernels by device time",
+                      "kernels' CUPTI times), launches per call and the top kernels by device time; "
+                      "engine_spec_step_ctx128 is an engine step with n-gram drafts of 4 (propose, a 5-row verify, "
+                      "accept, roll back), tokens_per_step what its steps emitted",
     "capi": "the payload's prebuilt C API (spc_generate) on the same library, 2 prompts x 32 greedy tokens, plain "
             "and --ngram: identical = [runs whose token ids equal the Python engine's greedy ids, runs]; tok_s / "
             "ngram_tok_s = its decode tok/s (median), python_tok_s the engine's; libraries = the file the dynamic "

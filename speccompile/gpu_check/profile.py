@@ -12,7 +12,9 @@ measurement, not the check.
 
 Output (one JSON line): per phase (``decode`` 1 row, ``rows8``, ``rows32``, ``prefill512``
 forwards after a 16-token prefix, and ``engine_step_ctx128``: plain engine steps at a
-128-token context, whose wall less device time is the host's share of a step)
+128-token context, whose wall less device time is the host's share of a step;
+``engine_spec_step_ctx128``: the same with n-gram drafts of 4, each step proposing,
+verifying 5 rows, accepting and rolling back, ``tokens_per_step`` its emitted tokens)
 the wall ms per forward, the device-busy ms per forward (the sum of its kernels' times),
 the kernel launches per forward, and the top kernels by total time with their share.
 """
@@ -25,6 +27,10 @@ from collections import defaultdict
 from pathlib import Path
 
 TOP = 12
+# the speculative step's prompt, repeated to its context: each token's last occurrence is a
+# sentence back, so the n-gram proposer always has 4 tokens to draft (a single repeated
+# token would give it 1: its latest match is the token before)
+REPEATED = "The quick brown fox jumps over the lazy dog. "
 
 
 def _phases(model, kv, prefill_tokens: int):
@@ -62,17 +68,20 @@ def _phases(model, kv, prefill_tokens: int):
     return out
 
 
-def _engine_steps(engine, prompt: str, context: int):
-    """(one plain greedy engine step -- propose, forward, accept, commit -- of a sequence
-    ``context`` tokens long, repetitions): the host's share of a step is its wall time less
-    the device's busy time. The prompt is repeated up to ``context`` tokens (prefilled)."""
+def _engine_steps(engine, prompt: str, context: int, speculative: bool = False):
+    """(one greedy engine step -- propose, forward, accept, commit -- of a sequence ``context``
+    tokens long, repetitions, the sequence): the host's share of a step is its wall time less
+    the device's busy time. The prompt is repeated up to ``context`` tokens (prefilled): with
+    ``speculative``, the engine's n-gram proposer drafts its fixed k from that repetition."""
     ids = engine.encode_prompt(prompt)
     ids = (ids * (context // len(ids) + 1))[:context]
-    seq = engine.new_sequence(ids, 128, ignore_eos=True)  # 1 warm-up + 32 timed steps, twice at most
+    # 1 warm-up + 32 timed steps, twice at most (a verify step emits up to k + 1 tokens)
+    seq = engine.new_sequence(ids, 128 * (engine.policy.fixed_k + 1 if speculative else 1), ignore_eos=True,
+                              speculative=speculative)
     engine.attach(seq)
     while seq.prefilling:
         engine.prefill([seq], engine.model.prefill_chunk_size)
-    return (lambda: engine.step([seq])), 32
+    return (lambda: engine.step([seq])), 32, seq
 
 
 def _without_graphs(model, fn):
@@ -91,7 +100,9 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     import_runtime_only()
     from speccompile.runtime.engine import Engine
 
-    engine = Engine(Path(model_dir), Path(lib), max_num_sequence=4)  # the engine's sequence and two scratch ones
+    # the engine's sequences and two scratch ones; n-gram drafts of a fixed 4 for the speculative
+    # step (plain steps are those of sequences that do not speculate: no proposing)
+    engine = Engine(Path(model_dir), Path(lib), max_num_sequence=4, speculative_mode="ngram", spec_draft_length=4)
     model, kv = engine.model, engine.kv
     import torch  # after TVM: torch's own CUDA libraries must not replace the ones TVM loaded
     from torch.profiler import ProfilerActivity
@@ -101,16 +112,20 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     phases = _phases(model, kv, prefill_tokens)
     phases["engine_step_ctx128"] = _engine_steps(engine, prompt, 128)
     if model.graphs is not None:  # the same sequence's steps run as calls, for the host time graphs save
-        phases["engine_step_ctx128_no_graph"] = (_without_graphs(model, phases["engine_step_ctx128"][0]), 32)
+        fn, reps, seq = phases["engine_step_ctx128"]
+        phases["engine_step_ctx128_no_graph"] = (_without_graphs(model, fn), reps, seq)
+    phases["engine_spec_step_ctx128"] = _engine_steps(engine, REPEATED, 128, speculative=True)
     if model.context_window_size >= 2048 + 64:
         phases["engine_step_ctx2048"] = _engine_steps(engine, prompt, 2048)
-    for name, (fn, reps) in phases.items():
+    for name, (fn, reps, *seq) in phases.items():
         fn()  # warm-up: first-launch module loading stays out of the figures
+        emitted = len(seq[0].result.token_ids) if seq else 0
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
             for _ in range(reps):
                 fn()
             wall = time.perf_counter() - t0
+        emitted = len(seq[0].result.token_ids) - emitted if seq else None
         per = defaultdict(lambda: [0, 0.0])
         for ev in prof.events():
             if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -122,6 +137,7 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
         result[name] = {
             "reps": reps, "wall_ms": round(1e3 * wall / reps, 3), "device_busy_ms": round(busy / 1e3 / reps, 3),
             "launches": round(sum(v[0] for v in per.values()) / reps, 1),
+            **({"tokens_per_step": round(emitted / reps, 2)} if emitted is not None else {}),
             "top": [{"kernel": k[:120], "calls": round(c / reps, 1), "ms": round(t / 1e3 / reps, 4),
                      "share": round(t / busy, 3) if busy else None} for k, (c, t) in top]}
     return result

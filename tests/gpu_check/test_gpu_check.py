@@ -260,3 +260,26 @@ def test_a_refused_tensor_core_kernel_sends_models_and_heads_to_their_portable_l
     assert check.lib_of(model) == tmp_path / "models/m-portable.so"
     assert check.lib_of(head) == tmp_path / "models/m-eagle-portable.so"
     assert check.lib_of({"lib": "models/x.so", "alt_libs": {}}) == tmp_path / "models/x.so"  # nothing to fall back on
+
+
+def test_the_profiles_engine_steps_are_plain_and_speculative_as_named(build_tiny):
+    """speccompile/gpu_check/profile.py's engine phases (run under CUPTI on a GPU): the plain
+    step's sequence never drafts; the speculative one's verifies n-gram drafts (at most the fixed
+    4) in every step, each step emitting what it accepted plus one."""
+    from speccompile.gpu_check.profile import REPEATED, _engine_steps
+    from speccompile.runtime.engine import Engine
+
+    built = build_tiny("tiny-llama", "q0f32")
+    engine = Engine(built.model_dir, built.lib, max_num_sequence=4, speculative_mode="ngram", spec_draft_length=4)
+    fn, reps, plain = _engine_steps(engine, "Hello", 24)
+    for _ in range(reps + 1):
+        fn()
+    assert len(plain.result.token_ids) == reps + 2 and plain.result.stats.spec is None  # never speculated
+    fn, reps, spec = _engine_steps(engine, REPEATED, 24, speculative=True)
+    for _ in range(reps + 1):
+        fn()
+    s = spec.result.stats.spec
+    # every step verified a draft of at most 4 (this random tiny model answers one token over and
+    # over, whose latest match is the token before it: drafts of 1 after the prompt)
+    assert s.verify_steps == reps + 1 and reps + 1 <= s.draft_tokens <= 4 * (reps + 1)
+    assert len(spec.result.token_ids) == 1 + (reps + 1) + s.accepted_tokens
