@@ -31,8 +31,9 @@ from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
 
 # Entry points replayed from CUDA graphs (runtime/cuda_graph.py): the forwards of a step, whose
-# logits the step reads before the next forward, and forward_hidden_logits (a step of a head
-# that reads hidden states). Others (prompt chunks, layer features) run as calls.
+# logits the step reads before the next forward, and, with their logits, forward_hidden_logits and
+# forward_features_logits (a step of a head that reads hidden states or layer features). Others
+# (prompt chunks, features without logits) run as calls.
 GRAPHED = ("decode", "forward_tokens")
 GRAPH_ROWS = 64  # most token rows of a graphed forward
 _PAGE_TABLE = list(FORWARD_META).index("page_table")
@@ -317,7 +318,8 @@ class Model:
             table = arrays[_PAGE_TABLE]  # the extra columns name page 0; no token reads past its own pages
             arrays = list(arrays)
             arrays[_PAGE_TABLE] = np.pad(table, ((0, 0), (0, self.page_width - table.shape[1])))
-        graphed = name in GRAPHED or logits and (name != "forward_tokens_features" or "feature_buffer" in self._fn)
+        # with logits: hidden states and their logits; layer features too where feature_buffer keeps their block
+        graphed = name in GRAPHED or (logits and (name != "forward_tokens_features" or "feature_buffer" in self._fn))
         if self.graphs is not None and graphed and ids.size <= self.graphs.max_rows and not extra:
             key = (name, logits, kv.tensor.data_ptr(), kv.tensor.shape, ids.shape, *(a.shape for a in arrays))
             outs = self.graphs.run(key, [ids, *arrays], lambda t: self._call(name, t[0], kv, t[1:], logits=logits),
@@ -338,8 +340,8 @@ class Model:
 
     def _reserve(self, width: int, rows: int):
         """A tensor of ``rows`` rows from the call whose output has the planned size of a graphed
-        forward's output ``width`` wide: embed for hidden-state rows, get_logits for logits
-        (CudaGraphs keeps its block)."""
+        forward's output ``width`` wide: embed for hidden-state rows, get_logits for logits,
+        feature_buffer for layer features (CudaGraphs keeps its block)."""
         if width == self.hidden_size:
             return self._fn["embed"](to_device(np.zeros(rows, np.int32), self.device), self.params)
         hidden = to_device(np.zeros((rows, self.hidden_size), self.dtype), self.device)
