@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from speccompile.gpu_check.definitions import DEFINITIONS
+from speccompile.gpu_check.graphs import features_step
 from speccompile.gpu_check.machine import StepClock, cpu_name, gpu_identity, slug
 from speccompile.gpu_check.torch_side import TorchWorker
 
@@ -326,7 +327,7 @@ class Check:
         self.step(rec, "decode", self.decode, engine, clock, rec)
         self.step(rec, "decode_sampled", self.decode_sampled, engine, rec)
         if model.graphs is not None and model.feature_layers:
-            self.step(rec, "features_step", self.features_step, model, kv, rec)
+            self.step(rec, "features_step", self.graph_features_step, model, kv, rec)
         self.step(rec, "forward_cost_vs_rows", self.rows, model, kv, rec)
         self.step(rec, "prefill", self.prefill, model, kv, rec)
         if self.result["copy_bandwidth_gb_s"] is None:
@@ -416,32 +417,10 @@ class Check:
             res = engine.generate(ids, n, SamplingParams(temperature=0.7, top_p=0.9, seed=seed), ignore_eos=True)
         rec["decode_tok_s_sampled"] = round(res.stats.to_dict()["decode_tokens_per_s"], 1)
 
-    def features_step(self, model, kv, rec: dict) -> None:
-        """The verify forward of a step with an EAGLE-3 head (layer features, hidden states and
-        logits: forward_features_logits), one row at a time as a plain step makes it, replayed
-        from a CUDA graph and called: ms per step (features and logits read on the host, as the
-        engine reads them) and whether every output has the same bits."""
-        graphs, n, sid = model.graphs, 8 if self.quick else 48, -9
-        out, times = {}, {}
-        for mode in (True, False, True, False):  # the first of each warms up
-            graphs.enabled = mode
-            kv.add_sequence(sid)
-            try:
-                model.prefill(kv, [sid], [list(range(100, 116))])
-                got, t0 = [], time.perf_counter()
-                for i in range(n):
-                    hidden, feats, logits = model.forward_features_logits(kv, [sid], [[200 + i]])
-                    got.append((feats.numpy(), logits.numpy()))
-                times[mode] = 1e3 * (time.perf_counter() - t0) / n
-                out.setdefault(mode, got)
-            finally:
-                kv.remove_sequence(sid)
-        graphs.enabled = True
-        same = all(np.array_equal(a, b) for x, y in zip(out[True], out[False]) for a, b in zip(x, y))
-        rec["features_step"] = {"graph_ms": round(times[True], 3), "calls_ms": round(times[False], 3),
-                                "identical_to_no_graph": same, "graphed": "feature_buffer" in model._fn,
-                                "failed": graphs.failed}
-        self.log(f"  EAGLE-3 step forward: graph {times[True]:.3f} ms, calls {times[False]:.3f} ms, identical {same}")
+    def graph_features_step(self, model, kv, rec: dict) -> None:
+        rec["features_step"] = f = features_step(model, kv, 8 if self.quick else 48)
+        self.log(f"  EAGLE-3 step forward: graph {f['graph_ms']} ms, calls {f['calls_ms']} ms, "
+                 f"identical {f['identical_to_no_graph']}")
 
     def rows(self, model, kv, rec: dict) -> None:
         from speccompile.runtime.costs import measure_target

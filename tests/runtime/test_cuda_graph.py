@@ -181,18 +181,13 @@ def test_an_eagle3_step_replays_its_features_and_logits_from_one_graph(build_tin
 
 
 def test_the_gpu_checks_features_step_compares_graph_and_calls(build_tiny):
-    """speccompile/gpu_check's features_step, run on the emulated graphs: it records both
-    timings, that the graph exists, and the bit comparison (which replays of other bits fail)."""
-    from types import SimpleNamespace
-
-    from speccompile.gpu_check.check import Check
+    """speccompile/gpu_check/graphs.py's features_step, run on the emulated graphs: it records
+    both timings, that the graph exists, and the bit comparison (which replays of other bits fail)."""
+    from speccompile.gpu_check.graphs import features_step
 
     model, kv, _, graphs = _tiny(build_tiny)
     model.graphs, model.page_width = graphs, 40
-    check = SimpleNamespace(quick=True, log=lambda _msg: None)
-    rec = {}
-    Check.features_step(check, model, kv, rec)
-    step = rec["features_step"]
+    step = features_step(model, kv, 8)
     assert step["identical_to_no_graph"] and step["graphed"] and step["failed"] is None
     assert step["graph_ms"] > 0 and step["calls_ms"] > 0 and graphs.replays >= 8 and graphs.enabled
 
@@ -205,5 +200,5 @@ def test_the_gpu_checks_features_step_compares_graph_and_calls(build_tiny):
                     out.copyfrom(out.numpy() + 1)
 
     model.graphs = Skewed(model.device, 64)
-    Check.features_step(check, model, kv, rec)
-    assert rec["features_step"]["failed"] is None and not rec["features_step"]["identical_to_no_graph"]
+    step = features_step(model, kv, 8)
+    assert step["failed"] is None and not step["identical_to_no_graph"]
