@@ -13,11 +13,20 @@ bridge is for DLPack exchange, which the runtime never uses, and a later ``impor
 in the same process works as usual. The ``speccompile`` commands that only run libraries
 (generate, chat, serve) call this first; the compiler, the tests and the Python API import
 TVM whole, as before.
+
+One more cost of that import: TVM's Python packages declare ~140 object types that only the
+compiler library defines, and tvm-ffi looks each up by key; a key it lacks raises a C++
+error whose backtrace, the first time, reads the library's debug info -- 0.2 s of every
+process (Zen 4), for errors nobody sees. During the import those lookups first consult the
+keys the runtime has registered (``ffi.GetRegisteredTypeKeys``, fetched again after each miss,
+as a library loaded since may have added some): an absent key is answered "absent" without
+the error, a present one by tvm-ffi as before.
 """
 from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 
 SWITCH = "TVM_USE_RUNTIME_LIB"
 
@@ -33,7 +42,8 @@ def import_runtime_only() -> bool:
     if hide_torch:
         sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tvm_ffi tolerates
     try:
-        import tvm  # noqa: F401
+        with _lookups_without_errors():
+            import tvm  # noqa: F401
     finally:
         if hide_torch and sys.modules.get("torch", 0) is None:
             del sys.modules["torch"]
@@ -42,3 +52,33 @@ def import_runtime_only() -> bool:
         else:
             os.environ[SWITCH] = before
     return True
+
+
+@contextmanager
+def _lookups_without_errors():
+    """tvm-ffi's type-key lookup, answering absent keys from the registered ones (see the
+    module's docstring); tvm-ffi's own is back afterwards. A tvm-ffi without the listing is
+    left as it is."""
+    import tvm_ffi
+    from tvm_ffi import core
+
+    lookup = core._object_type_key_to_index
+    listing = tvm_ffi.get_global_func("ffi.GetRegisteredTypeKeys", allow_missing=True)
+    if listing is None:
+        yield
+        return
+    known: set[str] = set()
+
+    def checked(type_key: str):
+        nonlocal known
+        if type_key not in known:
+            known = {str(k) for k in listing()}
+            if type_key not in known:
+                return None
+        return lookup(type_key)
+
+    core._object_type_key_to_index = checked
+    try:
+        yield
+    finally:
+        core._object_type_key_to_index = lookup
