@@ -262,12 +262,10 @@ def test_eagle_catch_up_longer_than_one_head_call(tiny):
 
 @pytest.mark.parametrize("width", [1, 2])
 def test_draft_tree_rows_compute_what_their_paths_compute_as_chains(tiny, width):
-    """Every row an EAGLE head drafts in a step (a scratch row of the token tree: RoPE position,
-    KV slot, which rows it attends) gives the bits the same path gives appended as chain rows
-    after the committed ones: siblings do not see each other, deeper rows see their ancestors.
-    A random head whose attention and MLP add to the feature (the fixture's "repeat" heads add
-    zero, so attention is not exercised there). A wrong scratch row would only lower acceptance,
-    never change the output, so no lossless test would notice."""
+    """Every row an EAGLE head drafts in a step equals its path appended as chain rows
+    (tests/draft_rows.py), bit for bit, with a random EAGLE-1 head whose attention and MLP add
+    to the feature (the fixture's "repeat" heads add zero, so attention is not exercised there)."""
+    from draft_rows import check_draft_rows
     from speccompile.runtime.engine import Engine
 
     built, _, _, prompts, _, root = tiny
@@ -276,45 +274,13 @@ def test_draft_tree_rows_compute_what_their_paths_compute_as_chains(tiny, width)
         build_head("eagle", root / "eagle-attn-hf", built.hf_dir, "q0f32", root / "eagle-attn")
     eng = Engine(built.model_dir, built.lib, speculative_mode="eagle", spec_draft_length=3, spec_tree_width=width,
                  spec_tree_nodes=16, additional_models=[(str(root / "eagle-attn"), str(root / "eagle-attn.so"))])
-    head, kv = eng.proposer.head, eng.proposer.kv
-    calls = []  # per head call of a step: (tokens, parent rows in the previous call, features out)
-    real_catch_up, real_step = head.catch_up, head.step
+    real_catch_up = eng.proposer.head.catch_up
 
-    def catch_up(target, kv_, batch, tokens, feats, last, w):
-        out = real_catch_up(target, kv_, batch, tokens, feats, last, w)
-        calls[:] = [(None, None, np.array(out[0].numpy() if hasattr(out[0], "numpy") else out[0]))]
-        return out
+    def chain_row(kv, sid, token, feature):  # an EAGLE-1 row: fc(embedding, feature), as a catch-up builds it
+        return real_catch_up(eng.model, kv, kv.plan_chain([sid], [1]), np.array([token], np.int32),
+                             feature[None].astype(np.float32), np.array([0]), 1)[0]
 
-    def step(target, kv_, batch, tokens, hidden, rows, w):
-        out = real_step(target, kv_, batch, tokens, hidden, rows, w)
-        calls.append((np.array(tokens), np.array(rows), np.array(out[0].numpy() if hasattr(out[0], "numpy") else out[0])))
-        return out
-
-    head.catch_up, head.step = catch_up, step
-    seq = eng.new_sequence(prompts[0], 16, ignore_eos=True)
-    eng.attach(seq)
-    while seq.prefilling:
-        eng.prefill([seq], eng.model.prefill_chunk_size)
-    checked = 0
-    for _ in range(4):
-        eng.step([seq])
-        committed = kv.length(seq.seq_id)
-        for c in range(1, len(calls)):
-            for m in range(len(calls[c][0])):
-                path, call, row = [], c, m  # (token, feature it pairs with), from the root down
-                while call >= 1:
-                    parent = int(calls[call][1][row])
-                    path.insert(0, (int(calls[call][0][row]), calls[call - 1][2][parent]))
-                    call, row = call - 1, parent
-                for tok, feat in path:  # the path appended as chain rows after the committed ones
-                    want = real_catch_up(eng.model, kv, kv.plan_chain([seq.seq_id], [1]), np.array([tok], np.int32),
-                                         feat[None].astype(np.float32), np.array([0]), 1)[0]
-                kv.popn(seq.seq_id, len(path))
-                assert kv.length(seq.seq_id) == committed
-                want = np.asarray(want.numpy() if hasattr(want, "numpy") else want)[0]
-                assert np.array_equal(calls[c][2][m], want), f"depth {c + 1} row {m}: {np.abs(calls[c][2][m] - want).max()}"
-                checked += 1
-    assert checked >= 4 * 2 * width  # depths 2 and 3 in every step (width rows each in a tree)
+    assert check_draft_rows(eng, prompts[0], 4, chain_row, exact=True) >= 4 * 2 * width
 
 
 def test_cli_generate_with_eagle(tiny):

@@ -376,6 +376,25 @@ def test_lossless_chain_and_tree_at_batch_1_and_4(e3):
     assert mean_len[3] > mean_len[1], mean_len  # other branches than the top-1 get accepted
 
 
+@pytest.mark.parametrize("width", [1, 2])
+def test_draft_tree_rows_compute_what_their_paths_compute_as_chains(e3, width):
+    """Every row an EAGLE-3 head drafts in a step -- fed its parent's own output, without fc --
+    equals its path appended as chain rows through eagle_forward (tests/draft_rows.py); the
+    fused draft_step and the separate call round differently, so to 1e-4."""
+    from draft_rows import check_draft_rows
+    from speccompile.runtime.engine import Engine
+
+    built, head, _, _, prompts, _, _ = e3
+    eng = Engine(built.model_dir, built.lib, speculative_mode="eagle", additional_models=[head], spec_draft_length=3,
+                 spec_tree_width=width, spec_tree_nodes=16)
+
+    def chain_row(kv, sid, token, feature):
+        return eng.proposer.head.forward(eng.model, kv, kv.plan_chain([sid], [1]), np.array([token], np.int32),
+                                         feature[None].astype(np.float32))
+
+    assert check_draft_rows(eng, prompts[0], 4, chain_row, exact=False) >= 4 * 2 * width
+
+
 def test_sampling_keeps_the_target_distribution(e3):
     """At T > 0 the first two tokens of many seeded generations (the second one verified
     against EAGLE-3 drafts by rejection sampling) follow the target's exact joint law."""
