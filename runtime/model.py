@@ -27,6 +27,7 @@ from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
 from .device_runtime import DeviceRuntimeError, ensure_device_runtime, opencl_has_fp16
 from .kv_cache import ForwardBatch, PagedKV, split_forwards
+from .params_image import image_path, map_image, wanted, write_image
 from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
 
@@ -215,20 +216,7 @@ class Model:
         self.device = resolve_device(self.meta, device, self.lib_path)
         self.uploads = Uploads(self.device)  # the per-call arrays (token ids, forward metadata, verifier rows)
         self.vm = VirtualMachine(lib, self.device)
-        names = [p["name"] for p in self.meta["params"]]
-        try:
-            arrays = load_params(self.model_dir, names, verify_md5=verify_md5)
-        except TensorCacheError as err:
-            raise ModelLoadError(str(err)) from err
-        tiled = set(self.meta.get("tiled_params", []))
-        tile = int(self.meta.get("tile", 16))
-        # on the CPU the weights are copied by numpy, which lets go of the GIL: all cores at once
-        # (0.9 -> 0.5 s for a 1.5B model on 2 cores); device uploads stay in one thread
-        workers = (os.cpu_count() or 1) if self.device.dlpack_device_type() == 1 else 1
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            self.params = list(pool.map(lambda n: upload_param(arrays[n], tile if n in tiled else None, self.device),
-                                        names))
-        del arrays
+        self.params = self._load_params(index, verify_md5)
         self.vocab_size = int(self.meta["vocab_size"])
         self.hidden_size = int(self.meta["hidden_size"])
         self.dtype = self.meta["model_dtype"]
@@ -256,6 +244,33 @@ class Model:
         gc.freeze()
 
     # ---------------------------------------------------------------- helpers
+    def _load_params(self, index: dict, verify_md5: bool) -> list:
+        """The parameters as tensors on the device, in the library's order. On the CPU, views
+        of the weights' image where one is valid (runtime/params_image.py: mapped, not copied),
+        else copied out of the shards (and, the second time, written as the image)."""
+        cpu = self.device.dlpack_device_type() == 1
+        image = image_path(self.model_dir, index, self.meta) if cpu else None
+        views = map_image(image, self.meta) if cpu else None
+        self.weights_from = "image" if views is not None else "shards"  # where this load read them
+        if views is not None:
+            return [tvm.runtime.from_dlpack(v) for v in views]
+        names = [p["name"] for p in self.meta["params"]]
+        try:
+            arrays = load_params(self.model_dir, names, verify_md5=verify_md5)
+        except TensorCacheError as err:
+            raise ModelLoadError(str(err)) from err
+        tiled = set(self.meta.get("tiled_params", []))
+        tile = int(self.meta.get("tile", 16))
+        # on the CPU the weights are copied by numpy, which lets go of the GIL: all cores at once
+        # (0.9 -> 0.5 s for a 1.5B model on 2 cores); device uploads stay in one thread
+        workers = (os.cpu_count() or 1) if cpu else 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            params = list(pool.map(lambda n: upload_param(arrays[n], tile if n in tiled else None, self.device),
+                                   names))
+        if cpu and wanted(image):  # loaded before: the next process maps them
+            write_image(image, [np.from_dlpack(t) for t in params], self.meta)
+        return params
+
     def create_kv_cache(self, max_total_tokens: int) -> PagedKV:
         """A paged KV cache able to hold max_total_tokens across all sequences."""
         num_pages = -(-max_total_tokens // KV_PAGE_SIZE)

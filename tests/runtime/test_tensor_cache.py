@@ -88,3 +88,48 @@ def test_metadata_is_baked_into_the_library(build_tiny):
     assert meta["tvm_version"].startswith("0.27")
     assert meta["layout_fingerprint"] == read_index(built.model_dir)["metadata"]["layout_fingerprint"]
     assert {p["name"] for p in meta["params"]} == {r["name"] for r in records(read_index(built.model_dir))}
+
+
+def _logits(model):
+    kv = model.create_kv_cache(64)
+    kv.add_sequence(0)
+    return model.prefill(kv, [0], [[1, 5, 9, 2]])
+
+
+@pytest.mark.parametrize("quant", ["q4f32_1", "q0f32"])
+def test_weights_are_mapped_from_an_image_written_by_their_second_load(build_tiny, tmp_path, monkeypatch, quant):
+    """runtime/params_image.py: the first CPU load copies from the shards and leaves a marker,
+    the second also writes the image, the third maps it (the same tensors' bytes, the same
+    logits). A shard touched makes a new image (the old one goes when it is written); an image
+    of the wrong size is ignored; a cache that cannot be written only means copying."""
+    from speccompile.runtime import params_image
+
+    monkeypatch.setenv("SPECCOMPILE_CACHE", str(tmp_path / "cache"))
+    built = build_tiny("tiny-llama", quant)
+    d = _copy(built, tmp_path)
+    loads = [Model(d, built.lib) for _ in range(3)]
+    assert [m.weights_from for m in loads] == ["shards", "shards", "image"]
+    images = sorted((tmp_path / "cache" / "params").glob("*.bin"))
+    assert len(images) == 1 and images[0].with_suffix(".seen").exists()
+    assert all(np.array_equal(np.from_dlpack(a), np.from_dlpack(b)) for a, b in zip(loads[0].params, loads[2].params))
+    assert np.array_equal(_logits(loads[0]), _logits(loads[2]))
+    ptr = loads[2].params[0].data_ptr()  # the tensor's memory is the image file's mapping, not a copy
+    maps = [line.split() for line in open("/proc/self/maps")]
+    assert any(int(m[0].split("-")[0], 16) <= ptr < int(m[0].split("-")[1], 16) and m[-1] == str(images[0])
+               for m in maps if len(m) == 6)
+
+    shard = d / "params_shard_0.bin"
+    shard.write_bytes(shard.read_bytes())  # the same bytes, a new mtime: its tensors are read and hashed again
+    assert [Model(d, built.lib).weights_from for _ in range(3)] == ["shards", "shards", "image"]
+    now = sorted((tmp_path / "cache" / "params").glob("*.bin"))
+    assert len(now) == 1 and now != images  # the earlier image of this directory was removed
+
+    with open(now[0], "r+b") as f:  # an image of another size (a crash, another build) is not used
+        f.truncate(1000)
+    m = Model(d, built.lib)
+    assert m.weights_from == "shards" and now[0].stat().st_size > 1000  # the second load or later writes it again
+    assert np.array_equal(_logits(m), _logits(loads[0]))
+
+    monkeypatch.setenv("SPECCOMPILE_CACHE", str(shard))  # a file, not a directory: nothing can be written there
+    assert [Model(d, built.lib).weights_from for _ in range(2)] == ["shards", "shards"]
+    assert params_image.map_image(tmp_path / "missing.bin", loads[0].meta) is None
