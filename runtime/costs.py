@@ -28,6 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
+from .tensor_cache import cache_root
 from .threads import thread_count
 
 PACE_WINDOW = 15  # recent observed/predicted ratios of target forwards whose median is the pace
@@ -282,7 +283,7 @@ def weights_key(model_dirs: list[Path]) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECCOMPILE_CACHE", Path.home() / ".cache" / "speccompile")) / "costs"
+    return cache_root() / "costs"
 
 
 def host_fingerprint() -> str:

@@ -334,8 +334,8 @@ class Model:
             arrays = list(arrays)
             arrays[_PAGE_TABLE] = np.pad(table, ((0, 0), (0, self.page_width - table.shape[1])))
         # with logits: hidden states and their logits; layer features too where feature_buffer keeps their block
-        graphed = name in GRAPHED or (logits and (name != "forward_tokens_features" or "feature_buffer" in self._fn))
-        if self.graphs is not None and graphed and ids.size <= self.graphs.max_rows and not extra:
+        if self.graphs is not None and ids.size <= self.graphs.max_rows and not extra and (name in GRAPHED or (
+                logits and (name != "forward_tokens_features" or "feature_buffer" in self._fn))):
             key = (name, logits, kv.tensor.data_ptr(), kv.tensor.shape, ids.shape, *(a.shape for a in arrays))
             outs = self.graphs.run(key, [ids, *arrays], lambda t: self._call(name, t[0], kv, t[1:], logits=logits),
                                    self._reserve, self.vm["_metadata"])

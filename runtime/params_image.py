@@ -36,13 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from .contract import TENSOR_CACHE_FILE
+from .tensor_cache import cache_root
 
 FORMAT = 1
 PAGE = 4096
-
-
-def _root() -> Path:
-    return Path(os.environ.get("SPECCOMPILE_CACHE", Path.home() / ".cache" / "speccompile")) / "params"
 
 
 def _dir_key(model_dir: Path) -> str:
@@ -59,7 +56,7 @@ def image_path(model_dir: Path, index: dict, meta: dict) -> Path:
         st = (model_dir / shard["dataPath"]).stat()
         h.update(f"{shard['dataPath']}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino};".encode())
     h.update(json.dumps([meta["params"], sorted(meta.get("tiled_params", [])), meta.get("tile")]).encode())
-    return _root() / f"{_dir_key(model_dir)}-{h.hexdigest()[:24]}.bin"
+    return cache_root() / "params" / f"{_dir_key(model_dir)}-{h.hexdigest()[:24]}.bin"
 
 
 def _layout(meta: dict) -> tuple[list[tuple[int, tuple, np.dtype]], int]:

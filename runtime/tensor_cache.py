@@ -140,10 +140,14 @@ def _stat(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+def cache_root() -> Path:
+    """Where speccompile keeps what it downloads, builds and learns (``SPECCOMPILE_CACHE``)."""
+    return Path(os.environ.get("SPECCOMPILE_CACHE", Path.home() / ".cache" / "speccompile"))
+
+
 def _stamp_file(model_dir: Path) -> Path:
     key = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:20]
-    root = Path(os.environ.get("SPECCOMPILE_CACHE", Path.home() / ".cache" / "speccompile"))
-    return root / "verified" / f"{key}.json"
+    return cache_root() / "verified" / f"{key}.json"
 
 
 def _read_stamps(model_dir: Path) -> dict:

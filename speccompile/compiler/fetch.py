@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from speccompile.runtime.tensor_cache import cache_root as runtime_cache_root
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ ARTIFACTS = {
 
 
 def cache_root() -> Path:
-    root = Path(os.environ.get("SPECCOMPILE_CACHE", Path.home() / ".cache" / "speccompile"))
+    root = runtime_cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

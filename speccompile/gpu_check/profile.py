@@ -100,9 +100,10 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     import_runtime_only()
     from speccompile.runtime.engine import Engine
 
-    # the engine's sequences and two scratch ones; n-gram drafts of a fixed 4 for the speculative
-    # step (plain steps are those of sequences that do not speculate: no proposing)
-    engine = Engine(Path(model_dir), Path(lib), max_num_sequence=4, speculative_mode="ngram", spec_draft_length=4)
+    engine = Engine(Path(model_dir), Path(lib), max_num_sequence=4)  # the engine's sequence and two scratch ones
+    # the speculative step's own engine, as a user's: n-gram drafts of a fixed 4 (the plain phases stay
+    # those of a plain engine, with no draft-length policy observing their steps)
+    spec_engine = Engine(Path(model_dir), Path(lib), max_num_sequence=1, speculative_mode="ngram", spec_draft_length=4)
     model, kv = engine.model, engine.kv
     import torch  # after TVM: torch's own CUDA libraries must not replace the ones TVM loaded
     from torch.profiler import ProfilerActivity
@@ -114,7 +115,7 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     if model.graphs is not None:  # the same sequence's steps run as calls, for the host time graphs save
         fn, reps, seq = phases["engine_step_ctx128"]
         phases["engine_step_ctx128_no_graph"] = (_without_graphs(model, fn), reps, seq)
-    phases["engine_spec_step_ctx128"] = _engine_steps(engine, REPEATED, 128, speculative=True)
+    phases["engine_spec_step_ctx128"] = _engine_steps(spec_engine, REPEATED, 128, speculative=True)
     if model.context_window_size >= 2048 + 64:
         phases["engine_step_ctx2048"] = _engine_steps(engine, prompt, 2048)
     for name, (fn, reps, *seq) in phases.items():

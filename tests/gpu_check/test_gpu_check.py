@@ -270,11 +270,11 @@ def test_the_profiles_engine_steps_are_plain_and_speculative_as_named(build_tiny
     from speccompile.runtime.engine import Engine
 
     built = build_tiny("tiny-llama", "q0f32")
-    engine = Engine(built.model_dir, built.lib, max_num_sequence=4, speculative_mode="ngram", spec_draft_length=4)
-    fn, reps, plain = _engine_steps(engine, "Hello", 24)
+    fn, reps, plain = _engine_steps(Engine(built.model_dir, built.lib, max_num_sequence=4), "Hello", 24)
     for _ in range(reps + 1):
         fn()
     assert len(plain.result.token_ids) == reps + 2 and plain.result.stats.spec is None  # never speculated
+    engine = Engine(built.model_dir, built.lib, max_num_sequence=1, speculative_mode="ngram", spec_draft_length=4)
     fn, reps, spec = _engine_steps(engine, REPEATED, 24, speculative=True)
     for _ in range(reps + 1):
         fn()
