@@ -9,9 +9,14 @@ process, the costs arrived after the request they were needed for: a fresh ``gen
 plainly while a fixed k = 3 was 1.7x faster. So:
 
 - ``CostTable``: seconds of one forward per row count, measured once per (library, host
-  CPU, threads) by timing real forwards on scratch sequences (about a second for a 1.5B
-  model), and kept in ``$SPECCOMPILE_CACHE/costs/`` keyed by the libraries' fingerprints and
-  the host;
+  CPU, threads) by timing real forwards on scratch sequences, and kept in
+  ``$SPECCOMPILE_CACHE/costs/`` keyed by the libraries' fingerprints and the host. The
+  measuring is what a user's first request waits for, so it is bounded: the row counts a
+  single stream's steps use (1, 2, 4, 8) always, the others in order of use while the
+  profile has taken under ``PROFILE_SECONDS``, and at most ``TIMED_SECONDS`` of timed calls
+  per count (a 1.5B model on a 2-core CPU: ~1 s, where timing all twelve counts three
+  times took 3.7 s of a first ``generate``'s 8.2). Counts left out interpolate, and what
+  real steps observe heals the table for the next process (below);
 - ``CostModel``: the target's and the proposer's tables plus *one* pace factor that online
   observations move (this machine's clock changes 10-30% within seconds: the ratios between
   row counts hold, the absolute level does not). What real steps measure per row count is
@@ -32,8 +37,14 @@ from .tensor_cache import cache_root
 from .threads import thread_count
 
 PACE_WINDOW = 15  # recent observed/predicted ratios of target forwards whose median is the pace
-# Row counts whose forward cost is measured before the first step (others interpolate).
-TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+# Row counts whose forward cost is measured before the first step (others interpolate), in the
+# order they are measured: the first ``CORE_ROWS`` always, the rest while the profile is under
+# PROFILE_SECONDS -- the doublings first (a batch's rows; the GPU kernels' row chunks of 8 and
+# 32 show as steps between them), then the counts between.
+TARGET_ROWS = (1, 2, 4, 8, 16, 32, 3, 6, 12, 24, 5, 10)
+CORE_ROWS = 4
+PROFILE_SECONDS = 1.0
+TIMED_SECONDS = 0.15  # timed calls of one row count stop once they add up to this (at least one)
 DRAFT_ROWS = (1, 2, 3, 4, 6, 8)
 PROFILE_FORMAT = 2  # part of a profile's cache key: bumped when what a profile means changes
 REFRESH = 0.1  # weight of one observation in its row count's running cost
@@ -211,22 +222,29 @@ class CostModel:
             return None  # absent or unreadable: measure again
 
 
-def time_min(fn, repeat: int = 3) -> float:
-    """Best of ``repeat`` timed calls after one untimed call (which allocates buffers)."""
+def time_min(fn, repeat: int = 3, budget: float | None = None) -> float:
+    """Best of ``repeat`` timed calls after one untimed call (which allocates buffers); with
+    ``budget``, fewer once the timed calls add up to that many seconds (at least one)."""
     fn()
-    best = float("inf")
+    best, spent = float("inf"), 0.0
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        best, spent = min(best, dt), spent + dt
+        if budget is not None and spent >= budget:
+            break
     return best
 
 
-def measure_target(model, kv, rows: list[int], features: str) -> dict[int, float]:
+def measure_target(model, kv, rows: list[int], features: str, budget: float | None = None) -> dict[int, float]:
     """Seconds of a target forward plus greedy verification over r rows of one scratch
     sequence (after a 16-token prefix), through the very calls a decode step makes: the
     fused logits entry points, or (for heads that read ``features``: the Proposer's
-    attribute) hidden states or layer features with their logits."""
+    attribute) hidden states or layer features with their logits. With ``budget`` (seconds),
+    the profile's bounded form: the first CORE_ROWS counts of ``rows`` always, each further
+    one only while the measuring so far took less, and each count's timed calls capped at
+    TIMED_SECONDS; without, every count, best of three."""
     sid = -1
     kv.add_sequence(sid)
     try:
@@ -248,7 +266,12 @@ def measure_target(model, kv, rows: list[int], features: str) -> dict[int, float
             model.accept_greedy(logits, tokens, parents)
             kv.popn(sid, r)
 
-        return {r: time_min(lambda: forward(r)) for r in rows}
+        t0, out = time.perf_counter(), {}
+        for i, r in enumerate(rows):
+            if budget is not None and i >= CORE_ROWS and time.perf_counter() - t0 >= budget:
+                break
+            out[r] = time_min(lambda: forward(r), budget=None if budget is None else TIMED_SECONDS)
+        return out
     finally:
         kv.remove_sequence(sid)
 
@@ -258,10 +281,10 @@ def load_or_measure(libraries: list[Path], mode: str, model, kv, proposer, max_r
     or measured now on scratch sequences (about a second per model) and cached. The key
     covers the libraries' contents, the mode (with its tree shape) and the host."""
     rows = [r for r in TARGET_ROWS if r <= max_rows]
-    path = profile_path(libraries, mode, f"rows<={rows[-1]}")
+    path = profile_path(libraries, mode, f"rows<={max(rows)}")
     cost = CostModel.load(path)
     if cost is None:
-        target = CostTable(measure_target(model, kv, rows, proposer.features))
+        target = CostTable(measure_target(model, kv, rows, proposer.features, budget=PROFILE_SECONDS))
         draft, per_token = proposer.measure(list(DRAFT_ROWS))
         cost = CostModel(target, CostTable(draft), per_token, path)
         cost.save()

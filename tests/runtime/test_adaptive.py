@@ -114,6 +114,66 @@ def test_profile_key_depends_on_library_mode_and_host(tmp_path, monkeypatch):
     assert profile_path([lib], "ngram") != a
 
 
+class _Clock:
+    """A fake ``time.perf_counter`` that only the fake model's forwards advance."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _TimedModel:
+    """What measure_target calls of a model and a KV cache, each forward of r rows taking
+    ``ms_per_row * r`` on the fake clock; ``calls`` counts the forwards per row count."""
+
+    def __init__(self, clock: _Clock, ms_per_row: float):
+        self.clock, self.ms, self.calls = clock, ms_per_row, {}
+
+    def _forward(self, r: int):
+        self.clock.now += self.ms * r * MS
+        self.calls[r] = self.calls.get(r, 0) + 1
+
+    def prefill(self, kv, ids, chunks):
+        pass
+
+    def decode(self, kv, ids, tokens, on_device=False):
+        self._forward(len(tokens))
+
+    def forward_tokens(self, kv, ids, tokens, on_device=False):
+        self._forward(len(tokens[0]))
+
+    def accept_greedy(self, logits, tokens, parents):
+        pass
+
+    add_sequence = remove_sequence = popn = lambda self, *a: None
+
+
+def test_the_profile_is_bounded_and_keeps_the_rows_a_stream_uses(monkeypatch):
+    """A first request waits for the profile: every count of TARGET_ROWS is timed only while
+    the profile is under its budget, the first CORE_ROWS (1, 2, 4, 8) always; without a
+    budget (the GPU check's row costs) every count, best of three after a warm-up."""
+    from speccompile.runtime import costs
+
+    clock = _Clock()
+    monkeypatch.setattr(costs.time, "perf_counter", clock)
+    rows = list(costs.TARGET_ROWS)
+    assert sorted(rows[: costs.CORE_ROWS]) == [1, 2, 4, 8]
+    fast = _TimedModel(clock, 1.0)  # 1 ms a row: all twelve counts fit a second
+    assert set(costs.measure_target(fast, fast, rows, "", budget=1.0)) == set(rows)
+    assert all(n == 4 for n in fast.calls.values())
+    slow = _TimedModel(clock, 20.0)  # 20 ms a row: the core, then 16 rows, then the budget is spent
+    seconds = costs.measure_target(slow, slow, rows, "", budget=1.0)
+    assert list(seconds) == [1, 2, 4, 8, 16]
+    assert seconds[8] == pytest.approx(0.16)
+    assert slow.calls[1] == 4 and slow.calls[8] == 2 and slow.calls[16] == 2  # timed calls capped at TIMED_SECONDS
+    slow.calls.clear()
+    assert list(costs.measure_target(slow, slow, rows, "", budget=0.0)) == rows[: costs.CORE_ROWS]
+    slow.calls.clear()
+    assert set(costs.measure_target(slow, slow, rows, "")) == set(rows) and set(slow.calls.values()) == {4}
+
+
 # ------------------------------------------------------------- acceptance
 def test_calibration_learns_what_a_confidence_is_worth():
     acc = AcceptanceModel()
