@@ -79,6 +79,11 @@ class TensorCacheWriter:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"metadata": meta, "records": self.shards}, indent=1))
         tmp.replace(path)  # atomic: a crash never leaves a half-written index
+        # The md5s above are of the very bytes written, so the shards count as checked: the
+        # first load after a conversion need not read and hash them all again (1.1 GB of
+        # Qwen2.5-1.5B: ~1.5 s of a first generate). A shard touched since is hashed as before.
+        _write_stamps(self.out_dir, _read_stamps(self.out_dir),
+                      {s["dataPath"]: {r["name"] for r in s["records"]} for s in self.shards})
         return path
 
 

@@ -1,3 +1,4 @@
+import os
 import shutil
 
 import numpy as np
@@ -58,6 +59,34 @@ def test_shards_are_hashed_once_and_again_after_any_change(build_tiny, tmp_path,
     shard.write_bytes(bytes(data))  # same size, new mtime
     with pytest.raises(tensor_cache.TensorCacheError, match="corrupt: md5 mismatch"):
         load_params(d, names)
+
+
+def test_a_conversion_stamps_its_shards_as_checked(tmp_path, monkeypatch):
+    """The writer hashed the bytes it wrote: the first load trusts them (no second hash); a
+    shard touched after writing is hashed again, and a changed byte is caught."""
+    import hashlib
+
+    from speccompile.runtime import tensor_cache
+
+    monkeypatch.setenv("SPECCOMPILE_CACHE", str(tmp_path / "cache"))
+    w = tensor_cache.TensorCacheWriter(tmp_path / "m", {})
+    arrays = {"a": np.arange(12, dtype=np.float32), "b": np.ones((3, 4), np.uint32)}
+    for name, arr in arrays.items():
+        w.add(name, arr)
+    w.finish()
+    real = hashlib.md5
+    calls = []
+    monkeypatch.setattr(tensor_cache.hashlib, "md5", lambda raw: calls.append(1) or real(raw))
+    out = load_params(tmp_path / "m", ["a", "b"])
+    assert not calls and all((out[n] == a).all() for n, a in arrays.items())
+    shard = tmp_path / "m" / "params_shard_0.bin"
+    before = shard.stat().st_mtime_ns
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(before + 10**9, before + 10**9))  # touched (a coarse clock may not have moved)
+    with pytest.raises(tensor_cache.TensorCacheError, match="corrupt: md5 mismatch"):
+        load_params(tmp_path / "m", ["a", "b"])
 
 
 def test_truncated_shard_is_named(build_tiny, tmp_path):
