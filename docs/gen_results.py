@@ -404,6 +404,12 @@ def rows_per_prompt(name, data, commit, date):
 HEAD_PER_PROMPT = ["file", "date", "commit", "prompts", "mean speedup", "per prompt", "verify steps", "identical"]
 
 
+def short(x) -> str:
+    """A figure with at most 3 decimals and no trailing zeros after the point (10 stays 10)."""
+    text = num(x, 3)
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def flatten(obj, prefix="") -> list[tuple[str, str]]:
     """Numeric leaves of a microbenchmark as (path, value) rows; lists of numbers joined."""
     out: list[tuple[str, str]] = []
@@ -412,12 +418,12 @@ def flatten(obj, prefix="") -> list[tuple[str, str]]:
             out += flatten(v, f"{prefix}/{k}" if prefix else str(k))
     elif isinstance(obj, list):
         if obj and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in obj):
-            out.append((prefix, ", ".join(num(x, 3).rstrip("0").rstrip(".") for x in obj)))
+            out.append((prefix, ", ".join(short(x) for x in obj)))
         elif obj and all(isinstance(x, dict) for x in obj):
             keys = [k for k in obj[0] if all(isinstance(x.get(k), (int, float)) for x in obj)]
             if keys and len(keys) == len(obj[0]):
                 for k in keys:
-                    out.append((f"{prefix}/{k}", ", ".join(num(x[k], 3).rstrip("0").rstrip(".") for x in obj)))
+                    out.append((f"{prefix}/{k}", ", ".join(short(x[k]) for x in obj)))
             else:
                 for i, x in enumerate(obj):
                     out += flatten(x, f"{prefix}[{i}]")
@@ -425,7 +431,7 @@ def flatten(obj, prefix="") -> list[tuple[str, str]]:
             for i, x in enumerate(obj):
                 out += flatten(x, f"{prefix}[{i}]")
     elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
-        out.append((prefix, num(obj, 3).rstrip("0").rstrip(".")))
+        out.append((prefix, short(obj)))
     return out
 
 
