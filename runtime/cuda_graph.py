@@ -30,6 +30,12 @@ What makes a replay compute the same thing as the call it was captured from:
   the KV tensor's address; runtime/model.py pads the page table to a fixed width, so a
   sequence keeps one decode graph as it grows. Forwards of more than ``max_rows`` rows
   (prompt chunks) run as before: launches are a small share of their time.
+- **When:** a shape's graph is captured at its second use (``CAPTURE_AT``); its first runs as
+  a call. A capture costs about five forwards (two uncaptured calls, the recording, the
+  reserve calls, the checked replay) plus instantiation, and a one-shot process meets shapes
+  it forwards only once (a verify of a draft length met once) beside the few it forwards
+  dozens of times (decode, the usual verify): capturing on first sight paid a capture for
+  each once-used shape; now a shape used twice or more pays one call more.
 - **Checked:** a new graph's first replay must give the bits of the uncaptured call on the
   same inputs (the kernels are deterministic), or it is not used.
 Any failure to capture turns graphs off for the model (with one warning) and the call runs
@@ -133,6 +139,7 @@ class CudaGraphs:
     switched off and on (graphs are kept); ``failed`` says why capturing stopped, if it did."""
 
     MAX = 64  # graphs kept (one per entry point and shape); past it they are all dropped
+    CAPTURE_AT = 2  # the use of a shape at which its graph is captured (the first runs as a call)
 
     def __init__(self, device, max_rows: int, driver: _Driver | None = None):
         self.device, self.max_rows = device, max_rows
@@ -143,6 +150,7 @@ class CudaGraphs:
         self.kept: dict[tuple, list] = {}  # output class -> blocks, as tensors of max_rows rows
         self.enabled, self.failed = True, None
         self.captures = self.replays = 0
+        self.uses: dict[tuple, int] = {}  # forwards per key not yet captured
         self.capture_seconds = 0.0  # wall time of captures: two calls, the recording, instantiation, the check
 
     @staticmethod
@@ -152,8 +160,9 @@ class CudaGraphs:
     def run(self, key: tuple, arrays: list[np.ndarray], call: Callable[[list], list],
             reserve: Callable[[int, int], Any], flush: Callable[[], Any]) -> list | None:
         """``call(input tensors)`` -> the forward's outputs, replayed from the graph keyed by
-        ``key`` (captured on first sight): views of the kept blocks, valid until the next
-        replay. None when graphs are off (the caller runs the forward itself).
+        ``key`` (captured at its CAPTURE_AT-th use): views of the kept blocks, valid until the
+        next replay. None when graphs are off or the key's graph is not captured yet (the
+        caller runs the forward itself).
         ``reserve(width, rows)``: a call whose output has the planned size of ``call``'s
         outputs ``width`` wide, ``rows`` rows (a capture keeps its block). ``flush()``: a call
         of the same VM that allocates nothing, after which the VM no longer holds the result of
@@ -163,6 +172,11 @@ class CudaGraphs:
             return None
         g = self.graphs.get(key)
         if g is None:
+            if len(self.uses) >= 4 * self.MAX:
+                self.uses.clear()
+            self.uses[key] = self.uses.get(key, 0) + 1
+            if self.uses[key] < self.CAPTURE_AT:
+                return None  # the caller runs the forward itself
             t0 = time.perf_counter()
             try:
                 g = self._capture(key, arrays, call, reserve, flush)  # replayed once already, and checked
