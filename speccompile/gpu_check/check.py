@@ -467,7 +467,9 @@ class Check:
                  f"HF fp16 generate {rec['peers']['hf_fp16_tok_s']} tok/s")
 
     def speculative(self, m: dict, model_dir: Path | None) -> None:
-        """bench --one-shot per mode: suffix (the runtime's default), ngram, then each head the payload ships."""
+        """bench --one-shot per mode: suffix (the runtime's default), the same with CUDA graphs off in
+        both its plain and spec processes (``suffix_no_graph``: whether graphs pay in processes
+        this short), ngram, then each head the payload ships."""
         from speccompile.bench.oneshot import run_one_shot
 
         rec = self.result["models"][m["name"]]
@@ -477,20 +479,22 @@ class Check:
         count = 1 if self.quick else self.args.prompts
         prompts.write_text("".join(json.dumps({"question_id": i, "category": c, "prompt": p}) + "\n"
                                    for i, (c, p) in enumerate(SPEC_PROMPTS[:count])))
-        modes = [("suffix", None), ("ngram", None)] + [(k, h) for k, h in m.get("heads", {}).items()]
-        modes = [(k, h) for k, h in modes if not self.args.modes or k in self.args.modes]
+        modes = [("suffix", None), ("suffix_no_graph", None), ("ngram", None)] + list(m.get("heads", {}).items())
+        modes = [(k, h) for k, h in modes if (not self.args.modes or k in self.args.modes)
+                 and (k != "suffix_no_graph" or self.device == "cuda")]
         per_mode = None
         for mode, head in modes:
             if per_mode is not None and self.left() < per_mode * 1.2:
                 self.skip(rec, f"speculative.{mode}", f"{self.left():.0f} s of the budget left; a mode took {per_mode:.0f} s")
                 continue
-            spec = {"speculative_mode": head.get("mode", mode) if head else mode}  # an EAGLE-3 head runs as eagle
+            spec = {"speculative_mode": head.get("mode", mode) if head else mode.removesuffix("_no_graph")}  # EAGLE-3 runs as eagle
             if head:
                 spec["additional_models"] = f"{self.payload / head['dir']},{self.lib_of(head)}"
             self.log(f"{m['name']}: one-shot {mode} on {count} prompt(s)")
             t0 = time.monotonic()
-            report = self.step(rec, f"speculative.{mode}", run_one_shot, model_dir, self.lib_of(m), spec,
-                               prompts, 16 if self.quick else 128)
+            overrides = "cuda_graph=off" if mode.endswith("_no_graph") else None
+            report = self.step(rec, f"speculative.{mode}", lambda: run_one_shot(
+                model_dir, self.lib_of(m), spec, prompts, 16 if self.quick else 128, overrides=overrides))
             per_mode = time.monotonic() - t0
             if report:
                 o = report["overall"]

@@ -38,7 +38,8 @@ DEFINITIONS = {
                    "(bonus included); identical = [prompts whose four outputs are token-identical, prompts]; per "
                    "prompt, a spec run's seconds proposing (draft_seconds), in verify forwards and acceptance "
                    "(verify_seconds) and committing and emitting (other_seconds), and cuda_graph: the graphs a "
-                   "plain and a spec process captured, the wall seconds the captures took, the replays",
+                   "plain and a spec process captured, the wall seconds the captures took, the replays; "
+                   "suffix_no_graph: the default mode again with CUDA graphs off in every process",
     "kernel_profile": "speccompile/gpu_check/profile.py: per phase, wall ms per call, device_busy_ms (the sum of its "
                       "kernels' CUPTI times), launches per call and the top kernels by device time; "
                       "engine_spec_step_ctx128 is an engine step with n-gram drafts of 4 (propose, a 5-row verify, "

@@ -283,3 +283,32 @@ def test_the_profiles_engine_steps_are_plain_and_speculative_as_named(build_tiny
     # over, whose latest match is the token before it: drafts of 1 after the prompt)
     assert s.verify_steps == reps + 1 and reps + 1 <= s.draft_tokens <= 4 * (reps + 1)
     assert len(spec.result.token_ids) == 1 + (reps + 1) + s.accepted_tokens
+
+
+def test_on_cuda_the_default_mode_is_measured_again_with_graphs_off(tmp_path, monkeypatch):
+    """Check.speculative on a cuda device: suffix, then suffix with ``cuda_graph=off`` given to
+    every process (its plain runs too), then ngram and the heads; the CPU dry run has no graphs
+    to turn off and skips that mode."""
+    import types
+
+    from speccompile.bench import oneshot
+
+    calls = []
+
+    def fake(model_dir, lib, spec, prompts, max_tokens, overrides=None):
+        calls.append((spec["speculative_mode"], overrides))
+        return None  # as a failed run: nothing is recorded
+
+    monkeypatch.setattr(oneshot, "run_one_shot", fake)
+    for device, expected in (("cuda", [("suffix", None), ("suffix", "cuda_graph=off"), ("ngram", None),
+                                       ("eagle", None)]),
+                             ("cpu", [("suffix", None), ("ngram", None), ("eagle", None)])):
+        calls.clear()
+        check = object.__new__(Check)
+        check.device, check.quick, check.work, check.payload, check.refused = device, True, tmp_path, tmp_path, None
+        check.args = types.SimpleNamespace(prompts=1, modes=None)
+        check.result = {"models": {"m": {"speculative": {}}}}
+        check.left, check.save, check.log = (lambda: 1e9), (lambda: None), (lambda msg: None)
+        m = {"name": "m", "lib": "m.so", "heads": {"eagle": {"dir": "h", "lib": "h.so"}}}
+        check.speculative(m, tmp_path)
+        assert calls == expected
