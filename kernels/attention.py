@@ -226,6 +226,7 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
                     for j in T.vectorized(BLOCK):
                         sc[g, j] = T.if_then_else(blk * BLOCK + j < rows, _exp(sc[g, j] - st[g, 0]), T.float32(0))
                     st[g, 1] = st[g, 1] * st[g, 2] + _tree_sum(sc, g, BLOCK)
+                for g in T.unroll(group):  # (apart: the heads' exponentials above overlap)
                     # the head's output in registers (ob) across the block's rows
                     for i in T.vectorized(head_dim):
                         ob[i] = o[g, i] * st[g, 2]
