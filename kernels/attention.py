@@ -125,7 +125,7 @@ def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta
 
 BLOCK = 16  # rows whose scores, maximum and exponentials a query head takes together (CPU kernel)
 LOG2E = 1.4426950408889634
-LN2_HI, LN2_LO = 0.693145751953125, 1.428606765330187e-06  # ln 2 split: n * LN2_HI is exact for |n| < 2^11
+LN2_HI, LN2_LO = 0.693145751953125, 1.428606765330187e-06  # ln 2 split: LN2_HI has 15 significant bits, so n * LN2_HI is exact for |n| < 512 (here |n| <= 126)
 
 
 def _exp(x):
