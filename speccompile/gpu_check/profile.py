@@ -119,7 +119,8 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     if model.context_window_size >= 2048 + 64:
         phases["engine_step_ctx2048"] = _engine_steps(engine, prompt, 2048)
     for name, (fn, reps, *seq) in phases.items():
-        fn()  # warm-up: first-launch module loading stays out of the figures
+        for _ in range(2):  # warm-up: first-launch module loading, and a graph's capture at its shape's
+            fn()            # second use (runtime/cuda_graph.py CAPTURE_AT), stay out of the figures
         emitted = len(seq[0].result.token_ids) if seq else 0
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
