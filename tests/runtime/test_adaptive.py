@@ -172,6 +172,10 @@ def test_the_profile_is_bounded_and_keeps_the_rows_a_stream_uses(monkeypatch):
     assert list(costs.measure_target(slow, slow, rows, "", budget=0.0)) == rows[: costs.CORE_ROWS]
     slow.calls.clear()
     assert set(costs.measure_target(slow, slow, rows, "")) == set(rows) and set(slow.calls.values()) == {4}
+    graphed = _TimedModel(clock, 1.0)  # with CUDA graphs the capture (a shape's second use) is untimed too
+    graphed.graphs = object()
+    costs.measure_target(graphed, graphed, [1, 2], "", budget=1.0)
+    assert graphed.calls == {1: 5, 2: 5}
 
 
 # ------------------------------------------------------------- acceptance
