@@ -232,6 +232,25 @@ class EagleProposer:
         self.pending.pop(seq_id, None)
         self.coverage.remove(seq_id)
 
+    def on_finish(self, seq_id: int) -> None:
+        pass
+
+    def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
+        """The head's row j is built from the target feature of position j and token j + 1, so
+        rows before keep - 1 stay valid; pending features of positions before keep stay too.
+        The target must send features again from the first position the head lacks."""
+        built = self.kv.length(seq_id)
+        if built > keep - 1:
+            self.kv.popn(seq_id, built - max(keep - 1, 0))
+            self.pending[seq_id] = []
+        else:
+            pending = self.pending[seq_id]
+            rows = np.concatenate(pending) if pending else np.zeros((0,))
+            self.pending[seq_id] = [rows[: keep - built]] if keep > built and len(rows) else []
+        self.coverage.remove(seq_id)
+        self.coverage.add(seq_id, prompt)
+        return self.kv.length(seq_id) + sum(len(p) for p in self.pending[seq_id])
+
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
 

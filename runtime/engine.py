@@ -36,6 +36,7 @@ from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics, StepRecord, record_step
 from .model import Model
 from .options import EngineConfig, configs_from
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, sample, token_logprobs
 from .sequence import GenerationError, GenerationResult, Sequence, Stats
 from .speculative import SpeculativeConfig
@@ -114,6 +115,8 @@ class Engine(GenerationAPI):
             if self.cost.acceptance_of != key:  # learned with other weights: start from the prior
                 self.cost.acceptance, self.cost.acceptance_of = None, key
         self.set_draft_length(spec.spec_draft_length)
+        recycling = sizing.prefix_cache_max_num_recycling_seqs
+        self.prefix_cache = PrefixCache(self, max_num_sequence if recycling is None else recycling)
         self._next_seq = 0
         self.totals = Stats(spec=SpecMetrics())  # every step this engine ran (a server exports them)
         self.feature_sink = None  # see capture_features
@@ -166,10 +169,16 @@ class Engine(GenerationAPI):
         return seq
 
     def attach(self, seq: Sequence) -> None:
-        """Give the sequence a KV slot; its history is prefilled by :meth:`prefill`. A
-        sequence that already emitted tokens (resumed after preemption) re-prefills all
-        but its last token, which the next step feeds as usual: prefill and decode give
-        bit-identical logits, so a resumed sequence continues exactly as if never paused."""
+        """Give the sequence a KV slot; its history is prefilled by :meth:`prefill`. A new
+        prompt that starts like a kept finished sequence takes that one's KV and prefills
+        only the rest (runtime/prefix_cache.py). A sequence that already emitted tokens
+        (resumed after preemption) re-prefills all but its last token, which the next step
+        feeds as usual: prefill and decode give bit-identical logits, so a resumed sequence
+        continues exactly as if never paused."""
+        if not seq.result.token_ids and (cached := self.prefix_cache.take(seq)):
+            seq.result.stats.cached_prompt_tokens = cached
+            seq.to_prefill = list(seq.history[cached:])
+            return
         self.kv.add_sequence(seq.seq_id)
         if self.proposer:
             self.proposer.add_sequence(seq.seq_id, seq.history, seq.tenant)
@@ -177,8 +186,13 @@ class Engine(GenerationAPI):
                 self.policy.acceptance.new_prompt(seq.seq_id)
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
 
-    def detach(self, seq: Sequence) -> None:
-        """Free the sequence's KV pages (target and draft); safe to call twice."""
+    def detach(self, seq: Sequence, keep: bool = False) -> None:
+        """Free the sequence's KV pages (target and draft); safe to call twice. ``keep``: a
+        sequence that finished is kept for a later prompt that starts the same way instead
+        (the prefix cache, while it has room)."""
+        if keep and seq.done and self.prefix_cache.keep(seq):
+            seq.to_prefill = []
+            return
         self.kv.remove_sequence(seq.seq_id)
         if self.proposer:
             self.proposer.remove_sequence(seq.seq_id)

@@ -114,6 +114,7 @@ class GenerationAPI:
         """Prefill every prompt, then step until all are done, yielding (deltas, results)."""
         seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos, grammar=self.grammars.constraint(response_format),
                                   top_logprobs=top_logprobs) for ids, sp in zip(prompts, samplings)]
+        finished = False
         try:
             for seq in seqs:
                 self.attach(seq)
@@ -129,10 +130,11 @@ class GenerationAPI:
                     s.pending_text = ""
                 active = [s for s in seqs if not s.done]
                 if not active:
+                    finished = True
                     break
                 self.step(active)
         finally:
             for s in seqs:
-                self.detach(s)
+                self.detach(s, keep=finished)  # a generation cut short (an error, a closed stream) is freed
             if self.policy is not None and self.proposer is not None and self.policy.fixed_k is None:
                 self.policy.save()

@@ -7,10 +7,18 @@ fixes the order the entry points take them in). Pages hold the contract's
 ``KV_PAGE_SIZE`` tokens, the size compiled into the attention kernel. Rolling back a
 chain is just shortening a sequence; committing a token tree copies the accepted path's
 rows into place.
+
+Recycled sequences (the engine's prefix cache, runtime/engine.py): a finished sequence's
+pages may be kept for a later prompt that starts with the same tokens. They count as free
+(a scheduler admits against them), and a reservation that lacks pages first asks
+``reclaim()`` to free a recycled sequence (the engine's, which frees it here and in its
+proposer's caches, least recently recycled first) until it has them or none is left.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -67,6 +75,8 @@ class PagedKV:
         self.num_pages = num_pages
         self.free: list[int] = list(range(num_pages - 1, -1, -1))
         self.seqs: dict[int, SeqState] = {}
+        self.recycled: OrderedDict[int, None] = OrderedDict()  # finished sequences kept, oldest first
+        self.reclaim: Callable[[], bool] | None = None  # frees one recycled sequence; False if none is left
 
     # ------------------------------------------------------------- sequences
     def add_sequence(self, seq_id: int) -> None:
@@ -76,14 +86,24 @@ class PagedKV:
 
     def remove_sequence(self, seq_id: int) -> None:
         st = self.seqs.pop(seq_id, None)
+        self.recycled.pop(seq_id, None)
         if st is not None:
             self.free.extend(reversed(st.pages))
+
+    def recycle(self, seq_id: int) -> None:
+        """A finished sequence's pages are kept, and counted as free, until reclaimed."""
+        self.recycled[seq_id] = None
+
+    def adopt(self, seq_id: int) -> None:
+        """A recycled sequence is in use again: its pages are no longer free to take."""
+        del self.recycled[seq_id]
 
     def length(self, seq_id: int) -> int:
         return self.seqs[seq_id].length
 
     def num_free_pages(self) -> int:
-        return len(self.free)
+        """Pages a reservation can get: the free ones and those recycled sequences hold."""
+        return len(self.free) + sum(len(self.seqs[s].pages) for s in self.recycled)
 
     def pages_needed(self, seq_id: int, extra_tokens: int) -> int:
         st = self.seqs[seq_id]
@@ -92,8 +112,10 @@ class PagedKV:
     def check_room(self, seq_ids: list[int], counts: list[int]) -> None:
         """Raise KVCacheFull unless these sequences can grow by these many tokens (done
         before a long chain is appended over several forwards, so a full cache still
-        changes nothing)."""
+        changes nothing but the recycled sequences it reclaimed)."""
         need = sum(self.pages_needed(s, c) for s, c in zip(seq_ids, counts))
+        while need > len(self.free) and self.reclaim is not None and self.reclaim():
+            pass
         if need > len(self.free):
             raise KVCacheFull(f"KV cache needs {need} more pages, {len(self.free)} free")
 

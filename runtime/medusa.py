@@ -98,6 +98,16 @@ class MedusaProposer:
         self.proposed.pop(seq_id, None)
         self.coverage.remove(seq_id)
 
+    def on_finish(self, seq_id: int) -> None:
+        pass
+
+    def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
+        """The heads read the last committed token's feature, which the prefill of the prompt's
+        tail sends again; earlier proposals are the old request's."""
+        self.remove_sequence(seq_id)
+        self.add_sequence(seq_id, prompt, tenant)
+        return keep
+
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
 

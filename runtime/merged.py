@@ -85,6 +85,13 @@ class MergedProposer:
         self.index.remove_sequence(seq_id)
         self.drafter.remove_sequence(seq_id)
 
+    def on_finish(self, seq_id: int) -> None:
+        self.index.on_finish(seq_id)
+        self.drafter.on_finish(seq_id)
+
+    def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
+        return min(self.index.resume(seq_id, prompt, keep, tenant), self.drafter.resume(seq_id, prompt, keep, tenant))
+
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         self.drafter.prefill(seq_ids, chunks, starts)
 

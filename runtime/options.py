@@ -128,6 +128,11 @@ class EngineConfig:
         None, "lowers the configured context window (a larger one needs gen_config + compile)", kind=int, low=2,
         flag=False)
 
+    prefix_cache_max_num_recycling_seqs: int | None = option(
+        None, "finished sequences whose KV is kept for a later prompt that starts with the same tokens (a chat's next "
+        "turn): it is reused, not prefilled again, and freed first when pages run short; 0 = off (default: "
+        "max_num_sequence; bench: 0, so that every run prefills its prompt)", kind=int, low=0,
+        commands=("serve", "chat", "bench"), defaults={"bench": 0})
     cuda_graph: str = option("on", "replay decode and draft-verify forwards of up to 64 rows as CUDA graphs (cuda "
                              "libraries; one launch per step instead of one per kernel; same kernels, same bits)",
                              choices=("on", "off"))

@@ -69,6 +69,20 @@ class Proposer(Protocol):
 
     def remove_sequence(self, seq_id: int) -> None: ...
 
+    def on_finish(self, seq_id: int) -> None:
+        """The sequence finished and is kept, state and all, for a later prompt that starts
+        the same way (runtime/prefix_cache.py); ``resume`` or ``remove_sequence`` follows."""
+        ...
+
+    def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
+        """Sequence ``seq_id`` finished earlier and was kept (the engine's prefix cache); a new
+        request takes it over, whose ``prompt`` starts with the first ``keep`` tokens the
+        sequence held. Forget what followed them, serve ``prompt`` from now on, and return
+        how many of its leading tokens (<= keep) the target may keep: from there on it
+        prefills, and the proposer receives those tokens' features and chunks as a new
+        sequence's."""
+        ...
+
     def propose(self, seq_ids: list[int], histories: list[list[int]], ks: list[int],
                 sampling: list[SamplingParams], rngs: list[np.random.Generator], plan: StepPlan,
                 node_limit: int | None = None) -> list[Draft]:
@@ -146,6 +160,12 @@ class NGramProposer:
 
     def remove_sequence(self, seq_id: int) -> None:
         pass
+
+    def on_finish(self, seq_id: int) -> None:
+        pass
+
+    def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
+        return keep  # the lookup reads the history itself
 
     def on_commit(self, seq_id: int, history: list[int]) -> None:
         pass
@@ -268,6 +288,13 @@ class SmallDraftProposer:
     def remove_sequence(self, seq_id: int) -> None:
         self.kv.remove_sequence(seq_id)
         self.cached.pop(seq_id, None)
+
+    def on_finish(self, seq_id: int) -> None:
+        pass
+
+    def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
+        self.on_commit(seq_id, prompt[:keep])  # the draft's cache keeps what agrees with the kept tokens
+        return keep  # it prefills (or catches up on) the rest from tokens alone
 
     def on_commit(self, seq_id: int, history: list[int]) -> None:
         # keep the longest prefix of the cache that agrees with the committed history

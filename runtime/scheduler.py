@@ -56,6 +56,7 @@ class Event:
     time: float = field(default_factory=time.perf_counter)
     text: str = ""  # the whole output text so far (stop strings already cut)
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens a kept sequence's KV held (runtime/prefix_cache.py)
     finish_reason: str | None = None
     logprobs: list | None = None  # entries of the tokens new since the last event (GenerationResult.logprobs)
 
@@ -276,7 +277,7 @@ class Scheduler:
             self._deliver(req, Event(new_tokens=new_tokens))
 
     def _finish(self, req: Request, new_tokens: int = 0, error: str | None = None) -> None:
-        self.engine.detach(req.seq)
+        self.engine.detach(req.seq, keep=error is None)  # finished: kept for a prompt that starts the same way
         for group in (self.prefilling, self.running):
             if req in group:
                 group.remove(req)
@@ -298,6 +299,7 @@ class Scheduler:
             return
         res = req.seq.result
         event.text, event.completion_tokens, event.finish_reason = res.text, len(res.token_ids), res.finish_reason
+        event.cached_tokens = res.stats.cached_prompt_tokens
         if res.logprobs is not None:
             event.logprobs, req.logprobs_sent = res.logprobs[req.logprobs_sent:], len(res.logprobs)
         try:

@@ -26,6 +26,7 @@ class GenerationError(ValueError):
 class Stats:
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV a kept sequence held (runtime/prefix_cache.py)
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     spec: SpecMetrics | None = None
@@ -35,6 +36,7 @@ class Stats:
     def to_dict(self) -> dict:
         out = {
             "prefill_tokens": self.prefill_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "decode_tokens": self.decode_tokens,
             "prefill_tokens_per_s": self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0,
             "decode_tokens_per_s": self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0,

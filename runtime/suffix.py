@@ -206,6 +206,19 @@ class SuffixProposer:
         if index is not None and tenant is not None:
             self.store.add(tenant, seq_id, index.tokens)
 
+    def on_finish(self, seq_id: int) -> None:
+        """The finished text joins its tenant's store now, as at removal (the store keeps
+        one text per sequence id: a later removal replaces it)."""
+        index, tenant = self.seqs.get(seq_id), self.tenant.get(seq_id)
+        if index is not None and tenant is not None:
+            self.store.add(tenant, seq_id, index.tokens)
+
+    def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
+        """A new request's index over its prompt (what was kept is the earlier request's text:
+        it does not join the store, the new prompt holds it)."""
+        self.add_sequence(seq_id, prompt, tenant)
+        return keep
+
     def on_commit(self, seq_id: int, history: list[int]) -> None:
         index = self.seqs[seq_id]
         index.extend(history[len(index):])

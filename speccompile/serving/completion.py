@@ -202,7 +202,8 @@ class CompletionRun:
     def _usage(self, event: Event) -> dict:
         prompt = len(self.job.ids)
         return {"prompt_tokens": prompt, "completion_tokens": event.completion_tokens,
-                "total_tokens": prompt + event.completion_tokens}
+                "total_tokens": prompt + event.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
 
     def _logprobs(self, entries: list | None, offset: int) -> dict | None:
         """The OpenAI ``logprobs`` of these entries (``offset``: where their text starts)."""

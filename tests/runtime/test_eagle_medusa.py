@@ -237,6 +237,38 @@ def test_tiny_heads_merged_with_the_suffix_index_are_lossless(tiny):
     assert eng.generate(prompts[1], 16, sp, ignore_eos=True).token_ids == a.token_ids
 
 
+@pytest.mark.parametrize("cut", [None, 5])
+@pytest.mark.parametrize("mode, which, width", [("eagle", 1, 1), ("eagle", 1, 3), ("medusa", 2, 2), ("suffix", 1, 1)])
+def test_a_next_turn_continues_from_the_kept_head_state(tiny, mode, which, width, cut):
+    """The prefix cache (runtime/prefix_cache.py) keeps a finished sequence's head state with
+    its KV: a next turn that resends the conversation (or, ``cut``, only the answer's first
+    tokens: an edited turn) prefills only what is new, and drafts exactly what an engine that
+    prefilled the whole prompt drafts (a fixed k: the same drafts, accepted alike), with the
+    output of plain decoding."""
+    from speccompile.runtime.engine import Engine
+
+    built, eagle, medusa, prompts, _, _ = tiny
+    head = (eagle, medusa)[which - 1]
+    eng = Engine(built.model_dir, built.lib, speculative_mode=mode, additional_models=[head], spec_tree_width=width)
+    eng.set_draft_length(3)
+    first = eng.generate(prompts[0], NEW_TOKENS, ignore_eos=True)
+    answer = first.token_ids[:cut] if cut else first.token_ids
+    turn = prompts[0] + answer + prompts[1][-6:]
+    second = eng.generate(turn, NEW_TOKENS, ignore_eos=True)
+    shared = len(prompts[0]) + (cut or NEW_TOKENS - 1)
+    # an EAGLE head's row j is built from token j + 1: one whose rows ran past the cut keeps one fewer
+    assert second.stats.cached_prompt_tokens in (shared, shared - 1)
+    fresh = Engine(built.model_dir, built.lib, speculative_mode=mode, additional_models=[head],
+                   spec_tree_width=width, prefix_cache_max_num_recycling_seqs=0)
+    fresh.set_draft_length(3)
+    alone = fresh.generate(turn, NEW_TOKENS, ignore_eos=True)
+    plain = Engine(built.model_dir, built.lib, prefix_cache_max_num_recycling_seqs=0)
+    assert second.token_ids == alone.token_ids == plain.generate(turn, NEW_TOKENS, ignore_eos=True).token_ids
+    drafted = [(r.stats.spec.draft_tokens, r.stats.spec.accepted_tokens, r.stats.spec.position_proposed,
+                r.stats.spec.position_accepted) for r in (second, alone)]
+    assert drafted[0] == drafted[1] and drafted[0][0] > 0, drafted
+
+
 def test_eagle_catch_up_longer_than_one_head_call(tiny):
     """The head catches up on every prompt token's features at the first propose; when they
     exceed what one call of the head takes (its buffers are planned for prefill_chunk_size
@@ -449,6 +481,19 @@ RATE_FLOOR = {"eagle": 0.06, "medusa": 0.03}
 
 
 @pytest.mark.real_model
+def _recorded(eng) -> list:
+    """The drafts ``eng``'s proposer returns from now on, per step: (tokens, parents) per sequence."""
+    seen, inner = [], eng.proposer.propose
+
+    def propose(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        seen.append([(list(d.tokens), list(d.parent_list())) for d in out])
+        return out
+
+    eng.proposer.propose = propose
+    return seen
+
+
 def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
     """SmolLM2-135M q4f32_1 (its GGUF is the --target) with the project's trained EAGLE and
     Medusa heads (``make heads``, committed in heads/; their draft-vocabulary rows come from
@@ -474,6 +519,25 @@ def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
         chains = [s for w, s in stats if w == 1]
         rate = sum(s.accepted_tokens for s in chains) / sum(s.draft_tokens for s in chains)
         assert rate > RATE_FLOOR[mode], (mode, rate)  # random heads: ~0
+    # a next turn over a kept sequence (runtime/prefix_cache.py) drafts, node for node, what an
+    # engine that prefilled the whole prompt drafts: the trained head's attention reads every
+    # row it kept, so a row built from a token past the turn's cut would show
+    for cut in (None, 5):
+        drafts = []
+        for recycling in (None, 0):
+            spec = Engine(model_dir, lib, speculative_mode="eagle", additional_models=[eagle], spec_tree_width=2,
+                          spec_tree_nodes=6, spec_draft_length=2, prefix_cache_max_num_recycling_seqs=recycling)
+            answer = spec.generate(prompts[0], NEW_TOKENS, ignore_eos=True).token_ids[:cut]
+            turn = prompts[0] + answer + prompts[1][-6:]
+            if recycling == 0:  # a fresh engine: its head sees the whole turn as a new prompt
+                spec = Engine(model_dir, lib, speculative_mode="eagle", additional_models=[eagle],
+                              spec_tree_width=2, spec_tree_nodes=6, spec_draft_length=2,
+                              prefix_cache_max_num_recycling_seqs=0)
+            drafts.append(_recorded(spec))
+            res = spec.generate(turn, NEW_TOKENS, ignore_eos=True)
+            assert (res.stats.cached_prompt_tokens > len(prompts[0])) == (recycling is None)
+            assert res.token_ids == eng.generate(turn, NEW_TOKENS, ignore_eos=True).token_ids
+        assert drafts[0] == drafts[1] and any(drafts[0]), cut
     # under a JSON schema (runtime/grammar.py): tree nodes the grammar forbids are dropped, every
     # row is masked, and the answer is still the target's own, greedy, under the same schema
     fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": {

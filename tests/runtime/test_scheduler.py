@@ -101,7 +101,7 @@ class FakeEngine:
         self.most_attached = max(self.most_attached, len(self.kv.seqs))
         seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
 
-    def detach(self, seq: Sequence) -> None:
+    def detach(self, seq: Sequence, keep: bool = False) -> None:  # (no prefix cache here: freed either way)
         self.kv.remove_sequence(seq.seq_id)
         self.cache.pop(seq.seq_id, None)
         seq.to_prefill = []

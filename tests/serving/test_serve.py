@@ -548,6 +548,27 @@ def test_a_request_can_opt_out_of_speculation(ngram_app, reference):
     engine.set_draft_length(0)
 
 
+def test_a_conversation_resent_is_prefilled_only_where_new(plain_app, model):
+    """A chat client resends the whole conversation each turn: the server's prefix cache
+    (runtime/prefix_cache.py) keeps the last answer's KV, the next turn prefills only the new
+    message, says so in ``usage.prompt_tokens_details.cached_tokens``, and answers what an
+    engine without the cache answers."""
+    from speccompile.runtime.engine import Engine
+
+    client = plain_app.openai()
+    messages = [{"role": "user", "content": BASE_PROMPTS[0]}]
+    first = client.chat.completions.create(model=plain_app.name, messages=messages, max_tokens=24, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Now say it in one sentence."}]
+    second = client.chat.completions.create(model=plain_app.name, messages=messages, max_tokens=24, temperature=0)
+    cold = Engine(*model, prefix_cache_max_num_recycling_seqs=0)
+    ids = cold.tokenizer.encode(cold.render(messages), add_special_tokens=False).ids
+    assert second.choices[0].message.content == cold.generate(ids, 24).text
+    assert second.usage.prompt_tokens == len(ids)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens < cached < len(ids), (first.usage, cached)
+
+
 def test_serve_rejects_bad_options_before_loading(model):
     from click.testing import CliRunner
 
