@@ -76,6 +76,7 @@ class PagedKV:
         self.free: list[int] = list(range(num_pages - 1, -1, -1))
         self.seqs: dict[int, SeqState] = {}
         self.recycled: OrderedDict[int, None] = OrderedDict()  # finished sequences kept, oldest first
+        self.recycled_pages = 0  # the pages they hold: an int, so that other threads read it safely (metrics)
         self.reclaim: Callable[[], bool] | None = None  # frees one recycled sequence; False if none is left
 
     # ------------------------------------------------------------- sequences
@@ -85,25 +86,28 @@ class PagedKV:
         self.seqs[seq_id] = SeqState()
 
     def remove_sequence(self, seq_id: int) -> None:
+        if seq_id in self.recycled:
+            self.adopt(seq_id)
         st = self.seqs.pop(seq_id, None)
-        self.recycled.pop(seq_id, None)
         if st is not None:
             self.free.extend(reversed(st.pages))
 
     def recycle(self, seq_id: int) -> None:
         """A finished sequence's pages are kept, and counted as free, until reclaimed."""
         self.recycled[seq_id] = None
+        self.recycled_pages += len(self.seqs[seq_id].pages)
 
     def adopt(self, seq_id: int) -> None:
         """A recycled sequence is in use again: its pages are no longer free to take."""
         del self.recycled[seq_id]
+        self.recycled_pages -= len(self.seqs[seq_id].pages)
 
     def length(self, seq_id: int) -> int:
         return self.seqs[seq_id].length
 
     def num_free_pages(self) -> int:
         """Pages a reservation can get: the free ones and those recycled sequences hold."""
-        return len(self.free) + sum(len(self.seqs[s].pages) for s in self.recycled)
+        return len(self.free) + self.recycled_pages
 
     def pages_needed(self, seq_id: int, extra_tokens: int) -> int:
         st = self.seqs[seq_id]

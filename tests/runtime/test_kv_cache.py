@@ -164,3 +164,33 @@ def test_check_room_is_all_or_nothing():
     with pytest.raises(KVCacheFull):
         kv.check_room([0], [2 * PAGE + 1])
     assert kv.num_free_pages() == 2 and kv.length(0) == 0
+
+
+def test_recycled_sequences_count_as_free_and_are_reclaimed_before_a_reservation_fails():
+    """The prefix cache's side of PagedKV: a recycled sequence's pages are free to take (the
+    scheduler admits against them); a reservation short of pages asks ``reclaim`` first."""
+    kv = PagedKV(None, 4)
+    for s in (0, 1):
+        kv.add_sequence(s)
+        kv.plan_chain([s], [PAGE + 1])  # two pages each
+    kv.recycle(0)
+    assert kv.num_free_pages() == 2 and kv.recycled_pages == 2
+    kv.adopt(0)  # taken over by a new request: in use again
+    assert kv.num_free_pages() == 0
+    kv.recycle(0)
+    reclaimed = []
+
+    def reclaim() -> bool:
+        if not kv.recycled:
+            return False
+        sid = next(iter(kv.recycled))
+        kv.remove_sequence(sid)
+        reclaimed.append(sid)
+        return True
+
+    kv.reclaim = reclaim
+    kv.add_sequence(2)
+    kv.plan_chain([2], [PAGE])  # needs one page: sequence 0 is reclaimed for it
+    assert reclaimed == [0] and kv.recycled_pages == 0 and kv.num_free_pages() == 1
+    with pytest.raises(KVCacheFull):  # nothing left to reclaim
+        kv.plan_chain([1], [3 * PAGE])
