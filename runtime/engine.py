@@ -177,6 +177,7 @@ class Engine(GenerationAPI):
         continues exactly as if never paused."""
         if not seq.result.token_ids and (cached := self.prefix_cache.take(seq)):
             seq.result.stats.cached_prompt_tokens = cached
+            self.totals.cached_prompt_tokens += cached
             seq.to_prefill = list(seq.history[cached:])
             return
         self.kv.add_sequence(seq.seq_id)

@@ -157,7 +157,7 @@ class Scheduler:
         free = kv.num_free_pages()
         return {"waiting": len(self.waiting) + len(self._inbox), "running": len(self.running),
                 "prefilling": len(self.prefilling), "kv_pages_total": kv.num_pages,
-                "kv_pages_free": free, "kv_pages_used": kv.num_pages - free,
+                "kv_pages_free": free, "kv_pages_used": kv.num_pages - free, "kv_pages_kept": kv.recycled_pages,
                 "preemptions": self.preemptions, "steps": self.steps, "engine_errors": self.engine_errors}
 
     # ------------------------------------------------------------ engine thread

@@ -567,6 +567,8 @@ def test_a_conversation_resent_is_prefilled_only_where_new(plain_app, model):
     assert second.usage.prompt_tokens == len(ids)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens < cached < len(ids), (first.usage, cached)
+    m = plain_app.metrics()
+    assert m["speccompile_cached_prompt_tokens_total"] >= cached and m["speccompile_kv_pages_kept"] > 0
 
 
 def test_serve_rejects_bad_options_before_loading(model):
