@@ -120,7 +120,9 @@ def run_bench(model_dir: Path, model_lib: Path, prompts_file: Path | None = None
     from speccompile.runtime.engine import Engine
     from speccompile.bench.llama_cpp import run_llama_bench, run_llama_speculative, summarize_llama_speculative
 
-    spec = spec or {"speculative_mode": "disable"}
+    spec = dict(spec or {"speculative_mode": "disable"})
+    if "engine" not in spec:  # every run of a prompt prefills it, as a cold request does (the CLI's default too)
+        spec.setdefault("prefix_cache_max_num_recycling_seqs", 0)
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)
     engine = Engine(model_dir, model_lib, **spec)
     speculative = engine.spec.enabled
