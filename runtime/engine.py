@@ -170,8 +170,8 @@ class Engine(GenerationAPI):
 
     def attach(self, seq: Sequence) -> None:
         """Give the sequence a KV slot; its history is prefilled by :meth:`prefill`. A new
-        prompt that starts like a kept finished sequence takes that one's KV and prefills
-        only the rest (runtime/prefix_cache.py). A sequence that already emitted tokens
+        prompt that starts like a kept finished sequence takes that one's KV -- and its
+        ``seq_id`` -- and prefills only the rest (runtime/prefix_cache.py). A sequence that already emitted tokens
         (resumed after preemption) re-prefills all but its last token, which the next step
         feeds as usual: prefill and decode give bit-identical logits, so a resumed sequence
         continues exactly as if never paused."""

@@ -84,6 +84,8 @@ class PrefixCache:
         taken). At least the prompt's last token is always prefilled (its logits give the
         first output token)."""
         engine, best, shared = self.engine, None, 0
+        if engine.feature_sink is not None:  # capturing features for training: every prompt token's are wanted
+            return 0
         for sid, (tokens, proposer) in self.kept.items():
             if proposer is engine.proposer:  # state kept with speculation off has no proposer side
                 n = min(shared_prefix(tokens, seq.history), len(seq.history) - 1)

@@ -95,3 +95,20 @@ def test_state_kept_without_speculation_serves_only_plain_runs(model_dir):
     with eng.speculation_disabled():
         again = eng.generate(turn + [5], 20)
     assert again.token_ids == reference(turn + [5], 20) and again.stats.cached_prompt_tokens > 0
+
+
+def test_no_take_over_while_features_are_captured(model_dir):
+    """``capture_features`` (training data) wants every prompt token's features, and its sink
+    is keyed by the id a sequence had before ``attach``: nothing is taken over meanwhile."""
+    eng = _engine(model_dir, "ngram")
+    eng.generate(PROMPT, 20)
+    eng.feature_sink = lambda *args: None  # what capture_features sets (the fake has no feature layers)
+    seq = eng.new_sequence(PROMPT + [1, 2], 8)
+    sid = seq.seq_id
+    eng.attach(seq)
+    assert seq.seq_id == sid and seq.result.stats.cached_prompt_tokens == 0 and seq.to_prefill == PROMPT + [1, 2]
+    eng.detach(seq)
+    eng.feature_sink = None
+    seq = eng.new_sequence(PROMPT + [1, 2], 8)
+    eng.attach(seq)
+    assert seq.seq_id != sid and seq.result.stats.cached_prompt_tokens == len(PROMPT)
