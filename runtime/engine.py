@@ -171,10 +171,10 @@ class Engine(GenerationAPI):
     def attach(self, seq: Sequence) -> None:
         """Give the sequence a KV slot; its history is prefilled by :meth:`prefill`. A new
         prompt that starts like a kept finished sequence takes that one's KV -- and its
-        ``seq_id`` -- and prefills only the rest (runtime/prefix_cache.py). A sequence that already emitted tokens
-        (resumed after preemption) re-prefills all but its last token, which the next step
-        feeds as usual: prefill and decode give bit-identical logits, so a resumed sequence
-        continues exactly as if never paused."""
+        ``seq_id`` -- and prefills only the rest (runtime/prefix_cache.py). A sequence that
+        already emitted tokens (resumed after preemption) re-prefills all but its last token,
+        which the next step feeds as usual: prefill and decode give bit-identical logits, so
+        a resumed sequence continues exactly as if never paused."""
         if not seq.result.token_ids and (cached := self.prefix_cache.take(seq)):
             seq.result.stats.cached_prompt_tokens = cached
             self.totals.cached_prompt_tokens += cached

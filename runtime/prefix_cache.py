@@ -3,9 +3,10 @@ tokens reuses their KV instead of prefilling it again.
 
 Why: a chat client resends the whole conversation every turn (``chat``, and every OpenAI
 client of ``serve``), an agent resends its growing context, and many requests share a system
-prompt. On a 2-core CPU, Qwen2.5-1.5B prefills ~200 tokens a second: a fourth turn over
-~700 tokens of conversation waited ~3.5 s for its first token, nearly all of it spent
-recomputing KV the engine had just freed.
+prompt. On a 2-core Zen 4, Qwen2.5-Coder-1.5B prefills ~200 tokens a second: the fifth turn
+of a coding chat (941 prompt tokens) waited 5.1-5.6 s for its first token, nearly all of it
+recomputing KV the engine had just freed; taking the kept sequence over, 0.16 s
+(bench/results/*prefix-cache*-s17.json).
 
 How (MLC-LLM's "recycling" sequences, ``prefix_cache_max_num_recycling_seqs``): at most
 ``capacity`` finished sequences keep their pages -- the target's and their proposer's state --
