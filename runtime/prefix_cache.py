@@ -54,8 +54,8 @@ class PrefixCache:
 
     def __init__(self, engine, capacity: int):
         self.engine, self.capacity = engine, capacity
-        # seq id -> (the tokens its KV rows hold, the proposer holding its state or None), oldest first
-        self.kept: OrderedDict[int, tuple[list[int], object]] = OrderedDict()
+        # seq id -> (the tokens its KV rows hold, the proposer holding its state or None, its tenant), oldest first
+        self.kept: OrderedDict[int, tuple[list[int], object, str | None]] = OrderedDict()
         engine.kv.reclaim = self.reclaim
 
     def keep(self, seq) -> bool:
@@ -68,7 +68,7 @@ class PrefixCache:
         n = min(kv.length(sid), len(seq.history) - 1)
         kv.popn(sid, kv.length(sid) - n)
         proposer = self.engine.proposer
-        self.kept[sid] = (list(seq.history[:n]), proposer)
+        self.kept[sid] = (list(seq.history[:n]), proposer, seq.tenant)
         kv.recycle(sid)
         if proposer is not None:
             proposer.on_finish(sid)
@@ -87,8 +87,10 @@ class PrefixCache:
         engine, best, shared = self.engine, None, 0
         if engine.feature_sink is not None:  # capturing features for training: every prompt token's are wanted
             return 0
-        for sid, (tokens, proposer) in self.kept.items():
-            if proposer is engine.proposer:  # state kept with speculation off has no proposer side
+        for sid, (tokens, proposer, tenant) in self.kept.items():
+            # state kept with speculation off has no proposer side; and one API key's requests never
+            # take another's (as the suffix store keeps tenants apart), not even a shared system prompt
+            if proposer is engine.proposer and tenant == seq.tenant:
                 n = min(shared_prefix(tokens, seq.history), len(seq.history) - 1)
                 if n > shared:
                     best, shared = sid, n
@@ -108,7 +110,7 @@ class PrefixCache:
         """Free the oldest kept sequence (False if none is kept)."""
         if not self.kept:
             return False
-        sid, (_, proposer) = self.kept.popitem(last=False)
+        sid, (_, proposer, _) = self.kept.popitem(last=False)
         self.engine.kv.remove_sequence(sid)
         if proposer is not None:
             proposer.remove_sequence(sid)

@@ -112,3 +112,18 @@ def test_no_take_over_while_features_are_captured(model_dir):
     seq = eng.new_sequence(PROMPT + [1, 2], 8)
     eng.attach(seq)
     assert seq.seq_id != sid and seq.result.stats.cached_prompt_tokens == len(PROMPT)
+
+
+def test_one_tenant_never_takes_another_tenants_sequence(model_dir):
+    """A server's API keys (``tenant``) are kept apart, as in the suffix store."""
+    eng = _engine(model_dir, "suffix")
+    for tenant, expect in (("a", 0), ("b", 0), ("a", len(PROMPT) + 1)):  # all but the last prompt token
+        seq = eng.new_sequence(PROMPT + [1, 2], 8, tenant=tenant)
+        eng.attach(seq)
+        assert seq.result.stats.cached_prompt_tokens == expect, tenant
+        while seq.prefilling:
+            eng.prefill([seq], 64)
+        while not seq.done:
+            eng.step([seq])
+        assert seq.result.token_ids == reference(PROMPT + [1, 2], 8)
+        eng.detach(seq, keep=True)
