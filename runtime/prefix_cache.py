@@ -81,10 +81,12 @@ class PrefixCache:
     def take(self, seq) -> int:
         """Give ``seq`` (a new request, not yet attached) the kept sequence sharing the most
         leading tokens with its prompt, if at least MIN_REUSE: ``seq`` takes its id, and its
-        KV holds the shared tokens. Returns how many prompt tokens need no prefill (0: none
-        taken). At least the prompt's last token is always prefilled (its logits give the
-        first output token)."""
-        engine, best, shared = self.engine, None, 0
+        KV holds the shared tokens. Of those sharing as many, the one that loses the fewest
+        tokens past them: a new conversation sharing only the system prompt takes the shortest
+        kept one, not the long conversation its user may continue. Returns how many prompt
+        tokens need no prefill (0: none taken). At least the prompt's last token is always
+        prefilled (its logits give the first output token)."""
+        engine, best, shared, lost = self.engine, None, 0, 0
         if engine.feature_sink is not None:  # capturing features for training: every prompt token's are wanted
             return 0
         for sid, (tokens, proposer, tenant) in self.kept.items():
@@ -92,8 +94,8 @@ class PrefixCache:
             # take another's (as the suffix store keeps tenants apart), not even a shared system prompt
             if proposer is engine.proposer and tenant == seq.tenant:
                 n = min(shared_prefix(tokens, seq.history), len(seq.history) - 1)
-                if n > shared:
-                    best, shared = sid, n
+                if n > shared or (n == shared and best is not None and len(tokens) - n < lost):
+                    best, shared, lost = sid, n, len(tokens) - n
         if best is None or shared < MIN_REUSE:
             return 0
         del self.kept[best]

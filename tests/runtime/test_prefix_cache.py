@@ -127,3 +127,16 @@ def test_one_tenant_never_takes_another_tenants_sequence(model_dir):
             eng.step([seq])
         assert seq.result.token_ids == reference(PROMPT + [1, 2], 8)
         eng.detach(seq, keep=True)
+
+
+def test_a_prompt_sharing_a_short_prefix_takes_the_kept_sequence_it_costs_least(model_dir):
+    """Two kept sequences share the first 20 tokens with a new prompt: it takes the shorter
+    one, and the longer (a conversation its user may continue) stays kept."""
+    eng = _engine(model_dir, "ngram")
+    long_prompt, short_prompt = PROMPT + list(range(100, 140)), PROMPT[:20] + [7, 7, 7]
+    eng.generate_batch([long_prompt, short_prompt], 20)  # attached together: neither takes the other
+    assert len(eng.prefix_cache.kept) == 2
+    kept_long = next(tokens for tokens, *_ in eng.prefix_cache.kept.values() if len(tokens) > 60)
+    res = eng.generate(PROMPT[:20] + [9, 9], 10)
+    assert res.stats.cached_prompt_tokens == 20 and res.token_ids == reference(PROMPT[:20] + [9, 9], 10)
+    assert kept_long in [tokens for tokens, *_ in eng.prefix_cache.kept.values()]
