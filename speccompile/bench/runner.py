@@ -327,7 +327,9 @@ def stream_one(client, url: str, body: dict) -> dict:
     tokens = usage["completion_tokens"] if usage else len(chunk_times)
     out = {"tokens": tokens, "seconds": end - t0, "finish_reason": finish, "text": "".join(text),
            "ttft": chunk_times[0] - t0 if chunk_times else None,
-           "chunk_gaps": [b - a for a, b in itertools.pairwise(chunk_times)]}
+           "chunk_gaps": [b - a for a, b in itertools.pairwise(chunk_times)],
+           # prompt tokens the server did not prefill (its prefix cache: this prompt ran before)
+           "cached_tokens": ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0}
     if chunk_times and tokens > 1:
         out["tpot"] = (chunk_times[-1] - chunk_times[0]) / (tokens - 1)
     return out
@@ -347,6 +349,7 @@ def _level_stats(rows: list[dict], wall: float) -> dict:
     tokens = sum(r["tokens"] for r in ok)
     return {"requests": len(rows), "errors": len(rows) - len(ok), "seconds": wall,
             "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
+            "cached_prompt_tokens": sum(r.get("cached_tokens", 0) for r in ok),
             "ttft_s": percentiles([r["ttft"] for r in ok if r["ttft"] is not None]),
             "itl_s": percentiles([g for r in ok for g in r["chunk_gaps"]]),
             "tpot_s": percentiles([r["tpot"] for r in ok if "tpot" in r])}
@@ -426,7 +429,7 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
             after = scrape_metrics(client, base)
             level = {"concurrency": c, **_level_stats(rows, wall),
                      "per_request": [{k: r.get(k) for k in ("id", "category", "speculative", "tokens", "seconds", "ttft",
-                                                            "tpot", "error")}
+                                                            "tpot", "cached_tokens", "error")}
                                      for r in (rows + plain_rows if ab else rows)]}
             if ab:
                 level["plain"] = plain
@@ -450,6 +453,9 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
                       f"TTFT p50 {level['ttft_s']['p50'] or 0:.3f}s p99 {level['ttft_s']['p99'] or 0:.3f}s, "
                       f"ITL p50 {level['itl_s']['p50'] or 0:.4f}s p99 {level['itl_s']['p99'] or 0:.4f}s"
                       + (f", {level['errors']} errors" if level["errors"] else "")
+                      + (f", {level['cached_prompt_tokens']} prompt tokens from the server's prefix cache (start it "
+                         "with --prefix-cache-max-num-recycling-seqs 0 to prefill every prompt)"
+                         if level["cached_prompt_tokens"] else "")
                       + (f" | plain {level['plain']['output_tokens_per_s']:7.1f} tok/s -> x{level['speedup']:.2f}, "
                          f"accept {level.get('acceptance_rate', 0):.2f}, identical {level['identical']}/"
                          f"{level['compared']}" if ab else ""), flush=True)

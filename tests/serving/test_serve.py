@@ -491,6 +491,8 @@ def test_bench_endpoint_reports_throughput_and_percentiles(socket_server, tmp_pa
         assert lv["errors"] == 0 and lv["output_tokens"] == 16  # ignore_eos: every request runs to max_tokens
         assert lv["output_tokens_per_s"] > 0
         assert set(lv["ttft_s"]) == set(lv["itl_s"]) == {"p50", "p90", "p99", "mean"}
+    # the second level sends the first's prompts again: the server's prefix cache holds them, and bench says so
+    assert report["levels"][1]["cached_prompt_tokens"] > 0 and "prefix cache" in res.output
     res = CliRunner().invoke(main, ["bench", "--endpoint", socket_server.url, "--concurrency", "0"])
     assert res.exit_code == 2 and "positive" in res.output
     # --ab: the same server decodes half the prompts without speculation, ABBA-interleaved
