@@ -244,9 +244,8 @@ class EagleProposer:
             self.kv.popn(seq_id, built - max(keep - 1, 0))
             self.pending[seq_id] = []
         else:
-            pending = self.pending[seq_id]
-            rows = np.concatenate(pending) if pending else np.zeros((0,))
-            self.pending[seq_id] = [rows[: keep - built]] if keep > built and len(rows) else []
+            pending = self.pending[seq_id]  # positions built.., and keep > built here
+            self.pending[seq_id] = [np.concatenate(pending)[: keep - built]] if pending else []
         self.coverage.remove(seq_id)
         self.coverage.add(seq_id, prompt)
         return self.kv.length(seq_id) + sum(len(p) for p in self.pending[seq_id])

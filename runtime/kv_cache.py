@@ -16,7 +16,6 @@ proposer's caches, least recently recycled first) until it has them or none is l
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -75,7 +74,7 @@ class PagedKV:
         self.num_pages = num_pages
         self.free: list[int] = list(range(num_pages - 1, -1, -1))
         self.seqs: dict[int, SeqState] = {}
-        self.recycled: OrderedDict[int, None] = OrderedDict()  # finished sequences kept, oldest first
+        self.recycled: set[int] = set()  # finished sequences kept (the engine's prefix cache orders them)
         self.recycled_pages = 0  # the pages they hold: an int, so that other threads read it safely (metrics)
         self.reclaim: Callable[[], bool] | None = None  # frees one recycled sequence; False if none is left
 
@@ -94,12 +93,12 @@ class PagedKV:
 
     def recycle(self, seq_id: int) -> None:
         """A finished sequence's pages are kept, and counted as free, until reclaimed."""
-        self.recycled[seq_id] = None
+        self.recycled.add(seq_id)
         self.recycled_pages += len(self.seqs[seq_id].pages)
 
     def adopt(self, seq_id: int) -> None:
         """A recycled sequence is in use again: its pages are no longer free to take."""
-        del self.recycled[seq_id]
+        self.recycled.remove(seq_id)
         self.recycled_pages -= len(self.seqs[seq_id].pages)
 
     def length(self, seq_id: int) -> int:

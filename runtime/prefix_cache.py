@@ -117,7 +117,3 @@ class PrefixCache:
         if proposer is not None:
             proposer.remove_sequence(sid)
         return True
-
-    def clear(self) -> None:
-        while self.reclaim():
-            pass
