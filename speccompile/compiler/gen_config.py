@@ -68,6 +68,10 @@ def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str =
     tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     if tok.get_vocab_size() > cfg.vocab_size:
         raise SourceError(f"tokenizer has {tok.get_vocab_size()} tokens but the model vocab is {cfg.vocab_size}")
+    # what the C++ runtime renders conversations from (it has no Jinja): runtime/chat_format.py
+    from speccompile.compiler.chat_format import derive_chat_format
+
+    chat_format, chat_format_error = derive_chat_format(template, tok_info.get("bos_token"), tok_info.get("eos_token"))
     stop_ids = list(cfg.eos_token_id)
     for text in STOP_TOKEN_TEXTS:
         tid = tok.token_to_id(text)
@@ -83,6 +87,8 @@ def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str =
         "max_batch_size": max_batch_size,
         "conv_template": conv_template,
         "chat_template": template,
+        "chat_format": chat_format,
+        **({"chat_format_error": chat_format_error} if chat_format is None else {}),
         "tokenizer_files": ["tokenizer.json"],
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_id,
@@ -119,11 +125,17 @@ def _gen_head_config(source: HeadSource, quant_name: str, out_dir: Path, context
 
 
 def _tokenizer_from_gguf(source: GGUFSource, out_dir: Path) -> dict[str, Any]:
-    from speccompile.compiler.gguf_tokenizer import tokenizer_from_gguf
-
     fields = {k: gguf_field_value(f) for k, f in source.fields.items() if k.startswith("tokenizer.")}
     if "tokenizer.ggml.tokens" not in fields:
         raise SourceError(f"{source.path} has no tokenizer in its metadata")
+    return tokenizer_from_gguf_fields(fields, out_dir)
+
+
+def tokenizer_from_gguf_fields(fields: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Writes ``out_dir/tokenizer.json`` from a GGUF's ``tokenizer.*`` fields (name -> value);
+    returns the chat template and the special tokens the config records."""
+    from speccompile.compiler.gguf_tokenizer import tokenizer_from_gguf
+
     tok = tokenizer_from_gguf(fields)
     tok.save(str(out_dir / "tokenizer.json"))
     tokens = fields["tokenizer.ggml.tokens"]

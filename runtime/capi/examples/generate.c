@@ -1,46 +1,31 @@
 /*
- * spc_generate: generate from prompt token ids with the speccompile C API.
+ * spc_generate: `speccompile generate` through the C API, with its flags and its JSON.
  *
- *   spc_generate MODEL_DIR LIB PROMPT_IDS MAX_TOKENS [--ngram] [--draft-length K]
- *                [--ngram-min N] [--ngram-max N] [--temperature T] [--top-p P]
- *                [--top-k K] [--seed S] [--device D] [--stream]
+ *   spc_generate MODEL_DIR --model-lib LIB --prompt TEXT [--raw] [--max-tokens N]
+ *                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]...
+ *                [--speculative-mode disable|ngram] [--spec-draft-length K]
+ *                [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D]
+ *                [--ignore-eos] [--stream] [--json]
+ *   spc_generate MODEL_DIR --model-lib LIB --prompt-ids 1,9690,198 ...   (token ids in)
  *
- * PROMPT_IDS is comma separated ("1,9690,198"); tokenize with your tokenizer (the
- * speccompile Python tokenizer renders the chat template). Prints one JSON object:
- * token_ids, text (via MODEL_DIR/tokenizer.json when it is byte-level BPE, else null),
- * finish_reason and stats. --stream writes the text to stderr as it is generated.
- * --device defaults to "auto": the device kind the library was built for.
+ * The prompt is one user message rendered with the model's chat format (as `speccompile
+ * generate` renders it with the chat template); --raw tokenizes it as it is. --json prints
+ * one JSON object: prompt_token_ids, token_ids, text, finish_reason and stats; otherwise the
+ * text is printed as it is generated (beside --json, --stream prints it to stderr).
+ * --device defaults to "auto": the device kind the library was built for. --speculative-mode defaults to ngram, the C runtime's speculative
+ * mode; the modes it does not run yet are refused, never decoded plainly under their name.
  */
 #include <speccompile.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-  const spc_detokenizer* detok;
-  int32_t* ids; /* everything streamed so far, to decode multi-token characters */
-  size_t n, cap;
-  size_t printed; /* bytes of the decoded text already written */
-} stream_state;
+#define MAX_STOP 16
 
-static int on_tokens(const int32_t* tokens, size_t n, void* user) {
-  stream_state* st = (stream_state*)user;
-  if (st->n + n > st->cap) {
-    st->cap = (st->n + n) * 2;
-    st->ids = (int32_t*)realloc(st->ids, st->cap * sizeof(int32_t));
-    if (!st->ids) return 1; /* out of memory: stop generating */
-  }
-  memcpy(st->ids + st->n, tokens, n * sizeof(int32_t));
-  st->n += n;
-  size_t len = 0;
-  if (spc_detokenize(st->detok, st->ids, st->n, 1, NULL, 0, &len) != SPC_OK) return 0;
-  char* text = (char*)malloc(len + 1);
-  if (text && spc_detokenize(st->detok, st->ids, st->n, 1, text, len + 1, &len) == SPC_OK && len > st->printed) {
-    fwrite(text + st->printed, 1, len - st->printed, stderr);
-    fflush(stderr);
-    st->printed = len;
-  }
-  free(text);
+/* The text as it is generated: to stdout, or to stderr beside --json (user: the FILE*). */
+static int on_text(const char* delta, size_t n, void* user) {
+  fwrite(delta, 1, n, (FILE*)user);
+  fflush((FILE*)user);
   return 0;
 }
 
@@ -52,10 +37,16 @@ static void print_json_string(const char* s, size_t n) {
     else if (c == '\n') printf("\\n");
     else if (c == '\r') printf("\\r");
     else if (c == '\t') printf("\\t");
-    else if (c < 0x20) printf("\\u%04x", c);
+    else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
     else putchar(c);
   }
   putchar('"');
+}
+
+static void print_ids(const char* key, const int32_t* ids, size_t n) {
+  printf("\"%s\": [", key);
+  for (size_t i = 0; i < n; ++i) printf(i ? ", %d" : "%d", ids[i]);
+  printf("]");
 }
 
 static int die(const char* what) {
@@ -63,102 +54,139 @@ static int die(const char* what) {
   return 1;
 }
 
-int main(int argc, char** argv) {
-  if (argc < 5) {
-    fprintf(stderr, "usage: %s MODEL_DIR LIB PROMPT_IDS MAX_TOKENS [--ngram] [--draft-length K] [--ngram-min N] "
-                    "[--ngram-max N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--device D] [--stream]\n",
-            argv[0]);
-    return 2;
+static int usage(const char* argv0, const char* why) {
+  if (why) fprintf(stderr, "spc_generate: %s\n", why);
+  fprintf(stderr,
+          "usage: %s MODEL_DIR --model-lib LIB (--prompt TEXT [--raw] | --prompt-ids I,J,...) [--max-tokens N] "
+          "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]... [--speculative-mode disable|ngram] "
+          "[--spec-draft-length K] [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D] "
+          "[--ignore-eos] [--stream] [--json]\n",
+          argv0);
+  return 2;
+}
+
+/* "1,9690,198" -> ids; NULL on malformed input. */
+static int32_t* parse_ids(const char* text, size_t* n) {
+  size_t cap = 16;
+  int32_t* ids = (int32_t*)malloc(cap * sizeof(int32_t));
+  *n = 0;
+  for (const char* p = text; ids && *p;) {
+    char* end;
+    long id = strtol(p, &end, 10);
+    if (end == p || (*end && *end != ',')) {
+      free(ids);
+      return NULL;
+    }
+    if (*n == cap) ids = (int32_t*)realloc(ids, (cap *= 2) * sizeof(int32_t));
+    if (ids) ids[(*n)++] = (int32_t)id;
+    p = *end ? end + 1 : end;
   }
-  const char* model_dir = argv[1];
-  const char* lib = argv[2];
-  const char* device = "auto";
-  int stream = 0;
+  return ids;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return usage(argv[0], NULL);
+  const char *model_dir = argv[1], *lib = NULL, *prompt = NULL, *prompt_ids = NULL, *device = "auto";
+  const char* stop[MAX_STOP];
+  int raw = 0, stream = 0, as_json = 0;
   spc_session_config cfg;
   spc_generate_params params;
   spc_session_config_default(&cfg);
   spc_generate_params_default(&params);
-  params.max_tokens = atoi(argv[4]);
-  for (int i = 5; i < argc; ++i) {
+  cfg.speculative_mode = SPC_SPEC_NGRAM;
+  for (int i = 2; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
+    if (!strcmp(a, "--raw")) raw = 1;
     else if (!strcmp(a, "--stream")) stream = 1;
-    else if (v && !strcmp(a, "--draft-length")) cfg.draft_length = atoi(argv[++i]);
-    else if (v && !strcmp(a, "--ngram-min")) cfg.ngram_min = atoi(argv[++i]);
-    else if (v && !strcmp(a, "--ngram-max")) cfg.ngram_max = atoi(argv[++i]);
-    else if (v && !strcmp(a, "--temperature")) params.temperature = (float)atof(argv[++i]);
-    else if (v && !strcmp(a, "--top-p")) params.top_p = (float)atof(argv[++i]);
-    else if (v && !strcmp(a, "--top-k")) params.top_k = atoi(argv[++i]);
-    else if (v && !strcmp(a, "--seed")) params.seed = strtoull(argv[++i], NULL, 10);
-    else if (v && !strcmp(a, "--device")) device = argv[++i];
-    else {
-      fprintf(stderr, "spc_generate: unknown or incomplete option %s\n", a);
-      return 2;
-    }
+    else if (!strcmp(a, "--json")) as_json = 1;
+    else if (!strcmp(a, "--ignore-eos")) params.ignore_eos = 1;
+    else if (!v) return usage(argv[0], "an option is missing its value");
+    else if (!strcmp(a, "--model-lib")) lib = argv[++i];
+    else if (!strcmp(a, "--prompt")) prompt = argv[++i];
+    else if (!strcmp(a, "--prompt-ids")) prompt_ids = argv[++i];
+    else if (!strcmp(a, "--max-tokens")) params.max_tokens = atoi(argv[++i]);
+    else if (!strcmp(a, "--temperature")) params.temperature = (float)atof(argv[++i]);
+    else if (!strcmp(a, "--top-p")) params.top_p = (float)atof(argv[++i]);
+    else if (!strcmp(a, "--top-k")) params.top_k = atoi(argv[++i]);
+    else if (!strcmp(a, "--seed")) params.seed = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(a, "--device")) device = argv[++i];
+    else if (!strcmp(a, "--spec-draft-length")) cfg.draft_length = atoi(argv[++i]);
+    else if (!strcmp(a, "--ngram-min")) cfg.ngram_min = atoi(argv[++i]);
+    else if (!strcmp(a, "--ngram-max")) cfg.ngram_max = atoi(argv[++i]);
+    else if (!strcmp(a, "--max-total-tokens")) cfg.max_total_seq_len = atoll(argv[++i]);
+    else if (!strcmp(a, "--stop")) {
+      if (params.n_stop == MAX_STOP) return usage(argv[0], "too many --stop strings");
+      stop[params.n_stop++] = argv[++i];
+    } else if (!strcmp(a, "--speculative-mode")) {
+      const char* m = argv[++i];
+      if (!strcmp(m, "disable")) cfg.speculative_mode = SPC_SPEC_DISABLE;
+      else if (!strcmp(m, "ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
+      else {
+        fprintf(stderr, "spc_generate: --speculative-mode %s is not in the C runtime yet (it runs disable and ngram); "
+                        "use `speccompile generate` for it\n", m);
+        return 2;
+      }
+    } else return usage(argv[0], "unknown option");
   }
-  /* prompt ids */
-  size_t n_prompt = 0, cap = 16;
-  int32_t* prompt = (int32_t*)malloc(cap * sizeof(int32_t));
-  for (const char* p = argv[3]; *p;) {
-    char* end;
-    long id = strtol(p, &end, 10);
-    if (end == p || (*end && *end != ',')) {
-      fprintf(stderr, "spc_generate: PROMPT_IDS must be comma-separated integers\n");
-      return 2;
-    }
-    if (n_prompt == cap) prompt = (int32_t*)realloc(prompt, (cap *= 2) * sizeof(int32_t));
-    prompt[n_prompt++] = (int32_t)id;
-    p = *end ? end + 1 : end;
-  }
+  if (!lib) return usage(argv[0], "--model-lib is required");
+  if (!prompt == !prompt_ids) return usage(argv[0], "give --prompt or --prompt-ids");
+  if (params.n_stop) params.stop = stop;
 
   spc_model* model = NULL;
   spc_session* session = NULL;
-  spc_detokenizer* detok = NULL;
   if (spc_model_load(model_dir, lib, device, &model) != SPC_OK) return die("loading the model");
   if (spc_session_create(model, &cfg, &session) != SPC_OK) return die("creating the session");
-  char tok_path[4096];
-  snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
-  if (spc_detokenizer_load(tok_path, &detok) != SPC_OK) {
-    fprintf(stderr, "spc_generate: no text output: %s\n", spc_last_error());
-    detok = NULL;
-  }
-  stream_state st = {detok, NULL, 0, 0, 0};
-  size_t cap_out = params.max_tokens > 0 ? (size_t)params.max_tokens : 1, n_out = 0;
-  int32_t* out = (int32_t*)malloc(cap_out * sizeof(int32_t));
-  if (spc_generate(session, prompt, n_prompt, &params, stream && detok ? on_tokens : NULL, &st, out, cap_out, &n_out) !=
-      SPC_OK) {
-    return die("generating");
-  }
-  if (stream && detok) fputc('\n', stderr);
-  spc_stats s;
-  spc_session_stats(session, &s);
-
-  static const char* reasons[] = {"none", "stop", "length", "cancelled"};
-  printf("{\"token_ids\": [");
-  for (size_t i = 0; i < n_out; ++i) printf(i ? ", %d" : "%d", out[i]);
-  printf("], \"text\": ");
-  size_t len = 0;
-  if (detok && spc_detokenize(detok, out, n_out, 1, NULL, 0, &len) == SPC_OK) {
-    char* text = (char*)malloc(len + 1);
-    spc_detokenize(detok, out, n_out, 1, text, len + 1, &len);
-    print_json_string(text, len);
-    free(text);
+  int rc;
+  if (prompt) {
+    FILE* sink = as_json ? stderr : stdout;
+    rc = spc_generate_text(session, prompt, raw, &params, stream || !as_json ? on_text : NULL, sink, NULL, 0, NULL);
   } else {
-    printf("null");
+    size_t n_prompt = 0;
+    int32_t* ids = parse_ids(prompt_ids, &n_prompt);
+    if (!ids) return usage(argv[0], "--prompt-ids must be comma-separated integers");
+    rc = spc_generate(session, ids, n_prompt, &params, NULL, NULL, NULL, 0, NULL);
+    free(ids);
   }
-  printf(", \"finish_reason\": \"%s\", \"stats\": {\"prefill_tokens\": %lld, \"decode_tokens\": %lld, "
-         "\"draft_tokens\": %lld, \"accepted_tokens\": %lld, \"verify_steps\": %lld, \"plain_steps\": %lld, "
-         "\"accept_rate\": %.4f, \"mean_accepted_length\": %.4f, \"prefill_tokens_per_s\": %.2f, "
-         "\"decode_tokens_per_s\": %.2f}}\n",
-         reasons[s.finish_reason], (long long)s.prefill_tokens, (long long)s.decode_tokens, (long long)s.draft_tokens,
-         (long long)s.accepted_tokens, (long long)s.verify_steps, (long long)s.plain_steps, s.accept_rate,
-         s.mean_accepted_length, s.prefill_tokens_per_s, s.decode_tokens_per_s);
-
-  free(out);
-  free(prompt);
-  free(st.ids);
-  spc_detokenizer_free(detok);
+  if (rc != SPC_OK) return die("generating");
+  if (!as_json) {
+    putchar('\n');
+  } else {
+    const int32_t *in, *out;
+    size_t n_in, n_out;
+    spc_stats s;
+    spc_session_last_tokens(session, &in, &n_in, &out, &n_out);
+    spc_session_stats(session, &s);
+    static const char* reasons[] = {"none", "stop", "length", "cancelled"};
+    printf("{");
+    print_ids("prompt_token_ids", in, n_in);
+    printf(", ");
+    print_ids("token_ids", out, n_out);
+    printf(", \"text\": ");
+    const char* text = NULL;
+    size_t len = 0;
+    char* decoded = NULL;
+    if (prompt) {
+      spc_session_last_text(session, &text, &len);
+    } else { /* ids in: the text from the model folder's tokenizer, when it has one it can read */
+      const spc_tokenizer* tok = NULL;
+      if (spc_model_tokenizer(model, &tok) == SPC_OK && spc_detokenize(tok, out, n_out, 1, NULL, 0, &len) == SPC_OK &&
+          (decoded = (char*)malloc(len + 1)) && spc_detokenize(tok, out, n_out, 1, decoded, len + 1, &len) == SPC_OK) {
+        text = decoded;
+      }
+    }
+    if (text) print_json_string(text, len);
+    else printf("null");
+    free(decoded);
+    printf(", \"finish_reason\": \"%s\", \"stats\": {\"prefill_tokens\": %lld, \"decode_tokens\": %lld, "
+           "\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"prefill_seconds\": %.6f, "
+           "\"decode_seconds\": %.6f, \"request_seconds\": %.6f, \"draft_tokens\": %lld, \"accepted_tokens\": %lld, "
+           "\"verify_steps\": %lld, \"plain_steps\": %lld, \"accept_rate\": %.6f, \"mean_accepted_length\": %.6f}}\n",
+           reasons[s.finish_reason], (long long)s.prefill_tokens, (long long)s.decode_tokens, s.prefill_tokens_per_s,
+           s.decode_tokens_per_s, s.prefill_seconds, s.decode_seconds, s.prefill_seconds + s.decode_seconds,
+           (long long)s.draft_tokens, (long long)s.accepted_tokens, (long long)s.verify_steps,
+           (long long)s.plain_steps, s.accept_rate, s.mean_accepted_length);
+  }
   spc_session_free(session);
   spc_model_free(model);
   return 0;

@@ -7,9 +7,10 @@
  * greedy or sampled generation, plain or with n-gram speculation (prompt lookup).
  * It links only the TVM runtime (libtvm_runtime + libtvm_ffi), never the compiler.
  *
- * Token ids in, token ids out: apps tokenize with their platform's tokenizer. A small
- * byte-level BPE detokenizer (GPT-2 style tokenizer.json, as SmolLM2 and Qwen use) is
- * included so that examples can print text.
+ * Text in, text out: the model folder's tokenizer.json (byte-level BPE: SmolLM2, Qwen2,
+ * Llama 3) is read by a tokenizer that gives HF `tokenizers`' ids, and the chat format
+ * gen_config records renders a conversation as the model's chat template does. Token ids
+ * in and out work too (spc_generate), for apps that tokenize themselves.
  *
  * Errors: every function returning int returns SPC_OK (0) or a negative SPC_ERR_*
  * code; spc_last_error() then describes the failure (per thread, valid until the
@@ -40,7 +41,7 @@ extern "C" {
 /* ------------------------------------------------------------------ errors */
 enum {
   SPC_OK = 0,
-  SPC_ERR_INVALID_ARGUMENT = -1, /* NULL handle, bad option, empty/over-long prompt, bad token id */
+  SPC_ERR_INVALID_ARGUMENT = -1, /* NULL handle, bad option, empty/over-long prompt, bad token id, invalid UTF-8 */
   SPC_ERR_IO = -2,               /* a missing, unreadable or truncated file */
   SPC_ERR_INCOMPATIBLE = -3,     /* library built for other weights, another device, or too old */
   SPC_ERR_KV_FULL = -4,          /* the KV cache cannot hold the prompt (raise max_total_seq_len) */
@@ -83,6 +84,10 @@ typedef struct {
   int ngram_min, ngram_max; /* suffix n-gram sizes tried, longest first (default 1..4) */
   int draft_length;         /* drafts verified per step, >= 1 (default 4) */
   int64_t max_total_seq_len; /* KV cache capacity in tokens; 0 = the context window */
+  /* 1 (default): the prefix cache keeps the last generation's KV, and a next prompt that starts
+   * with the same tokens (a chat's next turn, the whole conversation resent) prefills only
+   * what is new; 0: every prompt is prefilled whole. (A session holds one sequence.) */
+  int prefix_cache_max_num_recycling_seqs;
 } spc_session_config;
 
 /* Fill a config with the defaults above. */
@@ -100,6 +105,10 @@ typedef struct {
   int32_t top_k;      /* 0 = off */
   uint64_t seed;      /* sampling seed */
   int ignore_eos;     /* nonzero: do not stop at the config's stop_token_ids */
+  /* Stop strings (UTF-8): generation ends where the text first contains one, and the text
+   * returned ends before it. They are matched on the text, so they need the model's tokenizer. */
+  const char* const* stop;
+  size_t n_stop;
 } spc_generate_params;
 
 SPC_API void spc_generate_params_default(spc_generate_params* params);
@@ -121,7 +130,8 @@ SPC_API int spc_generate(spc_session* session, const int32_t* prompt, size_t n_p
                          int32_t* out_tokens, size_t out_capacity, size_t* out_len);
 
 typedef struct {
-  int64_t prefill_tokens;     /* prompt tokens */
+  int64_t prefill_tokens;     /* prompt tokens prefilled */
+  int64_t cached_prompt_tokens; /* prompt tokens whose KV the prefix cache held (not prefilled) */
   int64_t decode_tokens;      /* tokens emitted by decode steps (after the first token) */
   int64_t draft_tokens;       /* draft tokens proposed and verified */
   int64_t accepted_tokens;    /* draft tokens the target accepted */
@@ -137,18 +147,70 @@ typedef struct {
 /* Stats of the session's last spc_generate call. */
 SPC_API int spc_session_stats(const spc_session* session, spc_stats* out);
 
-/* ----------------------------------------------- detokenizer (byte-level BPE) */
-typedef struct spc_detokenizer spc_detokenizer;
+/* The session's last generation, valid until the next one or until the session is freed:
+ * the prompt's token ids (what spc_generate_text / spc_generate_chat tokenized) and the
+ * generated ones. Any pointer pair may be NULL. */
+SPC_API int spc_session_last_tokens(const spc_session* session, const int32_t** prompt_ids, size_t* n_prompt,
+                                    const int32_t** ids, size_t* n_ids);
+/* The text of the session's last generation (what spc_generate_text / spc_generate_chat
+ * returned; "" after spc_generate without stop strings), with the same lifetime. */
+SPC_API int spc_session_last_text(const spc_session* session, const char** text, size_t* n_bytes);
 
-/* Load model.vocab and added_tokens of a tokenizer.json whose decoder is ByteLevel
- * (GPT-2 style: SmolLM2, Qwen2, Llama 3); other decoders give SPC_ERR_INCOMPATIBLE. */
-SPC_API int spc_detokenizer_load(const char* tokenizer_json_path, spc_detokenizer** out);
-SPC_API void spc_detokenizer_free(spc_detokenizer* detok);
-/* UTF-8 bytes of ids (special added tokens skipped when skip_special is nonzero),
- * NUL-terminated in buf if it fits; *out_len = bytes needed without the NUL. A token
- * cut in the middle of a multi-byte character yields its raw bytes. */
-SPC_API int spc_detokenize(const spc_detokenizer* detok, const int32_t* ids, size_t n_ids, int skip_special,
-                           char* buf, size_t buf_size, size_t* out_len);
+/* --------------------------------------------------- tokenizer (byte-level BPE) */
+typedef struct spc_tokenizer spc_tokenizer;
+
+/* Load a tokenizer.json (path to the file, or to a folder holding it). Byte-level BPE with
+ * the pre-tokenizers of GPT-2, SmolLM2, Qwen2 and Llama 3 and an NFC normalizer or none;
+ * anything else is SPC_ERR_INCOMPATIBLE, naming the part it cannot run. */
+SPC_API int spc_tokenizer_load(const char* path, spc_tokenizer** out);
+SPC_API void spc_tokenizer_free(spc_tokenizer* tokenizer);
+/* The model folder's tokenizer, loaded on first use and owned by the model. */
+SPC_API int spc_model_tokenizer(spc_model* model, const spc_tokenizer** out);
+/* UTF-8 text[0..text_len) -> ids, as HF `Tokenizer.encode(text, add_special_tokens=False)`:
+ * special tokens written in the text ("<|im_start|>") are recognized. Up to capacity ids go
+ * to out_ids, their total number to *out_len. Invalid UTF-8 is SPC_ERR_INVALID_ARGUMENT. */
+SPC_API int spc_tokenize(const spc_tokenizer* tokenizer, const char* text, size_t text_len, int32_t* out_ids,
+                         size_t capacity, size_t* out_len);
+/* ids -> UTF-8 text, as HF `Tokenizer.decode` (special tokens skipped when skip_special is
+ * nonzero; bytes that do not form a character become U+FFFD). NUL-terminated in buf if it
+ * fits; *out_len = bytes needed without the NUL. */
+SPC_API int spc_detokenize(const spc_tokenizer* tokenizer, const int32_t* ids, size_t n_ids, int skip_special, char* buf,
+                           size_t buf_size, size_t* out_len);
+/* The id of a token's exact text ("<|im_end|>"), or -1. */
+SPC_API int32_t spc_token_id(const spc_tokenizer* tokenizer, const char* token);
+
+/* ------------------------------------------------------------ text and chat */
+typedef struct {
+  const char* role;    /* "system", "user", "assistant", or "tool" where the model's format has it */
+  const char* content; /* UTF-8 */
+} spc_chat_message;
+
+/* The conversation rendered as the model's chat template renders it (`speccompile generate`
+ * uses the Jinja template; the C API the chat format gen_config derived from it and checked
+ * equal), with the assistant's generation prompt when add_generation_prompt is nonzero.
+ * NUL-terminated in buf if it fits; *out_len = bytes needed without the NUL. A model folder
+ * converted before chat formats existed, or whose template cannot be expressed as one, is
+ * SPC_ERR_INCOMPATIBLE (pass raw text instead). */
+SPC_API int spc_chat_render(spc_model* model, const spc_chat_message* messages, size_t n_messages,
+                            int add_generation_prompt, char* buf, size_t buf_size, size_t* out_len);
+
+/* Called after each decode step with the text it added (UTF-8, possibly empty while a
+ * character is incomplete); return nonzero to stop (SPC_FINISH_CANCELLED). */
+typedef int (*spc_text_callback)(const char* delta, size_t n_bytes, void* user_data);
+
+/* Generate from text, as `speccompile generate --prompt TEXT [--raw]`: raw = 0 renders the
+ * prompt as one user message with the chat format, raw != 0 tokenizes it as it is. The text
+ * (without a stop string) goes to out_text, NUL-terminated if it fits, its length to *out_len;
+ * the token ids are then spc_session_last_tokens. callback may be NULL. */
+SPC_API int spc_generate_text(spc_session* session, const char* prompt, int raw, const spc_generate_params* params,
+                              spc_text_callback callback, void* user_data, char* out_text, size_t out_capacity,
+                              size_t* out_len);
+
+/* Generate the assistant's next message in a conversation (rendered with the chat format and
+ * the generation prompt), otherwise as spc_generate_text. */
+SPC_API int spc_generate_chat(spc_session* session, const spc_chat_message* messages, size_t n_messages,
+                              const spc_generate_params* params, spc_text_callback callback, void* user_data,
+                              char* out_text, size_t out_capacity, size_t* out_len);
 
 #ifdef __cplusplus
 }

@@ -73,12 +73,21 @@ std::vector<double> ProbsFromLogits(const std::vector<float>& logits, const spc_
   return prob;
 }
 
+size_t FindStop(const std::string& text, const std::vector<std::string>& stop) {
+  size_t first = std::string::npos;
+  for (const std::string& s : stop) {
+    if (!s.empty()) first = std::min(first, text.find(s));
+  }
+  return first;
+}
+
 struct Session::Run {
   std::vector<int32_t> history;  // prompt + emitted tokens; history.back() is not yet in the KV cache
   int64_t budget = 0;
-  spc_generate_params params{};
-  const std::function<bool(const int32_t*, size_t)>* on_tokens = nullptr;
-  std::vector<int32_t>* emitted = nullptr;
+  const Request* request = nullptr;
+  const spc_generate_params* params = nullptr;
+  Result* result = nullptr;
+  std::unique_ptr<StreamDecoder> decoder;  // with a tokenizer
   int finish = SPC_FINISH_NONE;
 };
 
@@ -94,6 +103,9 @@ Session::Session(Model* model, const spc_session_config& cfg) : model_(model), c
                                 ") cannot hold draft_length + 1 tokens; lower draft_length");
   }
   if (cfg.max_total_seq_len < 0) throw std::invalid_argument("max_total_seq_len must be >= 0");
+  if (cfg.prefix_cache_max_num_recycling_seqs < 0 || cfg.prefix_cache_max_num_recycling_seqs > 1) {
+    throw std::invalid_argument("prefix_cache_max_num_recycling_seqs is 0 (off) or 1: a session holds one sequence");
+  }
   int64_t total = cfg.max_total_seq_len ? cfg.max_total_seq_len : model->config().context_window_size;
   int64_t pages = 0;
   model->CreateKVCache(total, &kv_tensor_, &pages);
@@ -111,11 +123,14 @@ int32_t Session::Sample(const std::vector<float>& logits, const spc_generate_par
   return dist(rng_);
 }
 
-int Session::Generate(const std::vector<int32_t>& prompt, const spc_generate_params& params,
-                      const std::function<bool(const int32_t*, size_t)>& on_tokens, std::vector<int32_t>* emitted) {
+int Session::Generate(const Request& request, Result* result) {
+  const std::vector<int32_t>& prompt = request.prompt;
+  const spc_generate_params& params = request.params;
   int64_t ctx = model_->config().context_window_size;
   if (params.max_tokens <= 0) throw std::invalid_argument("max_tokens must be positive");
-  if (params.temperature < 0) throw std::invalid_argument("temperature must be >= 0");
+  if (!(params.temperature >= 0 && std::isfinite(params.temperature))) {
+    throw std::invalid_argument("temperature must be finite and >= 0");
+  }
   if (!(params.top_p > 0 && params.top_p <= 1)) throw std::invalid_argument("top_p must be in (0, 1]");
   if (params.top_k < 0) throw std::invalid_argument("top_k must be >= 0");
   if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
@@ -123,26 +138,36 @@ int Session::Generate(const std::vector<int32_t>& prompt, const spc_generate_par
     throw std::invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens but the context window is " +
                                 std::to_string(ctx) + "; shorten it or rebuild with gen_config --context-window-size");
   }
+  if (!request.stop.empty() && !request.tokenizer) throw std::invalid_argument("stop strings need a tokenizer");
   model_->CheckTokenIds(prompt.data(), prompt.size());
+  if (request.tokenizer && request.tokenizer->vocab_size() > model_->vocab_size()) {
+    throw IncompatibleError("the tokenizer has " + std::to_string(request.tokenizer->vocab_size()) +
+                            " tokens but the model's vocabulary is " + std::to_string(model_->vocab_size()) +
+                            ": it belongs to another model");
+  }
+  *result = Result{};
+  result->prompt_token_ids = prompt;
   stats_ = spc_stats{};
   rng_.seed(params.seed);
   Run run;
   run.history = prompt;
   run.budget = std::min<int64_t>(params.max_tokens, ctx - static_cast<int64_t>(prompt.size()));
-  run.params = params;
-  run.on_tokens = &on_tokens;
-  run.emitted = emitted;
-  kv_->AddSequence(kSeq);
+  run.request = &request;
+  run.params = &params;
+  run.result = result;
+  if (request.tokenizer) run.decoder = std::make_unique<StreamDecoder>(request.tokenizer);
+  size_t cached = TakeKept(prompt);
   try {
     double t0 = Now();
     int64_t chunk = model_->config().prefill_chunk_size;
     Tensor logits;
-    for (size_t start = 0; start < prompt.size(); start += chunk) {
+    for (size_t start = cached; start < prompt.size(); start += chunk) {
       size_t end = std::min(prompt.size(), start + static_cast<size_t>(chunk));
       logits = model_->Prefill(*kv_, kv_tensor_, kSeq, std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end));
     }
     int32_t first = Sample(model_->LogitsRow(logits, 0), params);
-    stats_.prefill_tokens = static_cast<int64_t>(prompt.size());
+    stats_.prefill_tokens = static_cast<int64_t>(prompt.size() - cached);
+    stats_.cached_prompt_tokens = static_cast<int64_t>(cached);
     stats_.prefill_seconds = Now() - t0;
     Emit(run, {first}, false);
     while (run.finish == SPC_FINISH_NONE) {
@@ -152,14 +177,49 @@ int Session::Generate(const std::vector<int32_t>& prompt, const spc_generate_par
     }
   } catch (...) {
     kv_->RemoveSequence(kSeq);
+    kept_.clear();
     throw;
   }
-  kv_->RemoveSequence(kSeq);
-  stats_.finish_reason = run.finish;
+  Keep(run);
+  stats_.finish_reason = result->finish_reason = run.finish;
   stats_.prefill_tokens_per_s = stats_.prefill_seconds > 0 ? stats_.prefill_tokens / stats_.prefill_seconds : 0.0;
   stats_.decode_tokens_per_s = stats_.decode_seconds > 0 ? stats_.decode_tokens / stats_.decode_seconds : 0.0;
   stats_.accept_rate = stats_.draft_tokens ? static_cast<double>(stats_.accepted_tokens) / stats_.draft_tokens : 0.0;
   return run.finish;
+}
+
+size_t SharedPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = std::min(a.size(), b.size()), i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+size_t Session::TakeKept(const std::vector<int32_t>& prompt) {
+  // runtime/prefix_cache.py PrefixCache.take, for the session's one sequence: the prompt's
+  // last token is always prefilled (its logits give the first output token).
+  size_t shared = kept_.empty() ? 0 : std::min(SharedPrefix(kept_, prompt), prompt.size() - 1);
+  if (kept_.empty() || shared < kMinReuse) {
+    if (!kept_.empty()) kv_->RemoveSequence(kSeq);
+    kept_.clear();
+    kv_->AddSequence(kSeq);
+    return 0;
+  }
+  kv_->PopN(kSeq, kv_->Length(kSeq) - static_cast<int64_t>(shared));
+  kept_.clear();
+  return shared;
+}
+
+void Session::Keep(const Run& run) {
+  // runtime/prefix_cache.py PrefixCache.keep: the KV cut to the history less its last token,
+  // which no forward has read (a stop may also end the text before the last accepted draft).
+  // A generation cut short (cancelled) is not kept, as in Python.
+  if (!cfg_.prefix_cache_max_num_recycling_seqs || run.finish == SPC_FINISH_CANCELLED) {
+    kv_->RemoveSequence(kSeq);
+    return;
+  }
+  int64_t n = std::min<int64_t>(kv_->Length(kSeq), static_cast<int64_t>(run.history.size()) - 1);
+  kv_->PopN(kSeq, kv_->Length(kSeq) - n);
+  kept_.assign(run.history.begin(), run.history.begin() + n);
 }
 
 void Session::Step(Run& run) {
@@ -183,7 +243,7 @@ void Session::Step(Run& run) {
   if (drafts.empty()) logits = model_->Decode(*kv_, kv_tensor_, kSeq, last);
   std::vector<int32_t> tokens;
   size_t accepted = 0;
-  if (run.params.temperature == 0.0f) {
+  if (run.params->temperature == 0.0f) {
     // the library's TensorIR kernel: argmax and chain walk on the device
     std::vector<int32_t> chain{last};
     chain.insert(chain.end(), drafts.begin(), drafts.end());
@@ -196,7 +256,7 @@ void Session::Step(Run& run) {
     // probability p(x); on rejection sample the bonus from norm(max(p - q, 0)).
     std::uniform_real_distribution<double> unif(0.0, 1.0);
     for (size_t row = 0;; ++row) {
-      std::vector<double> p = ProbsFromLogits(model_->LogitsRow(logits, static_cast<int64_t>(row)), run.params);
+      std::vector<double> p = ProbsFromLogits(model_->LogitsRow(logits, static_cast<int64_t>(row)), *run.params);
       if (row < drafts.size()) {
         int32_t x = drafts[row];
         if (p[x] > 0 && unif(rng_) < p[x]) {
@@ -229,24 +289,42 @@ void Session::Step(Run& run) {
 }
 
 void Session::Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode) {
+  // runtime/sequence.py Sequence.emit: stop at a stop token, a stop string or the budget;
+  // tokens past a stop are dropped, never shown.
   const auto& stop = model_->config().stop_token_ids;
+  std::vector<int32_t>& emitted = run.result->token_ids;
+  std::string pending;
   size_t n = 0;
   for (int32_t tok : tokens) {
-    if (stop.count(tok) && !run.params.ignore_eos) {
+    if (stop.count(tok) && !run.params->ignore_eos) {
       run.finish = SPC_FINISH_STOP;
       break;
     }
     run.history.push_back(tok);
-    run.emitted->push_back(tok);
+    emitted.push_back(tok);
     ++n;
-    if (static_cast<int64_t>(run.emitted->size()) >= run.budget) {
+    if (run.decoder) {
+      std::string delta = run.decoder->Push(&tok, 1);
+      const std::string& text = run.decoder->text();
+      size_t hit = FindStop(text, run.request->stop);
+      if (hit != std::string::npos) {
+        size_t past = text.size() - hit;  // bytes of the text from the stop string on
+        pending += delta.substr(0, delta.size() > past ? delta.size() - past : 0);
+        run.result->text = text.substr(0, hit);
+        run.finish = SPC_FINISH_STOP;
+        break;
+      }
+      pending += delta;
+      run.result->text = text;
+    }
+    if (static_cast<int64_t>(emitted.size()) >= run.budget) {
       run.finish = SPC_FINISH_LENGTH;
       break;
     }
   }
   if (count_decode) stats_.decode_tokens += static_cast<int64_t>(n);
-  if (n > 0 && *run.on_tokens && (*run.on_tokens)(run.emitted->data() + run.emitted->size() - n, n) &&
-      run.finish == SPC_FINISH_NONE) {
+  const auto& on_step = run.request->on_step;
+  if (n > 0 && on_step && on_step(emitted.data() + emitted.size() - n, n, pending) && run.finish == SPC_FINISH_NONE) {
     run.finish = SPC_FINISH_CANCELLED;
   }
 }

@@ -5,12 +5,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kv_cache.h"
 #include "model.h"
 #include "speccompile.h"
+#include "tokenizer.h"
 
 namespace spc {
 
@@ -21,19 +24,46 @@ std::vector<int32_t> NGramLookup(const std::vector<int32_t>& history, int min_n,
 // runtime/sampling.py probs_from_logits (float64): temperature, top-k, then top-p.
 std::vector<double> ProbsFromLogits(const std::vector<float>& logits, const spc_generate_params& p);
 
+// How many leading tokens a and b have in common (prefix_cache.py shared_prefix).
+size_t SharedPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+
+// runtime/sequence.py find_stop: where the earliest stop string begins in text, or npos.
+size_t FindStop(const std::string& text, const std::vector<std::string>& stop);
+
+// One generation: runtime/engine.py generate's arguments.
+struct Request {
+  std::vector<int32_t> prompt;
+  spc_generate_params params{};
+  std::vector<std::string> stop;          // stop strings: matched on the text, so they need a tokenizer
+  const Tokenizer* tokenizer = nullptr;   // text out (deltas and the final text); null: ids only
+  // After each step: its tokens and its text delta; returning true cancels the generation.
+  std::function<bool(const int32_t*, size_t, const std::string&)> on_step;
+};
+
+// runtime/sequence.py GenerationResult.
+struct Result {
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<int32_t> token_ids;
+  std::string text;  // the streamed text, cut before a stop string
+  int finish_reason = SPC_FINISH_NONE;
+};
+
 class Session {
  public:
   Session(Model* model, const spc_session_config& cfg);
   ~Session();
 
-  // Returns the finish reason; tokens go to `emitted` and through `on_tokens`
-  // (return true from on_tokens to cancel).
-  int Generate(const std::vector<int32_t>& prompt, const spc_generate_params& params,
-               const std::function<bool(const int32_t*, size_t)>& on_tokens, std::vector<int32_t>* emitted);
+  // Returns the finish reason.
+  int Generate(const Request& request, Result* result);
   const spc_stats& stats() const { return stats_; }
 
  private:
   struct Run;
+  // The prefix cache (runtime/prefix_cache.py) for the session's one sequence: the last
+  // generation's KV is kept, and a prompt sharing at least kMinReuse leading tokens with it
+  // prefills only the rest. Returns the prompt tokens whose KV is reused.
+  size_t TakeKept(const std::vector<int32_t>& prompt);
+  void Keep(const Run& run);
   int32_t Sample(const std::vector<float>& logits, const spc_generate_params& p);
   void Step(Run& run);
   void Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode);
@@ -44,7 +74,9 @@ class Session {
   PagedKV* kv_ = nullptr;
   std::mt19937_64 rng_;
   spc_stats stats_{};
+  std::vector<int32_t> kept_;  // the tokens the kept sequence's KV holds (empty: none kept)
   static constexpr int64_t kSeq = 0;  // the session's one sequence id in its KV cache
+  static constexpr size_t kMinReuse = 16;  // prefix_cache.py MIN_REUSE
 };
 
 }  // namespace spc
