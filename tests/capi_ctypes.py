@@ -12,6 +12,20 @@ class ChatMessage(C.Structure):
     _fields_ = [("role", C.c_char_p), ("content", C.c_char_p)]
 
 
+class SessionConfig(C.Structure):
+    _fields_ = [("speculative_mode", C.c_int), ("ngram_min", C.c_int), ("ngram_max", C.c_int),
+                ("draft_length", C.c_int), ("max_total_seq_len", C.c_int64),
+                ("prefix_cache_max_num_recycling_seqs", C.c_int)]
+
+
+class Stats(C.Structure):
+    _fields_ = [(name, C.c_int64) for name in ("prefill_tokens", "cached_prompt_tokens", "decode_tokens", "draft_tokens",
+                                               "accepted_tokens", "verify_steps", "plain_steps")] + \
+               [(name, C.c_double) for name in ("prefill_seconds", "decode_seconds", "prefill_tokens_per_s",
+                                                "decode_tokens_per_s", "accept_rate", "mean_accepted_length")] + \
+               [("finish_reason", C.c_int)]
+
+
 class CapiError(RuntimeError):
     def __init__(self, code: int, message: str):
         super().__init__(f"{code}: {message}")
@@ -28,6 +42,36 @@ class Capi:
     def check(self, rc: int) -> None:
         if rc != SPC_OK:
             raise CapiError(rc, self.lib.spc_last_error().decode())
+
+    # ---------------------------------------------------------------- model, session
+    def model(self, model_dir, lib, device: str = "cpu") -> C.c_void_p:
+        out = C.c_void_p()
+        self.check(self.lib.spc_model_load(str(model_dir).encode(), str(lib).encode(), device.encode(), C.byref(out)))
+        return out
+
+    def session(self, model, **config) -> C.c_void_p:
+        cfg = SessionConfig()
+        self.lib.spc_session_config_default(C.byref(cfg))
+        for k, v in config.items():
+            setattr(cfg, k, v)
+        out = C.c_void_p()
+        self.check(self.lib.spc_session_create(model, C.byref(cfg), C.byref(out)))
+        return out
+
+    def chat(self, session, messages: list[dict], max_tokens: int) -> tuple[str, Stats]:
+        """spc_generate_chat at temperature 0: (the answer, the call's stats)."""
+        msgs = (ChatMessage * len(messages))(*[ChatMessage(m["role"].encode(), m["content"].encode())
+                                               for m in messages])
+        params = (C.c_byte * 64)()  # spc_generate_params, filled by its default function
+        self.lib.spc_generate_params_default(params)
+        C.c_int32.from_buffer(params, 0).value = max_tokens  # max_tokens is the struct's first field
+        self.check(self.lib.spc_generate_chat(session, msgs, C.c_size_t(len(messages)), params, None, None, None,
+                                              C.c_size_t(0), None))
+        text, n = C.c_char_p(), C.c_size_t()
+        self.check(self.lib.spc_session_last_text(session, C.byref(text), C.byref(n)))
+        stats = Stats()
+        self.check(self.lib.spc_session_stats(session, C.byref(stats)))
+        return C.string_at(text, n.value).decode(), stats
 
     # ---------------------------------------------------------------- tokenizer
     def tokenizer(self, path: Path | str) -> C.c_void_p:

@@ -152,3 +152,30 @@ def test_model_without_chat_format_is_refused_with_the_fix(capi_build, smollm2_q
         assert err.value.code == SPC_ERR_INCOMPATIBLE
     finally:
         capi.lib.spc_model_free(model)
+
+
+@pytest.mark.parametrize("prefix_cache", [1, 0])
+def test_a_conversation_prefills_only_its_new_message(capi_build, engine, smollm2_q4, prefix_cache):
+    """spc_generate_chat over a growing conversation: each answer is what a cold Python engine
+    answers to the same conversation, and with the prefix cache each turn after the first
+    prefills only what is new (the previous answer's tail and the new message)."""
+    model_dir, lib = smollm2_q4
+    capi = Capi(capi_build)
+    model = capi.model(model_dir, lib)
+    session = capi.session(model, speculative_mode=1, prefix_cache_max_num_recycling_seqs=prefix_cache)
+    messages = []
+    try:
+        for turn, text in enumerate(["Name a prime number below 20.", "And one above 20?", "Add the two."]):
+            messages.append({"role": "user", "content": text})
+            answer, stats = capi.chat(session, messages, 24)
+            ids = engine.tokenizer.encode(engine.render(messages), add_special_tokens=False).ids
+            assert answer == engine.generate(ids, 24).text
+            assert stats.prefill_tokens + stats.cached_prompt_tokens == len(ids)
+            if prefix_cache and turn > 0:
+                assert stats.cached_prompt_tokens > 0.6 * len(ids), (stats.cached_prompt_tokens, len(ids))
+            else:
+                assert stats.cached_prompt_tokens == 0
+            messages.append({"role": "assistant", "content": answer})
+    finally:
+        capi.lib.spc_session_free(session)
+        capi.lib.spc_model_free(model)
