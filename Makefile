@@ -88,7 +88,7 @@ head-prompts:
 	nice -n 19 $(BIN)/python -m speccompile.cli train-prompts --model $(MODEL) --quantization $(QUANT) \
 		--num-prompts $(TRAIN_PROMPTS) --held-out $(HELD_OUT_PROMPTS) --data-dir heads/data/$(MODEL)-$(QUANT)
 
-# The C API for embedding (runtime/capi): libspeccompile_capi.so + build/capi/spc_generate,
+# The C API for embedding (runtime/capi): libspeccompile_capi.so + build/capi/spc_generate and spc_chat,
 # built with CMake against the TVM runtime in the venv's wheel.
 .PHONY: capi
 capi:

@@ -40,7 +40,7 @@ from speccompile.runtime.tokenizer import render_messages
 PLAIN = {"speculative_mode": "disable"}  # generate speculates unless told not to
 
 
-def _generate(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
+def generate_process(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
               overrides: str | None = None, response_format: dict | None = None, sampling: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
            "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
@@ -92,7 +92,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
         plains, specs, llama = [], [], {}
         text = render_messages(config, [{"role": "user", "content": p["prompt"]}]) if peers else None
         for _ in range(repeat):
-            a, s1, s2, b = (_generate(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"],
+            a, s1, s2, b = (generate_process(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"],
                                       sampling) for sp in (PLAIN, spec, spec, PLAIN))
             plains += [a, b]
             specs += [s1, s2]
@@ -187,7 +187,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
     categories_out = {c: summarize(g) for c, g in by_cat.items()}
     report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,
               "sampling": {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "seed")},
-              "max_tokens": max_tokens, "repeat": repeat, "host": _host(), "overall": summarize(rows),
+              "max_tokens": max_tokens, "repeat": repeat, "host": host_description(), "overall": summarize(rows),
               "mean_of_categories": statistics.fmean(c["speedup"] for c in categories_out.values()),
               "categories": categories_out, "prompts": rows}
     if not quiet:
@@ -204,7 +204,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
     return report
 
 
-def _host() -> str:
+def host_description() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -361,6 +361,10 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
               help="with --llama-speculative in small_draft mode: the draft's GGUF file")
 @click.option("--one-shot", is_flag=True, default=False,
               help="each run a fresh `generate` process (plain/spec/spec/plain per prompt), as users run it")
+@click.option("--capi", "capi_exe", type=click.Path(path_type=Path), default=None, metavar="SPC_GENERATE",
+              help="A/B the C runtime against the Python one: per prompt, fresh `speccompile generate` and "
+                   "SPC_GENERATE (the C API's example, e.g. build/capi/spc_generate) processes, python/C/C/python, in "
+                   "the same --speculative-mode (disable or ngram, with --spec-draft-length)")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="with --one-shot: plain/spec/spec/plain quartets per prompt (fresh processes swing ~10%%)")
 @click.option("--llama-spec-mode", "llama_modes", multiple=True, type=click.Choice(["small_draft", "ngram"]),
@@ -371,7 +375,7 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
 @click.option("--overrides", default=None, help=OVERRIDES_HELP + "; not with --endpoint")
 def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_tokens, num_prompts, out_json, categories,
               per_category, sampling, spec, sizes, endpoint, concurrency, api_key, compare, ab, soak, llama_bench, gguf, llama_spec, draft_gguf,
-              one_shot, repeat, llama_modes, llama_draft_max, overrides):
+              one_shot, capi_exe, repeat, llama_modes, llama_draft_max, overrides):
     """Measure decode tokens/s at batch 1 (plain and speculative side by side: the default
     suffix drafting, or --speculative-mode; disable measures plain alone) and the share of
     the bandwidth roofline. With --endpoint,
@@ -432,6 +436,15 @@ def bench_cmd(model_dir, model_lib, model_name, quantization, prompts, max_token
                 raise ValueError("llama.cpp's small_draft peer needs the draft's --draft-gguf file")
             lspec = {"binary": llama_spec, "gguf": gguf, "draft_gguf": draft_gguf, "draft_max": llama_draft_max,
                      "modes": peers}
+        if capi_exe:
+            from speccompile.bench.capi import run_capi_ab
+
+            if one_shot or llama_bench or llama_spec or overrides or SamplingParams(**sampling) != SamplingParams():
+                raise ValueError("--capi runs its own one-shot A/B, greedily with each runtime's defaults: leave out "
+                                 "--one-shot, --llama-*, --overrides and the sampling options")
+            run_capi_ab(capi_exe, model_dir, model_lib, cli_spec, prompts, max_tokens, list(categories) or None,
+                        per_category, num_prompts, out_json)
+            return
         if one_shot:
             from speccompile.bench.oneshot import run_one_shot
 

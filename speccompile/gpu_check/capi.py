@@ -4,7 +4,7 @@ Why. Issue 32 asks that a cuda library load through the C API wherever the CUDA 
 tested on the GPU machine -- which has no TVM, no compiler toolchain for our sources and no
 registry. So ``make gpu-payload`` carries a prebuilt C API (runtime/capi, CMake Release,
 linked against this venv's wheel: ``libspeccompile_capi.so`` and its example ``spc_generate``)
-and the check runs ``spc_generate`` on the model's library, plain and with ``--ngram``,
+and the check runs ``spc_generate`` on the model's library, plain and with n-gram speculation,
 comparing its greedy token ids with the Python engine's on the same library.
 
 Where its libraries come from there. The build bakes this machine's wheel folders into
@@ -176,10 +176,12 @@ def check_capi(engine, payload: Path, info: dict, model_dir: Path, lib: Path, pr
             run_env = env
             if not rec["runs"]:  # the first run: which files the dynamic linker loads
                 run_env = dict(env, LD_DEBUG="libs", LD_DEBUG_OUTPUT=str(work / "capi-ld"))
-            cmd = [str(exe), str(model_dir), str(lib), ",".join(map(str, ids)), str(max_tokens)]
+            cmd = [str(exe), str(model_dir), "--model-lib", str(lib), "--prompt-ids", ",".join(map(str, ids)),
+                   "--max-tokens", str(max_tokens), "--json", "--speculative-mode",
+                   "ngram" if mode == "ngram" else "disable"]
             try:
-                done = subprocess.run(cmd + (["--ngram"] if mode == "ngram" else []), capture_output=True, text=True,
-                                      errors="replace", env=run_env, timeout=timeout)
+                done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=run_env,
+                                      timeout=timeout)
             except (OSError, subprocess.TimeoutExpired) as err:
                 errors.append(f"prompt {i} {mode}: {type(err).__name__}: {err}")
                 rec["runs"].append({"prompt": i, "mode": mode, "ok": False})

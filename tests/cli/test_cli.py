@@ -149,10 +149,10 @@ def test_one_shot_bench_samples_as_told_and_compares_per_token(build_tiny, tmp_p
     built = build_tiny("tiny-llama", "q0f32")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Why is the sky blue?"]}) + "\n")
-    calls, real = [], oneshot._generate
+    calls, real = [], oneshot.generate_process
     graphs = {"enabled": True, "failed": None, "graphs": 2, "captures": 2, "capture_seconds": 0.02, "replays": 9}
     # what a cuda process adds to its JSON: the graphs it captured, at what cost
-    monkeypatch.setattr(oneshot, "_generate", lambda *a: calls.append(a) or {**real(*a), "cuda_graph": graphs})
+    monkeypatch.setattr(oneshot, "generate_process", lambda *a: calls.append(a) or {**real(*a), "cuda_graph": graphs})
     sampling = {"temperature": 2.0, "top_p": 0.95, "top_k": 50, "seed": 3}
     report = oneshot.run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, max_tokens=12,
                                   quiet=True, sampling=sampling)

@@ -127,7 +127,7 @@ def test_capi_mismatch_and_failure_are_recorded_not_raised(tmp_path):
     exe.parent.mkdir(parents=True)
     exe.write_text(f"""#!{sys.executable}
 import json, sys
-if "--ngram" in sys.argv:
+if "ngram" in sys.argv:  # --speculative-mode ngram
     sys.exit("spc_generate: loading the model: cannot load TVM's CUDA runtime")
 print(json.dumps({{"token_ids": [5, 6, 9, 8], "stats": {{"decode_tokens_per_s": 3.0, "accept_rate": 0.0,
                   "verify_steps": 0}}}}))
