@@ -15,7 +15,7 @@ class ChatMessage(C.Structure):
 class SessionConfig(C.Structure):
     _fields_ = [("speculative_mode", C.c_int), ("ngram_min", C.c_int), ("ngram_max", C.c_int),
                 ("draft_length", C.c_int), ("max_total_seq_len", C.c_int64),
-                ("prefix_cache_max_num_recycling_seqs", C.c_int)]
+                ("prefix_cache_max_num_recycling_seqs", C.c_int), ("draft_model", C.c_void_p)]
 
 
 class Stats(C.Structure):
@@ -53,7 +53,7 @@ class Capi:
         cfg = SessionConfig()
         self.lib.spc_session_config_default(C.byref(cfg))
         for k, v in config.items():
-            setattr(cfg, k, v)
+            setattr(cfg, k, v.value if isinstance(v, C.c_void_p) else v)
         out = C.c_void_p()
         self.check(self.lib.spc_session_create(model, C.byref(cfg), C.byref(out)))
         return out

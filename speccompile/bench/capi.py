@@ -21,15 +21,18 @@ from pathlib import Path
 from speccompile.bench.oneshot import generate_process, host_description
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
 
-C_MODES = ("disable", "ngram")  # what the C runtime runs; the rest are refused, never renamed
+C_MODES = ("disable", "ngram", "small_draft")  # what the C runtime runs; the rest are refused, never renamed
 
 
 def _generate_c(exe: Path, model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict) -> dict:
     cmd = [str(exe), str(model_dir), "--model-lib", str(model_lib), "--prompt", prompt,
            "--max-tokens", str(max_tokens), "--json"]
-    for key in ("speculative_mode", "spec_draft_length", "ngram_min", "ngram_max"):
-        if spec.get(key) is not None:
-            cmd += [f"--{key.replace('_', '-')}", str(spec[key])]
+    for key in ("speculative_mode", "spec_draft_length", "ngram_min", "ngram_max", "additional_models"):
+        value = spec.get(key)
+        if isinstance(value, (list, tuple)):  # [(DIR, LIB)] as the Python API takes it
+            value = ",".join(map(str, value[0])) if value else None
+        if value is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.expanduser("~"))
     if done.returncode != 0:
@@ -59,6 +62,7 @@ def run_capi_ab(exe: Path, model_dir: Path, model_lib: Path, spec: dict, prompts
         raise ValueError("give --spec-draft-length K: the C runtime drafts a fixed length, so both runtimes get K")
     if not Path(exe).exists():
         raise ValueError(f"{exe} does not exist: build it with `make capi` (build/capi/spc_generate)")
+    exe, model_dir, model_lib = (Path(p).resolve() for p in (exe, model_dir, model_lib))  # the runs start in ~
     spec = {"speculative_mode": mode, **{k: v for k, v in spec.items() if k != "speculative_mode"}}
     py_spec = {k: v for k, v in spec.items() if v is not None}
     prompts = select_prompts(load_prompts(prompts_file or DEFAULT_PROMPTS), categories, per_category, limit)

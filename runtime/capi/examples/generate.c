@@ -3,7 +3,8 @@
  *
  *   spc_generate MODEL_DIR --model-lib LIB --prompt TEXT [--raw] [--max-tokens N]
  *                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]...
- *                [--speculative-mode disable|ngram] [--spec-draft-length K]
+ *                [--speculative-mode disable|ngram|small_draft] [--additional-models DIR,LIB]
+ *                [--spec-draft-length K]
  *                [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D]
  *                [--ignore-eos] [--stream] [--json]
  *   spc_generate MODEL_DIR --model-lib LIB --prompt-ids 1,9690,198 ...   (token ids in)
@@ -12,8 +13,10 @@
  * generate` renders it with the chat template); --raw tokenizes it as it is. --json prints
  * one JSON object: prompt_token_ids, token_ids, text, finish_reason and stats; otherwise the
  * text is printed as it is generated (beside --json, --stream prints it to stderr).
- * --device defaults to "auto": the device kind the library was built for. --speculative-mode defaults to ngram, the C runtime's speculative
- * mode; the modes it does not run yet are refused, never decoded plainly under their name.
+ * --device defaults to "auto": the device kind the library was built for. --speculative-mode
+ * defaults to ngram, the C runtime's speculative mode; small_draft takes the draft model as
+ * --additional-models DRAFT_DIR,DRAFT_LIB (as `speccompile generate` does); the modes the C
+ * runtime does not run yet are refused, never decoded plainly under their name.
  */
 #include <speccompile.h>
 #include <stdio.h>
@@ -58,8 +61,8 @@ static int usage(const char* argv0, const char* why) {
   if (why) fprintf(stderr, "spc_generate: %s\n", why);
   fprintf(stderr,
           "usage: %s MODEL_DIR --model-lib LIB (--prompt TEXT [--raw] | --prompt-ids I,J,...) [--max-tokens N] "
-          "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]... [--speculative-mode disable|ngram] "
-          "[--spec-draft-length K] [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D] "
+          "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]... "
+          "[--speculative-mode disable|ngram|small_draft] [--additional-models DIR,LIB] [--spec-draft-length K] [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D] "
           "[--ignore-eos] [--stream] [--json]\n",
           argv0);
   return 2;
@@ -87,6 +90,7 @@ static int32_t* parse_ids(const char* text, size_t* n) {
 int main(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return usage(argv[0], NULL);
   const char *model_dir = argv[1], *lib = NULL, *prompt = NULL, *prompt_ids = NULL, *device = "auto";
+  char* additional = NULL; /* DRAFT_DIR,DRAFT_LIB */
   const char* stop[MAX_STOP];
   int raw = 0, stream = 0, as_json = 0;
   spc_session_config cfg;
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--model-lib")) lib = argv[++i];
     else if (!strcmp(a, "--prompt")) prompt = argv[++i];
     else if (!strcmp(a, "--prompt-ids")) prompt_ids = argv[++i];
+    else if (!strcmp(a, "--additional-models")) additional = argv[++i];
     else if (!strcmp(a, "--max-tokens")) params.max_tokens = atoi(argv[++i]);
     else if (!strcmp(a, "--temperature")) params.temperature = (float)atof(argv[++i]);
     else if (!strcmp(a, "--top-p")) params.top_p = (float)atof(argv[++i]);
@@ -122,9 +127,10 @@ int main(int argc, char** argv) {
       const char* m = argv[++i];
       if (!strcmp(m, "disable")) cfg.speculative_mode = SPC_SPEC_DISABLE;
       else if (!strcmp(m, "ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
+      else if (!strcmp(m, "small_draft")) cfg.speculative_mode = SPC_SPEC_SMALL_DRAFT;
       else {
-        fprintf(stderr, "spc_generate: --speculative-mode %s is not in the C runtime yet (it runs disable and ngram); "
-                        "use `speccompile generate` for it\n", m);
+        fprintf(stderr, "spc_generate: --speculative-mode %s is not in the C runtime yet (it runs disable, ngram and "
+                        "small_draft); use `speccompile generate` for it\n", m);
         return 2;
       }
     } else return usage(argv[0], "unknown option");
@@ -133,9 +139,19 @@ int main(int argc, char** argv) {
   if (!prompt == !prompt_ids) return usage(argv[0], "give --prompt or --prompt-ids");
   if (params.n_stop) params.stop = stop;
 
+  if ((cfg.speculative_mode == SPC_SPEC_SMALL_DRAFT) != (additional != NULL)) {
+    return usage(argv[0], "--speculative-mode small_draft takes its draft as --additional-models DRAFT_DIR,DRAFT_LIB");
+  }
+  char* draft_lib = additional ? strchr(additional, ',') : NULL;
+  if (additional && !draft_lib) return usage(argv[0], "--additional-models takes DRAFT_DIR,DRAFT_LIB");
+  if (draft_lib) *draft_lib++ = '\0';
+
   spc_model* model = NULL;
+  spc_model* draft = NULL;
   spc_session* session = NULL;
   if (spc_model_load(model_dir, lib, device, &model) != SPC_OK) return die("loading the model");
+  if (additional && spc_model_load(additional, draft_lib, device, &draft) != SPC_OK) return die("loading the draft model");
+  cfg.draft_model = draft;
   if (spc_session_create(model, &cfg, &session) != SPC_OK) return die("creating the session");
   int rc;
   if (prompt) {
@@ -188,6 +204,7 @@ int main(int argc, char** argv) {
            (long long)s.plain_steps, s.accept_rate, s.mean_accepted_length);
   }
   spc_session_free(session);
+  spc_model_free(draft);
   spc_model_free(model);
   return 0;
 }

@@ -4,7 +4,8 @@
  * The runtime is thin: it loads a model library built by `speccompile compile`
  * (a shared object for llvm/cuda/opencl/vulkan, or objects linked into the app for
  * iOS) and the converted weights (tensor-cache.json + params_shard_*.bin), and runs
- * greedy or sampled generation, plain or with n-gram speculation (prompt lookup).
+ * greedy or sampled generation, plain or with speculation: n-gram (prompt lookup) or a
+ * smaller draft model.
  * It links only the TVM runtime (libtvm_runtime + libtvm_ffi), never the compiler.
  *
  * Text in, text out: the model folder's tokenizer.json (byte-level BPE: SmolLM2, Qwen2,
@@ -77,10 +78,13 @@ SPC_API const char* spc_model_metadata(const spc_model* model);
 /* ----------------------------------------------------------------- session */
 typedef struct spc_session spc_session;
 
-enum { SPC_SPEC_DISABLE = 0, SPC_SPEC_NGRAM = 1 };
+/* Where drafts come from (runtime/speculative.py's modes the C runtime runs): none (plain
+ * decoding), n-gram lookup in the sequence so far, or a smaller draft model with the target's
+ * vocabulary (small_draft: spc_session_config.draft_model). */
+enum { SPC_SPEC_DISABLE = 0, SPC_SPEC_NGRAM = 1, SPC_SPEC_SMALL_DRAFT = 2 };
 
 typedef struct {
-  int speculative_mode;     /* SPC_SPEC_DISABLE (plain decoding) or SPC_SPEC_NGRAM */
+  int speculative_mode;     /* SPC_SPEC_DISABLE (plain decoding), SPC_SPEC_NGRAM or SPC_SPEC_SMALL_DRAFT */
   int ngram_min, ngram_max; /* suffix n-gram sizes tried, longest first (default 1..4) */
   int draft_length;         /* drafts verified per step, >= 1 (default 4) */
   int64_t max_total_seq_len; /* KV cache capacity in tokens; 0 = the context window */
@@ -88,6 +92,9 @@ typedef struct {
    * with the same tokens (a chat's next turn, the whole conversation resent) prefills only
    * what is new; 0: every prompt is prefilled whole. (A session holds one sequence.) */
   int prefix_cache_max_num_recycling_seqs;
+  /* SPC_SPEC_SMALL_DRAFT: the draft model, loaded with spc_model_load (same vocabulary as the
+   * target; one draft model may serve several sessions; free it after them). NULL otherwise. */
+  spc_model* draft_model;
 } spc_session_config;
 
 /* Fill a config with the defaults above. */

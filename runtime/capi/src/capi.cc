@@ -122,6 +122,7 @@ struct spc_model {
 struct spc_session {
   std::unique_ptr<spc::Session> impl;
   spc_model* model = nullptr;
+  spc_model* draft = nullptr;  // small_draft's draft model, or null
   spc::Result last;
 };
 
@@ -131,7 +132,9 @@ namespace {
 // A request from the C arguments: the stop strings copied, the model's tokenizer attached when
 // text is wanted or stop strings need it.
 spc::Request MakeRequest(spc_session* session, const spc_generate_params* params, bool text) {
-  if (!Live(session->model)) throw std::invalid_argument("the session's model was freed before the session");
+  if (!Live(session->model) || (session->draft && !Live(session->draft))) {
+    throw std::invalid_argument("the session's model or draft model was freed before the session");
+  }
   spc::Request req;
   spc_generate_params_default(&req.params);
   if (params) req.params = *params;
@@ -234,6 +237,7 @@ void spc_session_config_default(spc_session_config* config) {
   config->draft_length = 4;
   config->max_total_seq_len = 0;
   config->prefix_cache_max_num_recycling_seqs = 1;
+  config->draft_model = nullptr;
 }
 
 int spc_session_create(spc_model* model, const spc_session_config* config, spc_session** out) {
@@ -244,7 +248,15 @@ int spc_session_create(spc_model* model, const spc_session_config* config, spc_s
   if (config) cfg = *config;
   return Guard([&] {
     auto s = std::make_unique<spc_session>();
-    s->impl = std::make_unique<spc::Session>(model->impl.get(), cfg);
+    if (cfg.draft_model && !Live(cfg.draft_model)) {
+      throw std::invalid_argument("draft_model was freed or not made by this library");
+    }
+    if (cfg.draft_model && cfg.speculative_mode != SPC_SPEC_SMALL_DRAFT) {
+      throw std::invalid_argument("draft_model is given but speculative_mode is not SPC_SPEC_SMALL_DRAFT");
+    }
+    s->impl = std::make_unique<spc::Session>(model->impl.get(), cfg,
+                                             cfg.draft_model ? cfg.draft_model->impl.get() : nullptr);
+    s->draft = cfg.draft_model;
     s->model = model;
     Register(s.get());
     *out = s.release();

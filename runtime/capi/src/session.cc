@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "sampling.h"
+
 namespace spc {
 
 namespace {
@@ -21,57 +23,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
-
-std::vector<int32_t> NGramLookup(const std::vector<int32_t>& history, int min_n, int max_n, int64_t k) {
-  int64_t n_tok = static_cast<int64_t>(history.size());
-  if (k <= 0 || n_tok < min_n + 1) return {};
-  for (int64_t n = std::min<int64_t>(max_n, n_tok - 1); n >= min_n; --n) {
-    const int32_t* suffix = history.data() + n_tok - n;
-    // windows ending before the suffix itself (start + n <= n_tok - 1); latest match first
-    for (int64_t start = n_tok - 1 - n; start >= 0; --start) {
-      if (std::equal(suffix, suffix + n, history.data() + start)) {
-        int64_t from = start + n, to = std::min(n_tok, from + k);
-        return std::vector<int32_t>(history.begin() + from, history.begin() + to);
-      }
-    }
-  }
-  return {};
-}
-
-std::vector<double> ProbsFromLogits(const std::vector<float>& logits, const spc_generate_params& p) {
-  size_t v = logits.size();
-  std::vector<double> z(v);
-  for (size_t i = 0; i < v; ++i) z[i] = static_cast<double>(logits[i]) / p.temperature;
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < v) {
-    std::vector<double> sorted(z);
-    std::nth_element(sorted.begin(), sorted.begin() + (p.top_k - 1), sorted.end(), std::greater<double>());
-    double kth = sorted[p.top_k - 1];
-    for (double& x : z)
-      if (x < kth) x = -std::numeric_limits<double>::infinity();
-  }
-  double mx = *std::max_element(z.begin(), z.end());
-  std::vector<double> prob(v);
-  double sum = 0;
-  for (size_t i = 0; i < v; ++i) sum += (prob[i] = std::exp(z[i] - mx));
-  for (double& x : prob) x /= sum;
-  if (p.top_p < 1.0f) {  // keep the smallest prefix (by descending probability) reaching top_p
-    std::vector<size_t> order(v);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prob[a] > prob[b]; });
-    std::vector<double> kept(v, 0.0);
-    double cum = 0, total = 0;
-    for (size_t idx : order) {
-      if (cum < p.top_p) {
-        kept[idx] = prob[idx];
-        total += prob[idx];
-      }
-      cum += prob[idx];
-    }
-    for (double& x : kept) x /= total;
-    prob.swap(kept);
-  }
-  return prob;
-}
 
 size_t FindStop(const std::string& text, const std::vector<std::string>& stop) {
   size_t first = std::string::npos;
@@ -91,10 +42,11 @@ struct Session::Run {
   int finish = SPC_FINISH_NONE;
 };
 
-Session::Session(Model* model, const spc_session_config& cfg) : model_(model), cfg_(cfg) {
-  if (cfg.speculative_mode != SPC_SPEC_DISABLE && cfg.speculative_mode != SPC_SPEC_NGRAM) {
+Session::Session(Model* model, const spc_session_config& cfg, Model* draft) : model_(model), cfg_(cfg) {
+  if (cfg.speculative_mode != SPC_SPEC_DISABLE && cfg.speculative_mode != SPC_SPEC_NGRAM &&
+      cfg.speculative_mode != SPC_SPEC_SMALL_DRAFT) {
     throw std::invalid_argument("unknown speculative_mode " + std::to_string(cfg.speculative_mode) +
-                                "; use SPC_SPEC_DISABLE or SPC_SPEC_NGRAM");
+                                "; use SPC_SPEC_DISABLE, SPC_SPEC_NGRAM or SPC_SPEC_SMALL_DRAFT");
   }
   if (cfg.ngram_min < 1 || cfg.ngram_min > cfg.ngram_max) throw std::invalid_argument("ngram sizes need 1 <= min_n <= max_n");
   if (cfg.draft_length < 1) throw std::invalid_argument("draft_length must be >= 1");
@@ -110,18 +62,16 @@ Session::Session(Model* model, const spc_session_config& cfg) : model_(model), c
   int64_t pages = 0;
   model->CreateKVCache(total, &kv_tensor_, &pages);
   kv_ = new PagedKV(pages, model->page_size());
+  // the proposer registry of runtime/speculative.py, for the modes the C runtime runs
+  if (cfg.speculative_mode == SPC_SPEC_NGRAM) {
+    proposer_ = std::make_unique<NGramProposer>(cfg.ngram_min, cfg.ngram_max);
+  } else if (cfg.speculative_mode == SPC_SPEC_SMALL_DRAFT) {
+    if (!draft) throw std::invalid_argument("small_draft needs the draft model (spc_session_config.draft_model)");
+    proposer_ = std::make_unique<SmallDraftProposer>(draft, *model, total);
+  }
 }
 
 Session::~Session() { delete kv_; }
-
-int32_t Session::Sample(const std::vector<float>& logits, const spc_generate_params& p) {
-  if (p.temperature == 0.0f) {  // first index of the maximum, as numpy argmax
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
-  std::vector<double> prob = ProbsFromLogits(logits, p);
-  std::discrete_distribution<int32_t> dist(prob.begin(), prob.end());
-  return dist(rng_);
-}
 
 int Session::Generate(const Request& request, Result* result) {
   const std::vector<int32_t>& prompt = request.prompt;
@@ -163,9 +113,11 @@ int Session::Generate(const Request& request, Result* result) {
     Tensor logits;
     for (size_t start = cached; start < prompt.size(); start += chunk) {
       size_t end = std::min(prompt.size(), start + static_cast<size_t>(chunk));
-      logits = model_->Prefill(*kv_, kv_tensor_, kSeq, std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end));
+      std::vector<int32_t> piece(prompt.begin() + start, prompt.begin() + end);
+      logits = model_->Prefill(*kv_, kv_tensor_, kSeq, piece);
+      if (proposer_) proposer_->Prefill(kSeq, piece, static_cast<int64_t>(start));
     }
-    int32_t first = Sample(model_->LogitsRow(logits, 0), params);
+    int32_t first = Sample(model_->LogitsRow(logits, 0), params, rng_);
     stats_.prefill_tokens = static_cast<int64_t>(prompt.size() - cached);
     stats_.cached_prompt_tokens = static_cast<int64_t>(cached);
     stats_.prefill_seconds = Now() - t0;
@@ -176,7 +128,7 @@ int Session::Generate(const Request& request, Result* result) {
       stats_.decode_seconds += Now() - s0;
     }
   } catch (...) {
-    kv_->RemoveSequence(kSeq);
+    Free();
     kept_.clear();
     throw;
   }
@@ -199,11 +151,13 @@ size_t Session::TakeKept(const std::vector<int32_t>& prompt) {
   // last token is always prefilled (its logits give the first output token).
   size_t shared = kept_.empty() ? 0 : std::min(SharedPrefix(kept_, prompt), prompt.size() - 1);
   if (kept_.empty() || shared < kMinReuse) {
-    if (!kept_.empty()) kv_->RemoveSequence(kSeq);
+    if (!kept_.empty()) Free();
     kept_.clear();
     kv_->AddSequence(kSeq);
+    if (proposer_) proposer_->AddSequence(kSeq);
     return 0;
   }
+  if (proposer_) shared = static_cast<size_t>(proposer_->Resume(kSeq, prompt, static_cast<int64_t>(shared)));
   kv_->PopN(kSeq, kv_->Length(kSeq) - static_cast<int64_t>(shared));
   kept_.clear();
   return shared;
@@ -214,7 +168,7 @@ void Session::Keep(const Run& run) {
   // which no forward has read (a stop may also end the text before the last accepted draft).
   // A generation cut short (cancelled) is not kept, as in Python.
   if (!cfg_.prefix_cache_max_num_recycling_seqs || run.finish == SPC_FINISH_CANCELLED) {
-    kv_->RemoveSequence(kSeq);
+    Free();
     return;
   }
   int64_t n = std::min<int64_t>(kv_->Length(kSeq), static_cast<int64_t>(run.history.size()) - 1);
@@ -222,13 +176,24 @@ void Session::Keep(const Run& run) {
   kept_.assign(run.history.begin(), run.history.begin() + n);
 }
 
+void Session::Free() {
+  kv_->RemoveSequence(kSeq);
+  if (proposer_) proposer_->RemoveSequence(kSeq);
+}
+
 void Session::Step(Run& run) {
+  // engine.py _propose: the fixed depth, capped by the tokens one forward takes and the context window
   int64_t room = model_->config().context_window_size - static_cast<int64_t>(run.history.size());
-  int64_t k = 0;
-  if (cfg_.speculative_mode == SPC_SPEC_NGRAM) {
-    k = std::min<int64_t>({cfg_.draft_length, model_->config().prefill_chunk_size - 1, room - 1});
+  Draft draft;
+  if (proposer_) {
+    int64_t k = std::min<int64_t>({cfg_.draft_length, model_->config().prefill_chunk_size - 1, room - 1});
+    try {
+      draft = proposer_->Propose(kSeq, run.history, k, *run.params, rng_);
+    } catch (const KVCacheFull&) {  // the draft model's cache is full: this step verifies no drafts
+      draft = Draft{};
+    }
   }
-  std::vector<int32_t> drafts = NGramLookup(run.history, cfg_.ngram_min, cfg_.ngram_max, k);
+  std::vector<int32_t>& drafts = draft.tokens;
   int32_t last = run.history.back();
   Tensor logits;
   if (!drafts.empty()) {
@@ -252,22 +217,32 @@ void Session::Step(Run& run) {
     tokens.assign(drafts.begin(), drafts.begin() + accepted);
     tokens.push_back(verdict.second);
   } else {
-    // runtime/acceptance.py (accept_reference) with a one-hot draft distribution: accept draft x with
-    // probability p(x); on rejection sample the bonus from norm(max(p - q, 0)).
+    // runtime/acceptance.py accept_reference on a chain: accept draft x with probability
+    // min(1, p(x) / q(x)); on rejection draw the bonus from norm(max(p - q, 0)). q is the draft's
+    // distribution (small_draft sampled it), or one-hot at x (n-gram drafts).
     std::uniform_real_distribution<double> unif(0.0, 1.0);
     for (size_t row = 0;; ++row) {
       std::vector<double> p = ProbsFromLogits(model_->LogitsRow(logits, static_cast<int64_t>(row)), *run.params);
       if (row < drafts.size()) {
         int32_t x = drafts[row];
-        if (p[x] > 0 && unif(rng_) < p[x]) {
+        std::vector<double> q;
+        if (row < draft.probs.size()) {
+          q = draft.probs[row];
+        } else {
+          q.assign(p.size(), 0.0);
+          q[x] = 1.0;
+        }
+        if (q[x] > 0 && unif(rng_) < std::min(1.0, p[x] / q[x])) {
           tokens.push_back(x);
           ++accepted;
           continue;
         }
-        if (p[x] < 1.0) {  // p == q on the support leaves an empty residual: keep p
-          double rest = 1.0 - p[x];
-          p[x] = 0.0;
-          for (double& v : p) v /= rest;
+        std::vector<double> rest(p.size());
+        double total = 0.0;
+        for (size_t v = 0; v < p.size(); ++v) total += (rest[v] = std::max(p[v] - q[v], 0.0));
+        if (total > 0) {  // p == q on the support leaves an empty residual: keep p
+          for (double& v : rest) v /= total;
+          p.swap(rest);
         }
       }
       std::discrete_distribution<int32_t> dist(p.begin(), p.end());

@@ -12,17 +12,11 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "proposers.h"
 #include "speccompile.h"
 #include "tokenizer.h"
 
 namespace spc {
-
-// runtime/proposers.py NGramProposer.lookup: the latest earlier occurrence of the
-// longest suffix n-gram (max_n down to min_n) of `history`; the tokens that followed it.
-std::vector<int32_t> NGramLookup(const std::vector<int32_t>& history, int min_n, int max_n, int64_t k);
-
-// runtime/sampling.py probs_from_logits (float64): temperature, top-k, then top-p.
-std::vector<double> ProbsFromLogits(const std::vector<float>& logits, const spc_generate_params& p);
 
 // How many leading tokens a and b have in common (prefix_cache.py shared_prefix).
 size_t SharedPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
@@ -50,7 +44,8 @@ struct Result {
 
 class Session {
  public:
-  Session(Model* model, const spc_session_config& cfg);
+  // draft: the small_draft mode's draft model (it must outlive the session), else null.
+  Session(Model* model, const spc_session_config& cfg, Model* draft = nullptr);
   ~Session();
 
   // Returns the finish reason.
@@ -64,7 +59,7 @@ class Session {
   // prefills only the rest. Returns the prompt tokens whose KV is reused.
   size_t TakeKept(const std::vector<int32_t>& prompt);
   void Keep(const Run& run);
-  int32_t Sample(const std::vector<float>& logits, const spc_generate_params& p);
+  void Free();  // the sequence's KV and its proposer's state
   void Step(Run& run);
   void Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode);
 
@@ -72,6 +67,7 @@ class Session {
   spc_session_config cfg_;
   Tensor kv_tensor_;
   PagedKV* kv_ = nullptr;
+  std::unique_ptr<Proposer> proposer_;  // null: plain decoding
   std::mt19937_64 rng_;
   spc_stats stats_{};
   std::vector<int32_t> kept_;  // the tokens the kept sequence's KV holds (empty: none kept)
