@@ -10,7 +10,7 @@ a second kernel merges the chunks of each row. Chunks (not rows) are the paralle
 items, so one row -- a batch-1 draft step -- still uses every core.
 
 Order: by logit, ties by the lower draft id first -- the order of ``top_tokens``
-(runtime/eagle.py), its numpy reference. Within a chunk the scan goes up the ids and a
+(runtime/drafters/eagle.py), its numpy reference. Within a chunk the scan goes up the ids and a
 new element is inserted *after* equal ones; the merge visits chunks in id order and does
 the same, so among equal logits the lower id always stays first.
 

@@ -12,7 +12,7 @@ against 3% for the decoder layer), so a head may instead carry an EAGLE-3 style 
 draft vocabulary*: its own ``lm_head.weight`` [draft_vocab, h] and ``d2t`` [draft_vocab]
 (draft id j is target token ``j + d2t[j]``, the published layout). Its ``draft_logits``
 then scores only those tokens; without them the runtime uses the target's ``get_logits``
-(runtime/eagle.py). Drafts are still verified by the target, so this changes speed, never
+(runtime/drafters/eagle.py). Drafts are still verified by the target, so this changes speed, never
 the output.
 
 Draft steps on device. A head with a draft vocabulary also exports ``draft_step`` and

@@ -13,7 +13,7 @@ At the next depth there is no target feature yet, so the head is fed its *own* o
 (before ``norm``) in place of the fused feature, without ``fc``: that is how EAGLE-3 is
 trained (training-time test) and drafts (SafeAILab's ``topK_genrate``). So the library
 exports ``fuse_features`` (fc alone) beside ``eagle_forward`` (the layer alone) and
-``draft_logits`` (norm + lm_head), and the runtime (runtime/eagle.py) calls fc only on
+``draft_logits`` (norm + lm_head), and the runtime (runtime/drafters/eagle.py) calls fc only on
 rows built from target features.
 
 The layer uses models/llama.py's attention with the same paged KV cache, kernels and

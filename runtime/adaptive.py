@@ -37,7 +37,7 @@ from .acceptance import Draft
 
 BINS = 10  # confidence bins of the calibration curve
 # Sources of one draft, each with its own calibration and prompt scaling: a merged draft's
-# suffix-index nodes (source 0) and its drafter's (source 1, runtime/merged.py); a proposer of
+# suffix-index nodes (source 0) and its drafter's (source 1, runtime/drafters/merged.py); a proposer of
 # one source uses 0. A suffix match of confidence 0.5 and a head's probability 0.5 are accepted
 # at different rates, and a head confidently wrong on a prompt must not silence the index.
 SOURCES = 2

@@ -150,7 +150,7 @@ ENTRY_POINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "eagle_forward": ("input_embeds", "hidden", *_FORWARD),
         # predicted features -> logits over the head's reduced draft vocabulary
         "draft_logits": ("hidden", PARAMS),
-        # one draft depth in one call (runtime/eagle.py): token ids [n] of the rows, their parents'
+        # one draft depth in one call (runtime/drafters/eagle.py): token ids [n] of the rows, their parents'
         # features hidden[hidden_rows] ([m, hidden], [n]), target_embed = the target's embedding
         # tensors (_metadata's target_embed) -> (predicted features [n, hidden], the draft_top_k best
         # target token ids [n, k] of each row, their log-softmax over the draft vocabulary [n, k])

@@ -254,15 +254,15 @@ def measure_target(model, kv, rows: list[int], features: str, budget: float | No
             tokens = [list(range(16, 16 + r))]
             parents = [list(range(-1, r - 1))]
             if features == "layers":
-                hidden, feats, logits = model.forward_features_logits(kv, [sid], tokens)
+                hidden, feats, logits = model.forward(kv, [sid], tokens, outputs=("hidden", "features", "logits"))
                 feats.numpy()
             elif features:
-                hidden, logits = model.forward_hidden_logits(kv, [sid], tokens)
+                hidden, logits = model.forward(kv, [sid], tokens, outputs=("hidden", "logits"))
                 hidden.numpy()
             elif r == 1:
                 logits = model.decode(kv, [sid], tokens[0], on_device=True)
             else:
-                logits = model.forward_tokens(kv, [sid], tokens, on_device=True)
+                logits = model.forward(kv, [sid], tokens, on_device=True)
             model.accept_greedy(logits, tokens, parents)
             kv.popn(sid, r)
 

@@ -59,35 +59,15 @@ class Engine(GenerationAPI):
             spec, sizing = configs_from(options, (SpeculativeConfig, speculative), (EngineConfig, engine))
         except ValueError as err:
             raise GenerationError(str(err)) from None
-        max_num_sequence, context_window_size, prefill_chunk_size = (sizing.max_num_sequence,
-                                                                     sizing.context_window_size, sizing.prefill_chunk_size)
+        max_num_sequence, prefill_chunk_size = sizing.max_num_sequence, sizing.prefill_chunk_size
         try:
             parse_device(device)
             self.config = read_model_config(Path(model_dir))
+            self.context_window, self.max_batch_tokens = sizing.limits(self.config, max_batch_tokens)
         except (DeviceError, ValueError) as err:
             raise GenerationError(str(err)) from err
         self.model_dir = Path(model_dir)
-        configured = int(self.config["context_window_size"])
-        if context_window_size is not None and not 2 <= context_window_size <= configured:
-            raise GenerationError(
-                f"context_window_size={context_window_size}: {self.model_dir} was configured and compiled for a "
-                f"{configured}-token window, which can only be lowered at run time (2..{configured}); for a larger "
-                "one rerun gen_config --context-window-size and compile")
-        chunk = int(self.config.get("prefill_chunk_size", 2048))
-        if prefill_chunk_size is not None and not 1 <= prefill_chunk_size <= chunk:
-            raise GenerationError(f"prefill_chunk_size={prefill_chunk_size}: the library was compiled for prefill "
-                                  f"chunks of at most {chunk} tokens (1..{chunk}); for larger ones rerun gen_config "
-                                  "--prefill-chunk-size and compile")
-        self.context_window = context_window_size or configured
         self.max_num_sequence = max_num_sequence
-        self.max_batch_tokens = max_batch_tokens or prefill_chunk_size or chunk
-        # one forward takes at most the compiled chunk of tokens, and of sequences: the library's
-        # buffers are planned for that many (runtime/contract.py SYMBOLIC_DIM_BOUNDS)
-        for name, value in (("max_batch_tokens", self.max_batch_tokens), ("max_num_sequence", max_num_sequence)):
-            if value > chunk:
-                raise GenerationError(f"{name}={value}: one forward of the library takes at most prefill_chunk_size="
-                                      f"{chunk} tokens (its buffers are planned for that many); for more rerun "
-                                      "gen_config --prefill-chunk-size and compile")
         spec.check(self.model_dir, self.max_batch_tokens)
         self.spec, self.sizes = spec, sizing  # the config objects it runs with
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -325,7 +305,7 @@ class Engine(GenerationAPI):
                 return drafts, *self._forward_features(ids, tokens, parents, logits=True)
             if all(len(d) == 0 for d in drafts):
                 return drafts, self.model.decode(self.kv, ids, [t[0] for t in tokens], on_device=True), None
-            return drafts, self.model.forward_tokens(self.kv, ids, tokens, parents, on_device=True), None
+            return drafts, self.model.forward(self.kv, ids, tokens, parents, on_device=True), None
         except KVCacheFull:
             if not any(len(d) for d in drafts):
                 raise
@@ -349,18 +329,14 @@ class Engine(GenerationAPI):
         """(device final-normed hidden states [n, hidden] or, with ``logits``, their logits [n, vocab];
         host features: what the proposer reads -- those hidden states, or the target's low/mid/high
         layer outputs [n, 3 * hidden] -- then, for the feature sink, the hidden states too)."""
-        if self._features() == "layers":
-            if logits:  # one call: one CUDA graph where they apply
-                hidden, feats, out = self.model.forward_features_logits(self.kv, ids, tokens, parents)
-            else:
-                hidden, feats = self.model.forward_features(self.kv, ids, tokens, parents)
-                out = hidden
-            return out, (feats.numpy(),) + ((hidden.numpy(),) if self.feature_sink is not None else ())
-        if logits:  # one call: one CUDA graph where they apply
-            hidden, out = self.model.forward_hidden_logits(self.kv, ids, tokens, parents)
-        else:
-            hidden = out = self.model.forward_hidden(self.kv, ids, tokens, parents)
-        return out, (hidden.numpy(),)
+        layers = self._features() == "layers"
+        outs = self.model.forward(self.kv, ids, tokens, parents, ("hidden",) + (("features",) if layers else ())
+                                  + (("logits",) if logits else ()))  # with logits: one call, one CUDA graph
+        hidden = outs[0]
+        out = outs[-1] if logits else hidden
+        if not layers:
+            return out, (hidden.numpy(),)
+        return out, (outs[1].numpy(),) + ((hidden.numpy(),) if self.feature_sink is not None else ())
 
     def _accept(self, active: list[Sequence], drafts: list[Draft], logits) -> list[Verdict]:
         """The one verification routine, on the device logits (grammar masks applied): greedy

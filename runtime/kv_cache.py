@@ -131,7 +131,7 @@ class PagedKV:
 
     def reserve(self, seq_ids: list[int], counts: list[int]) -> None:
         """Pages for counts[i] rows past each sequence's committed length, e.g. the scratch rows
-        of a token tree planned row by row (runtime/eagle.py); nothing changes if they do not fit."""
+        of a token tree planned row by row (runtime/drafters/eagle.py); nothing changes if they do not fit."""
         self._reserve(seq_ids, counts)
 
     def slot(self, seq_id: int, row: int) -> int:

@@ -32,8 +32,8 @@ from .tensor_cache import TensorCacheError, load_params, read_index
 from .threads import configure_threads
 
 # Entry points replayed from CUDA graphs (runtime/cuda_graph.py): the forwards of a step, whose
-# logits the step reads before the next forward, and, with their logits, forward_hidden_logits and
-# forward_features_logits (a step of a head that reads hidden states or layer features). Others
+# logits the step reads before the next forward, and, with their logits, the hidden states or layer
+# features a step of a head reads (Model.forward with outputs ("hidden", ..., "logits")). Others
 # (prompt chunks, features without logits) run as calls.
 GRAPHED = ("decode", "forward_tokens")
 GRAPH_ROWS = 64  # most token rows of a graphed forward
@@ -200,7 +200,7 @@ def check_compatible(meta: dict, index: dict, model_dir: Path, lib_path: Path) -
 class Model:
     """Entry points of one compiled model, bound to its parameters."""
 
-    kind = TARGET  # the contract's library kind; a draft head's loader (runtime/eagle.py, medusa.py) names its own
+    kind = TARGET  # the contract's library kind; a draft head's loader (runtime/drafters/eagle.py, medusa.py) names its own
 
     def __init__(self, model_dir: Path, lib_path: Path, device: str = "auto", verify_md5: bool = True,
                  cuda_graph: bool = True):
@@ -401,54 +401,44 @@ class Model:
         self.check_token_ids(ids)
         return self._run("decode", ids, kv, kv.plan_chain(seq_ids, [1] * len(tokens)), on_device=on_device)
 
-    def forward_tokens(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
-               tree_parents: list[list[int]] | None = None, on_device: bool = False):
-        """Several tokens per sequence in one forward; logits at every position [n, vocab].
+    # what one multi-token forward can give, and the entry point (and get_logits) that gives it
+    OUTPUTS = {("logits",): ("forward_tokens", False), ("hidden",): ("forward_tokens_hidden", False),
+               ("hidden", "logits"): ("forward_tokens_hidden", True),
+               ("hidden", "features"): ("forward_tokens_features", False),
+               ("hidden", "features", "logits"): ("forward_tokens_features", True)}
 
-        Chains are appended (roll back with ``kv.popn``); trees are written to scratch rows
-        and need :meth:`commit_tree` afterwards."""
-        return self._run("forward_tokens", *self._plan(kv, seq_ids, token_lists, tree_parents), on_device=on_device)
+    def forward(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
+                tree_parents: list[list[int]] | None = None, outputs: str | tuple[str, ...] = "logits",
+                on_device: bool = False):
+        """Several tokens per sequence in one forward (a prompt chunk, a verify, a head's
+        catch-up): the ``outputs`` asked for, at every token, as one array (``outputs`` a name)
+        or a tuple in the order asked:
 
-    def forward_hidden(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
-                       tree_parents: list[list[int]] | None = None):
-        """As :meth:`prefill`/:meth:`forward_tokens` but returning the final-normed hidden states of
-        every token on device [n, hidden] (draft heads read them); :meth:`get_logits` turns
-        them into the very logits the fused entry points give. Chains are appended, trees
-        planned as in :meth:`forward_tokens`. On a cuda library the result lives in the VM's
-        lifted allocation (passes/pipeline.py): read it before the model's next forward."""
-        return self._run("forward_tokens_hidden", *self._plan(kv, seq_ids, token_lists, tree_parents),
-                         on_device=True)
+        - ``"logits"`` [n, vocab];
+        - ``"hidden"``: the final-normed hidden states [n, hidden] (draft heads read them;
+          :meth:`get_logits` turns them into the very logits the fused entry point gives);
+        - ``"features"``: the outputs of the decoder layers ``feature_layers`` names,
+          concatenated low/mid/high [n, 3 * hidden] (what an EAGLE-3 head reads; with hidden).
 
-    def forward_hidden_logits(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
-                              tree_parents: list[list[int]] | None = None):
-        """:meth:`forward_hidden` and :meth:`get_logits` of its result in one call (one CUDA graph
-        where they apply): (device hidden [n, hidden], device logits [n, vocab]), what a step of a
-        head that reads hidden states verifies with."""
-        outs = self._forward("forward_tokens_hidden", *self._plan(kv, seq_ids, token_lists, tree_parents), logits=True)
-        return outs[1], outs[2]
-
-    def forward_features(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
-                         tree_parents: list[list[int]] | None = None):
-        """As :meth:`forward_hidden`, plus the outputs of the decoder layers ``feature_layers``
-        names, concatenated low/mid/high: (device hidden [n, hidden], device features
-        [n, 3 * hidden]), what an EAGLE-3 head reads."""
-        if "forward_tokens_features" not in self._fn:
-            raise ModelLoadError(f"{self.lib_path} exports no layer features (it was built before EAGLE-3 "
-                                 "support): rebuild it with `speccompile compile`")
-        outs = self._forward("forward_tokens_features", *self._plan(kv, seq_ids, token_lists, tree_parents))
-        return outs[1], outs[2]
-
-    def forward_features_logits(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],
-                                tree_parents: list[list[int]] | None = None):
-        """:meth:`forward_features` and :meth:`get_logits` of its hidden states in one call (one
-        CUDA graph where the library exports ``feature_buffer``): (device hidden [n, hidden],
-        device features [n, 3 * hidden], device logits [n, vocab]), what a step of an EAGLE-3
-        head verifies with. Read them before the model's next forward."""
-        if "forward_tokens_features" not in self._fn:
-            return self.forward_features(kv, seq_ids, token_lists, tree_parents)  # raises: no such entry point
-        outs = self._forward("forward_tokens_features", *self._plan(kv, seq_ids, token_lists, tree_parents),
-                             logits=True)
-        return outs[1], outs[2], outs[3]
+        Asked together, logits come from the same call (one CUDA graph where they apply).
+        Chains are appended (roll back with ``kv.popn``); trees are written to scratch rows and
+        need :meth:`commit_tree` afterwards. Logits alone come back on the host unless
+        ``on_device``; hidden states and features stay on the device: read them before the
+        model's next forward (on cuda they live in the VM's lifted allocation)."""
+        names = (outputs,) if isinstance(outputs, str) else tuple(outputs)
+        order = tuple(o for o in ("hidden", "features", "logits") if o in names)
+        if order not in self.OUTPUTS or len(order) != len(names):
+            raise ValueError(f"a forward gives {' | '.join('+'.join(k) for k in self.OUTPUTS)}, not {outputs!r}")
+        entry, logits = self.OUTPUTS[order]
+        if entry not in self._fn:
+            raise ModelLoadError(f"{self.lib_path} exports no {entry} (it was built before "
+                                 f"{'EAGLE-3' if 'features' in order else 'draft head'} support): rebuild it with "
+                                 "`speccompile compile`")
+        outs = self._forward(entry, *self._plan(kv, seq_ids, token_lists, tree_parents), logits=logits)[1:]
+        got = dict(zip(order, outs))
+        if order == ("logits",) and not on_device:
+            got["logits"] = got["logits"].numpy()
+        return got[names[0]] if isinstance(outputs, str) else tuple(got[n] for n in names)
 
     @property
     def cpu_kernels(self) -> bool:
@@ -457,7 +447,7 @@ class Model:
 
     @property
     def feature_layers(self) -> list[int] | None:
-        """The decoder layers whose outputs :meth:`forward_features` gives (None: no such entry point)."""
+        """The decoder layers whose outputs :meth:`forward` gives as "features" (None: no such entry point)."""
         return self.meta.get("feature_layers")
 
     def _plan(self, kv: PagedKV, seq_ids: list[int], token_lists: list[list[int]],

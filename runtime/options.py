@@ -140,6 +140,31 @@ class EngineConfig:
     def __post_init__(self):
         check_options(self)
 
+    def limits(self, config: dict, max_batch_tokens: int | None = None) -> tuple[int, int]:
+        """(the context window, the tokens one forward takes) of these sizes for a model with this
+        speccompile-config.json. Run-time sizes only lower what it was configured and compiled
+        for: asking for more is a ValueError saying what to rebuild."""
+        configured = int(config["context_window_size"])
+        window = self.context_window_size
+        if window is not None and not 2 <= window <= configured:
+            raise ValueError(f"context_window_size={window}: the model was configured and compiled for a "
+                             f"{configured}-token window, which can only be lowered at run time (2..{configured}); "
+                             "for a larger one rerun gen_config --context-window-size and compile")
+        chunk = int(config.get("prefill_chunk_size", 2048))
+        if self.prefill_chunk_size is not None and not 1 <= self.prefill_chunk_size <= chunk:
+            raise ValueError(f"prefill_chunk_size={self.prefill_chunk_size}: the library was compiled for prefill "
+                             f"chunks of at most {chunk} tokens (1..{chunk}); for larger ones rerun gen_config "
+                             "--prefill-chunk-size and compile")
+        budget = max_batch_tokens or self.prefill_chunk_size or chunk
+        # one forward takes at most the compiled chunk of tokens, and of sequences: the library's
+        # buffers are planned for that many (runtime/contract.py SYMBOLIC_DIM_BOUNDS)
+        for name, value in (("max_batch_tokens", budget), ("max_num_sequence", self.max_num_sequence)):
+            if value > chunk:
+                raise ValueError(f"{name}={value}: one forward of the library takes at most prefill_chunk_size="
+                                 f"{chunk} tokens (its buffers are planned for that many); for more rerun "
+                                 "gen_config --prefill-chunk-size and compile")
+        return window or configured, budget
+
 
 def configs_from(options: dict[str, Any], *given: tuple[type, Any]) -> list:
     """Config objects from ``(cls, object or None)`` pairs and leftover fields by name: each

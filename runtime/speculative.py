@@ -17,10 +17,11 @@ from .contract import read_model_config
 from .options import RUNTIME_COMMANDS, check_options, option
 from .sequence import GenerationError
 
-# mode -> the module (in this package) and class of its proposer. Named, not imported: the
+# mode -> the module (in this package: its drafters/ room) and class of its proposer. Named, not imported: the
 # CLI lists the modes without loading TVM; a mode's module loads when an engine uses it.
-PROPOSERS = {"small_draft": "proposers.SmallDraftProposer", "ngram": "proposers.NGramProposer",
-             "suffix": "suffix.SuffixProposer", "eagle": "eagle.EagleProposer", "medusa": "medusa.MedusaProposer"}
+PROPOSERS = {"small_draft": "drafters.proposers.SmallDraftProposer", "ngram": "drafters.proposers.NGramProposer",
+             "suffix": "drafters.suffix.SuffixProposer", "eagle": "drafters.eagle.EagleProposer",
+             "medusa": "drafters.medusa.MedusaProposer"}
 MODES = ("disable", *PROPOSERS)  # "disable" = plain decoding, no proposer
 DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 1, 64
 DEFAULT_SUFFIX_STORE_TOKENS = 1 << 15
@@ -102,7 +103,7 @@ class SpeculativeConfig:
             raise GenerationError(str(err)) from err
 
     def build(self, target, kv_tokens: int, max_num_sequence: int, device: str) -> object | None:
-        """The mode's proposer (runtime/proposers.py's Protocol) for this target Model, or None
+        """The mode's proposer (runtime/drafters/proposers.py's Protocol) for this target Model, or None
         for plain decoding."""
         if self.proposer_class is None:
             return None

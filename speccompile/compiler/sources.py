@@ -295,7 +295,7 @@ class HeadSource:
     def draft_token_ids(self) -> np.ndarray:
         """The target token of each draft vocabulary row (``j + d2t[j]``), checked to be
         distinct tokens of the target."""
-        from speccompile.runtime.eagle import check_draft_vocab
+        from speccompile.runtime.drafters.eagle import check_draft_vocab
 
         ids = np.arange(self.shape("d2t")[0]) + self.get("d2t").astype(np.int64)
         try:

@@ -352,7 +352,7 @@ class Check:
         kv.add_sequence(sid)
         try:
             out = [model.prefill(kv, [sid], [ids[:24]]), model.decode(kv, [sid], [ids[24]]),
-                   model.forward_tokens(kv, [sid], [ids[25:33]])]
+                   model.forward(kv, [sid], [ids[25:33]])]
         finally:
             kv.remove_sequence(sid)
         np.save(self.work / "ours.npy", np.concatenate(out).astype(np.float32))

@@ -13,7 +13,7 @@ DEFINITIONS = {
     "cuda_graph": "decode_tok_s's runs alternate with runs whose forwards are called, not replayed from CUDA "
                   "graphs (runtime/cuda_graph.py): their median (decode_tok_s_no_graph), whether both gave the same "
                   "tokens, and the graphs captured and replayed over the check",
-    "features_step": "the verify forward of a step with an EAGLE-3 head (forward_features_logits: layer features, "
+    "features_step": "the verify forward of a step with an EAGLE-3 head (Model.forward of hidden, features and logits: layer features, "
                      "hidden states, logits; features and logits read on the host), one row at a time after a "
                      "16-token prefix, 48 steps: ms per step replayed from one CUDA graph (graph_ms) and called "
                      "(calls_ms), the second of two runs each, and whether every output had the same bits",

@@ -1,6 +1,6 @@
 """The GPU check's comparison of a forward replayed from a CUDA graph with the same forward
 called, for the forward whose graph the runtime only builds with the library's help: an
-EAGLE-3 step's (``Model.forward_features_logits``, whose layer features keep their block
+EAGLE-3 step's (``Model.forward`` of hidden, features and logits, whose layer features keep their block
 through ``feature_buffer``; runtime/cuda_graph.py). The decode and verify forwards are
 compared in the check's decode runs (``cuda_graph``)."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ def features_step(model, kv, steps: int) -> dict:
             model.prefill(kv, [sid], [list(range(100, 116))])
             got, t0 = [], time.perf_counter()
             for i in range(steps):
-                _, feats, logits = model.forward_features_logits(kv, [sid], [[200 + i]])
+                _, feats, logits = model.forward(kv, [sid], [[200 + i]], outputs=("hidden", "features", "logits"))
                 got.append((feats.numpy(), logits.numpy()))
             times[mode] = 1e3 * (time.perf_counter() - t0) / steps
             out.setdefault(mode, got)

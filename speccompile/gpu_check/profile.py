@@ -46,7 +46,7 @@ def _phases(model, kv, prefill_tokens: int):
             if r == 1:
                 model.decode(kv, [sid], toks[0], on_device=True)
             else:
-                model.forward_tokens(kv, [sid], toks, on_device=True)
+                model.forward(kv, [sid], toks, on_device=True)
             model.device.sync()
             kv.popn(sid, r)
         return run

@@ -42,7 +42,7 @@ class ServingState:
                            code="invalid_api_key")
 
     def tenant(self, request: Request) -> str:
-        """Whose earlier requests may draft for this one (runtime/suffix.py's store): a digest
+        """Whose earlier requests may draft for this one (runtime/drafters/suffix.py's store): a digest
         of the API key the request was authorized with; one tenant when the server has none."""
         if self.api_key is None:
             return ""

@@ -11,7 +11,7 @@ Two resumable stages, both on our compiled engine (no torch needed):
 1. ``generate_answers``: batched greedy generation; one JSON line per conversation in
    ``conversations.jsonl`` (prompt ids, answer ids). Re-running skips what is there.
 2. ``extract_features``: one chain forward per conversation (per chunk of a long one)
-   returning the final-normed hidden state of every token (``forward_hidden``), stored as
+   returning the final-normed hidden state of every token (``Model.forward`` of "hidden"), stored as
    fp16 shards ``feats_NNNN.npz``
    with the token ids beside them. These are what EAGLE regresses and Medusa reads.
 """
@@ -100,7 +100,7 @@ def extract_features(model, out_dir: Path, rows: list[dict], shard_tokens: int =
             # in forwards of at most the library's chunk (its buffers are planned for that many
             # tokens); a chain's hidden states do not depend on how it is cut
             step = model.max_forward_tokens
-            hidden = np.concatenate([model.forward_hidden(kv, [0], [seq[a:a + step]]).numpy()
+            hidden = np.concatenate([model.forward(kv, [0], [seq[a:a + step]], outputs="hidden").numpy()
                                      for a in range(0, len(seq), step)])
             kv.remove_sequence(0)
             starts.append(sum(len(t) for t in toks))

@@ -6,7 +6,7 @@ holding EAGLE data serves Medusa too (only the checkpoint file differs).
 
 The heads are exactly what models/medusa.py compiles: head k is ``num_layers`` residual
 blocks ``x + SiLU(Linear(x))`` and a bias-free Linear to the vocabulary, and from the
-feature at position t it predicts token t+k+2 (runtime/medusa.py: the feature of position
+feature at position t it predicts token t+k+2 (runtime/drafters/medusa.py: the feature of position
 L-1 drafts tokens L+1, L+2, ...; the target's own logits give token L).
 
 Training choices, and why:

@@ -68,7 +68,7 @@ rng = np.random.default_rng(0)
 
 def forward(n):  # logits at every row: the forward with the most buffers per token
     kv.add_sequence(0)
-    model.forward_tokens(kv, [0], [rng.integers(0, model.vocab_size, n).tolist()], on_device=True)
+    model.forward(kv, [0], [rng.integers(0, model.vocab_size, n).tolist()], on_device=True)
     kv.remove_sequence(0)
 
 forward(chunk)  # the largest shape first: every page the library will touch
@@ -112,8 +112,8 @@ def test_planned_library_gives_the_same_logits(libs):
             kv.add_sequence(s)
         got = [model.prefill(kv, [0, 1, 2], prompts)]
         got.append(model.decode(kv, [0, 1, 2], [5, 6, 7]))
-        got.append(model.forward_tokens(kv, [0, 2], [[8, 9, 10], [11]]))
-        got.append(model.forward_tokens(kv, [1], [[12, 13, 14, 15]], tree_parents=[[-1, 0, 0, 1]]))
+        got.append(model.forward(kv, [0, 2], [[8, 9, 10], [11]]))
+        got.append(model.forward(kv, [1], [[12, 13, 14, 15]], tree_parents=[[-1, 0, 0, 1]]))
         outs.append(got)
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
@@ -135,7 +135,7 @@ def test_runtime_keeps_forwards_within_the_bound(libs):
     kv.add_sequence(0)
     kv.add_sequence(1)
     with pytest.raises(ValueError, match="prefill_chunk_size"):
-        model.forward_tokens(kv, [0], [[1] * (chunk + 1)])
+        model.forward(kv, [0], [[1] * (chunk + 1)])
     with pytest.raises(ValueError, match="prefill_chunk_size"):
         model.get_logits(np.zeros((chunk + 1, model.hidden_size), np.float32))
     assert kv.length(0) == 0 and kv.num_free_pages() == kv.num_pages  # refused before the cache moved

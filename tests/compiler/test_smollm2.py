@@ -37,7 +37,7 @@ def test_prefill_logits_match_transformers(engine, hf_model):
         ref = hf_model(torch.tensor([ids])).logits[0].numpy()
     engine.kv.add_sequence(1000)
     try:
-        ours = engine.model.forward_tokens(engine.kv, [1000], [ids])
+        ours = engine.model.forward(engine.kv, [1000], [ids])
     finally:
         engine.kv.remove_sequence(1000)
     assert np.abs(ours - ref).max() < 1e-3

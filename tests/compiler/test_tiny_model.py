@@ -26,7 +26,7 @@ def test_logits_match_numpy_reference(build_tiny, name, quant):
     model = Model(built.model_dir, built.lib)
     kv = model.create_kv_cache(256)
     kv.add_sequence(0)
-    ours = model.forward_tokens(kv, [0], [IDS])
+    ours = model.forward(kv, [0], [IDS])
     ref = forward(reference_weights(built), preset(name), IDS, model.meta["q4_activations"] == "int8")
     scale = np.abs(ref).max()
     assert np.abs(ours - ref).max() < 1e-4 * max(1.0, scale)
@@ -51,14 +51,14 @@ def check_batch_invariance(model, prompt: list[int] = IDS[:13]) -> None:
     kv.add_sequence(1)
     kv.add_sequence(2)
     model.prefill(kv, [1, 2], [prompt, [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13, 14, 15, 16, 17, 18]])
-    logits = model.forward_tokens(kv, [2, 1], [[30, 31, 32], cont])
+    logits = model.forward(kv, [2, 1], [[30, 31, 32], cont])
     assert np.array_equal(logits[3:], alone)
     # decode batch of two
     kv.popn(1, len(cont))
     batch = model.decode(kv, [2, 1], [40, cont[0]])
     assert np.array_equal(batch[1], alone[0])
     # token tree: root cont[1] with two children, the first of which is cont[2]
-    tree = model.forward_tokens(kv, [1], [[cont[1], 77, cont[2]]], tree_parents=[[-1, 0, 0]])
+    tree = model.forward(kv, [1], [[cont[1], 77, cont[2]]], tree_parents=[[-1, 0, 0]])
     assert np.array_equal(tree[0], alone[1]) and np.array_equal(tree[2], alone[2])
     model.commit_tree(kv, 1, [0, 2])
     assert kv.length(1) == len(prompt) + 3
@@ -76,8 +76,8 @@ def check_padded_pages(model) -> None:
         kv.add_sequence(0)
         out = [model.prefill(kv, [0], [IDS[:13]])]
         out += [model.decode(kv, [0], [t]) for t in IDS[13:]]
-        out.append(model.forward_tokens(kv, [0], [IDS[:4]]))
-        out.append(model.forward_tokens(kv, [0], [IDS[4:7]], tree_parents=[[-1, 0, 0]]))
+        out.append(model.forward(kv, [0], [IDS[:4]]))
+        out.append(model.forward(kv, [0], [IDS[4:7]], tree_parents=[[-1, 0, 0]]))
         kv.remove_sequence(0)
         runs.append(np.concatenate(out))
     assert np.array_equal(runs[0], runs[1])
@@ -96,10 +96,10 @@ def test_rollback_across_page_boundaries(build_tiny):
     kv = model.create_kv_cache(256)
     kv.add_sequence(0)
     model.prefill(kv, [0], [IDS[:14]])
-    first = model.forward_tokens(kv, [0], [IDS[14:21]])  # rows 14..20 cross the 16-row page
+    first = model.forward(kv, [0], [IDS[14:21]])  # rows 14..20 cross the 16-row page
     kv.popn(0, 7)
     assert kv.length(0) == 14 and len(kv.seqs[0].pages) == 1
-    again = model.forward_tokens(kv, [0], [IDS[14:21]])
+    again = model.forward(kv, [0], [IDS[14:21]])
     assert np.array_equal(first, again)
 
 
@@ -112,7 +112,7 @@ def test_kv_cache_full_is_reported_and_nothing_changes(build_tiny):
     kv.add_sequence(0)
     model.prefill(kv, [0], [IDS])
     with pytest.raises(KVCacheFull):
-        model.forward_tokens(kv, [0], [IDS])
+        model.forward(kv, [0], [IDS])
     assert kv.length(0) == len(IDS) and kv.num_free_pages() == 0
 
 
@@ -123,7 +123,7 @@ def test_kv_rows_after_rejection_equal_a_sequence_that_never_saw_them(build_tiny
     kv.add_sequence(0)
     kv.add_sequence(1)
     model.prefill(kv, [0], [IDS[:10]])
-    model.forward_tokens(kv, [0], [[IDS[10], 200, 201, 202, 203]])  # last + 4 drafts, all rejected
+    model.forward(kv, [0], [[IDS[10], 200, 201, 202, 203]])  # last + 4 drafts, all rejected
     kv.popn(0, 4)
     model.decode(kv, [0], [IDS[11]])
     model.prefill(kv, [1], [IDS[:12]])  # never saw the drafts
@@ -140,6 +140,6 @@ def test_fp16_formats_run_and_stay_close(build_tiny, quant):
     model = Model(built.model_dir, built.lib)
     kv = model.create_kv_cache(256)
     kv.add_sequence(0)
-    ours = model.forward_tokens(kv, [0], [IDS])
+    ours = model.forward(kv, [0], [IDS])
     ref = forward(reference_weights(built), preset("tiny-qwen2"), IDS)
     assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()

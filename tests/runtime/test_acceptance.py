@@ -75,7 +75,7 @@ def test_one_hot_draft_keeps_target_distribution():
 
 
 def test_deterministic_siblings_from_two_sources_keep_target_distribution():
-    """A merged draft (runtime/merged.py): the suffix index's token and a head's other token
+    """A merged draft (runtime/drafters/merged.py): the suffix index's token and a head's other token
     as siblings, both one-hot, tried in turn against the residual: the target's law (trying the
     second sibling against p itself instead would be off by 0.040 in total variation here,
     against the bound of 0.023 at this n)."""

@@ -141,7 +141,7 @@ class _TimedModel:
     def decode(self, kv, ids, tokens, on_device=False):
         self._forward(len(tokens))
 
-    def forward_tokens(self, kv, ids, tokens, on_device=False):
+    def forward(self, kv, ids, tokens, on_device=False):
         self._forward(len(tokens[0]))
 
     def accept_greedy(self, logits, tokens, parents):

@@ -1,4 +1,5 @@
-"""The C runtime's proposers (runtime/capi/src/proposers.cc) twinned with runtime/proposers.py:
+"""The C runtime's proposers (runtime/capi/src/drafters/proposers.cc) twinned with
+runtime/drafters/proposers.py:
 at a fixed draft length, the same requests draft the same tokens and have the same accepted
 ones, so every per-request count of the two (drafted, accepted, verify and plain steps) and the
 output are equal. small_draft is checked with SmolLM2 drafting for itself (every draft accepted:

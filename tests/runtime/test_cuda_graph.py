@@ -90,9 +90,9 @@ def _outputs_of(model, graphs, kv):
         out.append(model.decode(kv, [0], [tok]))
         tok = int(out[-1][0].argmax())
     for chunk in ([tok, 5, 6, 7], [8, 9]):
-        out.append(model.forward_tokens(kv, [0], [chunk]))
+        out.append(model.forward(kv, [0], [chunk]))
     for chunk in ([3, 4, 5], [6, 7, 8]):
-        hidden, logits = model.forward_hidden_logits(kv, [0], [chunk])
+        hidden, logits = model.forward(kv, [0], [chunk], outputs=("hidden", "logits"))
         out += [hidden.numpy(), logits.numpy()]
     out.append(model.decode(kv, [0], [1]))
     kv.remove_sequence(0)
@@ -145,7 +145,7 @@ def test_a_graph_whose_blocks_cannot_be_kept_turns_graphs_off_and_changes_nothin
 
 
 def test_an_eagle3_step_replays_its_features_and_logits_from_one_graph(build_tiny):
-    """forward_features_logits (what a step with an EAGLE-3 head verifies with) is one graph: the
+    """Model.forward of hidden, features and logits (what a step with an EAGLE-3 head verifies with) is one graph: the
     features' block is kept through feature_buffer, as the logits' through get_logits. On the CPU
     the planned intermediates come from the same pool as the outputs (a cuda library lifts them),
     so a later capture may move the blocks and drop earlier graphs here; what must hold is the
@@ -158,13 +158,13 @@ def test_an_eagle3_step_replays_its_features_and_logits_from_one_graph(build_tin
         kv.add_sequence(0)
         out = [model.prefill(kv, [0], [IDS[:9]])]
         for chunk in ([9, 10], [11, 12], [13, 14, 15]):
-            out += [t.numpy() for t in model.forward_features_logits(kv, [0], [chunk])]
+            out += [t.numpy() for t in model.forward(kv, [0], [chunk], outputs=("hidden", "features", "logits"))]
             if g is not None and chunk == [9, 10]:  # a shape's first step: a call
                 assert (g.captures, g.replays) == (0, 0)
             if g is not None and chunk == [11, 12]:  # its second: captured, and replayed once (checked)
                 assert (g.captures, g.replays) == (1, 1)
-        out += [model.decode(kv, [0], [1]), model.forward_tokens(kv, [0], [[2, 3]])]
-        out += [t.numpy() for t in model.forward_features_logits(kv, [0], [[4, 5]])]
+        out += [model.decode(kv, [0], [1]), model.forward(kv, [0], [[2, 3]])]
+        out += [t.numpy() for t in model.forward(kv, [0], [[4, 5]], outputs=("hidden", "features", "logits"))]
         kv.remove_sequence(0)
         return out
 
@@ -174,11 +174,11 @@ def test_an_eagle3_step_replays_its_features_and_logits_from_one_graph(build_tin
     width = len(model.feature_layers) * model.hidden_size
     assert ("float32", width) in graphs.kept and graphs.kept[("float32", width)][0].shape == (64, width)
     assert len(plain) == len(replayed) and all(np.array_equal(a, b) for a, b in zip(plain, replayed))
-    # the unfused calls give the same bits: forward_features, then get_logits of its hidden states
+    # the unfused calls give the same bits: hidden and features, then get_logits of its hidden states
     kv.add_sequence(1)
     model.graphs, model.page_width = None, None
     model.prefill(kv, [1], [IDS[:9]])
-    hidden, feats = model.forward_features(kv, [1], [[9, 10]])
+    hidden, feats = model.forward(kv, [1], [[9, 10]], outputs=("hidden", "features"))
     assert np.array_equal(hidden.numpy(), plain[1]) and np.array_equal(feats.numpy(), plain[2])
     assert np.array_equal(model.get_logits(hidden).numpy(), plain[3])
 

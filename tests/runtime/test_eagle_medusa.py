@@ -209,7 +209,7 @@ def test_tiny_target_sampling_and_adaptive_run(tiny):
 
 
 def test_tiny_heads_merged_with_the_suffix_index_are_lossless(tiny):
-    """--speculative-mode suffix with a head (runtime/merged.py): one tree per step from both,
+    """--speculative-mode suffix with a head (runtime/drafters/merged.py): one tree per step from both,
     batch 1 and 4, chains and trees, fixed and adaptive k; both sources' drafts get accepted;
     sampling runs and reproduces."""
     from speccompile.runtime.engine import Engine
@@ -328,7 +328,7 @@ def test_cli_generate_with_eagle(tiny):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["stats"]["draft_tokens"] > 0 and "per_position_accept_rate" in data["stats"]
-    # no mode given: the default, the suffix index merged with the head (runtime/merged.py)
+    # no mode given: the default, the suffix index merged with the head (runtime/drafters/merged.py)
     res = CliRunner().invoke(main, ["generate", str(built.model_dir), "--model-lib", str(built.lib), "--prompt",
                                     PROMPTS[2], "--max-tokens", "12", "--json", "--additional-models", ",".join(eagle),
                                     "--spec-draft-length", "3"])
@@ -342,7 +342,7 @@ def test_tiny_eagle_with_reduced_draft_vocabulary(tiny, fmt):
     """An EAGLE-3 style head drafting from a quarter of the vocabulary plus the tokens the
     target emits: drafts are mapped back to target ids through d2t, get accepted, and the
     output is still the target's own, chain and tree."""
-    from speccompile.runtime.eagle import EagleHeadModel
+    from speccompile.runtime.drafters.eagle import EagleHeadModel
 
     built, _, _, prompts, expected, root = tiny
     t = PRESETS["tiny-llama"]
@@ -365,7 +365,7 @@ def check_draft_entry_points(built, head, ckpt: Path, ids: np.ndarray) -> None:
     embedding, feature)) and its logits that times the draft rows."""
     from safetensors.numpy import load_file
 
-    from speccompile.runtime.eagle import ScratchRows, top_tokens
+    from speccompile.runtime.drafters.eagle import ScratchRows, top_tokens
     from speccompile.runtime.model import Model
 
     w = load_file(str(ckpt / "model.safetensors"))
@@ -398,7 +398,7 @@ def test_tiny_medusa_sharing_a_reduced_draft_vocabulary(tiny, rows):
     """Heads that share one reduced vocabulary (d2t, with lm_head.weight in the checkpoint or
     read from --target): one projection for every head, drafts mapped back to target ids,
     accepted, and the output still the target's own, chain and tree."""
-    from speccompile.runtime.medusa import MedusaHeadsModel
+    from speccompile.runtime.drafters.medusa import MedusaHeadsModel
     from speccompile.compiler.sources import HeadSource
 
     built, _, _, prompts, expected, root = tiny

@@ -81,7 +81,7 @@ class FakeModel:
     def decode(self, kv, seq_ids, tokens, on_device=False):
         return self._chain(kv, seq_ids, [[t] for t in tokens])
 
-    def forward_tokens(self, kv, seq_ids, token_lists, tree_parents=None, on_device=False):
+    def forward(self, kv, seq_ids, token_lists, tree_parents=None, outputs="logits", on_device=False):
         if tree_parents is None:
             return self._chain(kv, seq_ids, token_lists)
         starts = [kv.length(s) for s in seq_ids]
@@ -166,7 +166,7 @@ def test_suffix_trees_and_empty_trees_commit_exactly_what_was_verified(model_dir
     of a tree): the cache holds exactly the committed tokens after every step, and the output
     is the model's own. (An empty tree was once forwarded as a decode and committed as a
     tree: the cache grew by two rows.)"""
-    from speccompile.runtime.suffix import SuffixProposer
+    from speccompile.runtime.drafters.suffix import SuffixProposer
 
     real, calls = SuffixProposer.propose, [0]
 

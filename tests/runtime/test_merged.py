@@ -1,4 +1,4 @@
-"""The merged draft (runtime/merged.py): the suffix index's and a drafter's proposals as one
+"""The merged draft (runtime/drafters/merged.py): the suffix index's and a drafter's proposals as one
 tree, each node priced by its own source's calibration, and the drafter's first forward
 weighed by what the index leaves uncovered. End to end (lossless with real heads and a
 draft model): tests/runtime/test_eagle_medusa.py and test_speculative.py."""
@@ -9,7 +9,7 @@ import pytest
 
 from speccompile.runtime.acceptance import Draft
 from speccompile.runtime.adaptive import AcceptanceModel, node_probs
-from speccompile.runtime.merged import DRAFTER, INDEX, SourcePlan, merge
+from speccompile.runtime.drafters.merged import DRAFTER, INDEX, SourcePlan, merge
 
 pytestmark = pytest.mark.unit
 

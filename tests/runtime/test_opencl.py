@@ -129,7 +129,7 @@ def test_tiny_logits_match_numpy_and_the_cpu_build(build_tiny, name, quant):
     assert model.device.dlpack_device_type() == 4 and model.meta["target"] == "opencl"  # kDLOpenCL
     kv = model.create_kv_cache(256)
     kv.add_sequence(0)
-    ours = model.forward_tokens(kv, [0], [IDS])
+    ours = model.forward(kv, [0], [IDS])
     ref = forward(reference_weights(built), preset(name), IDS)
     assert np.abs(ours - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
     if quant == "q0f32":  # the same fp32 arithmetic as the CPU build (whose q4 kernels quantize activations);

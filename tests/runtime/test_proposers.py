@@ -1,4 +1,4 @@
-"""The proposers' own behaviour, apart from the engine (runtime/proposers.py, eagle.py, medusa.py).
+"""The proposers' own behaviour, apart from the engine (runtime/drafters/proposers.py, eagle.py, medusa.py).
 
 What a proposer promises the engine: drafts of at most k tokens (or a tree of at most
 ``node_limit`` nodes, parents first), a confidence per node, a draft forward only when the
@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from speccompile.runtime.eagle import EagleProposer, HostDraftCalls, top_tokens
+from speccompile.runtime.drafters.eagle import EagleProposer, HostDraftCalls, top_tokens
 from speccompile.runtime.kv_cache import PAGE, PagedKV
-from speccompile.runtime.medusa import MedusaProposer
-from speccompile.runtime.proposers import NGramProposer, SmallDraftProposer
+from speccompile.runtime.drafters.medusa import MedusaProposer
+from speccompile.runtime.drafters.proposers import NGramProposer, SmallDraftProposer
 from speccompile.runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -287,7 +287,7 @@ def test_eagle_catches_up_on_true_features_then_drafts_on_scratch_rows():
 
 
 def test_vocab_coverage_scales_the_first_token_estimate_by_recent_in_vocabulary_tokens():
-    from speccompile.runtime.eagle_heads import COVERAGE_DECAY, VocabCoverage
+    from speccompile.runtime.drafters.eagle_heads import COVERAGE_DECAY, VocabCoverage
 
     full = VocabCoverage(None)  # a head over the whole vocabulary: the estimate stays the plan's
     full.add(0, [1, 2])
@@ -317,7 +317,7 @@ def test_eagle_asks_the_plan_with_its_vocabulary_coverage():
     plan = Plan([False])
     [d] = prop.propose([0], [prompt + [12, 13, 14]], [3], [GREEDY], [None], plan)
     assert len(d) == 0
-    from speccompile.runtime.eagle_heads import COVERAGE_DECAY
+    from speccompile.runtime.drafters.eagle_heads import COVERAGE_DECAY
 
     assert plan.expansions[0] == [(1.0, pytest.approx(Plan.FIRST * COVERAGE_DECAY ** 3))] and head.calls == []
 
@@ -354,7 +354,7 @@ def test_scratch_rows_plan_what_plan_tree_plans():
     """The head's scratch rows planned depth by depth (ScratchRows, from per-row arrays) get
     the metadata plan_tree gives the whole tree at once, row for row, across pages and for
     several sequences of different lengths."""
-    from speccompile.runtime.eagle import ScratchRows
+    from speccompile.runtime.drafters.eagle import ScratchRows
 
     rng = np.random.default_rng(0)
     kv = PagedKV(None, 64)

@@ -44,7 +44,7 @@ def _engine(target, mode, random_draft=None):
     if mode == "suffix-tree":
         return Engine(model_dir, lib, speculative_mode="suffix", spec_tree_width=3)
     draft = (str(model_dir), str(lib)) if mode.endswith("self") else random_draft
-    # suffix-self: the index merged with a draft model (runtime/merged.py), one tree per step
+    # suffix-self: the index merged with a draft model (runtime/drafters/merged.py), one tree per step
     return Engine(model_dir, lib, speculative_mode="suffix" if mode == "suffix-self" else "small_draft",
                   additional_models=[draft])
 
@@ -210,7 +210,7 @@ def test_a_lagging_draft_model_never_catches_up_inside_a_step(target, reference,
     the batch on a catch-up (at batch 8 one took a second), even at a fixed draft length.
     Where drafting pays, the draft prefills with the target and drafts. The output is the
     target's either way."""
-    from speccompile.runtime.proposers import SmallDraftProposer
+    from speccompile.runtime.drafters.proposers import SmallDraftProposer
 
     monkeypatch.setattr(SmallDraftProposer, "MAX_BACKLOG", 16)  # the test prompt is shorter than the default
     prompts, expected = reference

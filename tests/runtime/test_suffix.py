@@ -1,11 +1,11 @@
-"""The suffix index and its proposer (runtime/suffix.py), against brute force: counts of
+"""The suffix index and its proposer (runtime/drafters/suffix.py), against brute force: counts of
 every context, a tenant's store after additions and evictions, trees grown best-first."""
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from speccompile.runtime.suffix import SuffixIndex, SuffixProposer, SuffixStore, confidence
+from speccompile.runtime.drafters.suffix import SuffixIndex, SuffixProposer, SuffixStore, confidence
 
 
 def brute_counts(streams: list[list[int]], max_n: int) -> dict:
@@ -132,7 +132,7 @@ def test_a_drafter_for_a_mode_without_one_is_refused_and_suffix_takes_one_option
 
 def test_the_drafter_merged_with_the_index_is_driven_by_its_own_mode(tmp_path):
     """``--additional-models`` with the suffix index (the commands' default): the drafter's
-    converted config says which proposer drives it (runtime/merged.py)."""
+    converted config says which proposer drives it (runtime/drafters/merged.py)."""
     import json
 
     from speccompile.runtime.speculative import drafter_mode

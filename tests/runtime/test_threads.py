@@ -107,7 +107,7 @@ unset = "TVM_NUM_THREADS" not in os.environ
 model = Model(sys.argv[1], sys.argv[2])
 kv = model.create_kv_cache(64)
 kv.add_sequence(0)
-model.forward_hidden(kv, [0], [[1, 2, 3]]).numpy()  # the first parallel kernel starts the pool
+model.forward(kv, [0], [[1, 2, 3]], outputs="hidden").numpy()  # the first parallel kernel starts the pool
 print(json.dumps({"unset_before": unset, "env": os.environ.get("TVM_NUM_THREADS"),
                   "pool": tvm.get_global_func("runtime.NumThreads")(), "physical": physical_cores(),
                   "cpus": len(os.sched_getaffinity(0))}))
@@ -215,7 +215,7 @@ def test_logits_do_not_depend_on_the_pool_size(build_tiny):
             kv = model.create_kv_cache(256)
             kv.add_sequence(0)
             prefill = model.prefill(kv, [0], [list(range(3, 60))])
-            chain = model.forward_tokens(kv, [0], [[5, 6, 7, 8]])
+            chain = model.forward(kv, [0], [[5, 6, 7, 8]])
             per_size.append((prefill, chain))
         threads._config_pool(threads.thread_count())
         outs.append(all(np.array_equal(a, b) for ref in per_size[1:] for a, b in zip(per_size[0], ref)))

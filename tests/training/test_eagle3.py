@@ -202,23 +202,23 @@ def test_target_exports_layer_features_with_the_same_logits(e3):
     reference_forward(built.weights, cfg, ids, layer_outputs=outs)
     kv = model.create_kv_cache(64)
     kv.add_sequence(0)
-    hidden, feats = model.forward_features(kv, [0], [ids])
+    hidden, feats = model.forward(kv, [0], [ids], outputs=("hidden", "features"))
     np.testing.assert_allclose(feats.numpy(), np.concatenate([outs[i] for i in model.feature_layers], -1),
                                rtol=1e-4, atol=1e-4)
     logits = model.get_logits(hidden).numpy()
     kv.popn(0, len(ids))
-    assert np.array_equal(logits, model.forward_tokens(kv, [0], [ids]))
+    assert np.array_equal(logits, model.forward(kv, [0], [ids]))
     kv.popn(0, len(ids) - 3)  # a token tree after a 3-token prefix (scratch rows: planned twice alike)
     tree, parents = [ids[3:]], [[-1, 0, 0, 1]]
-    hidden, feats = model.forward_features(kv, [0], tree, parents)
+    hidden, feats = model.forward(kv, [0], tree, parents, outputs=("hidden", "features"))
     assert feats.numpy().shape == (4, 3 * cfg.hidden_size)
-    assert np.array_equal(model.get_logits(hidden).numpy(), model.forward_tokens(kv, [0], tree, parents))
+    assert np.array_equal(model.get_logits(hidden).numpy(), model.forward(kv, [0], tree, parents))
 
 
 def test_head_matches_the_reference_forward(e3):
     """The compiled head against numpy: catch-up rows built from fc of the target's
     features, then a row fed the head's own output (no fc), as drafting does."""
-    from speccompile.runtime.eagle import Eagle3HeadModel
+    from speccompile.runtime.drafters.eagle import Eagle3HeadModel
     from speccompile.runtime.model import Model
 
     built, head_paths, w, ids, *_ = e3
@@ -246,7 +246,7 @@ def test_draft_entry_points_match_the_reference(e3):
     the head's own outputs, gathered on device by hidden_rows) against the numpy EAGLE-3
     forward: outputs, and the top-k target ids and log-softmax over the draft vocabulary,
     ordered as top_tokens orders the head's own logits."""
-    from speccompile.runtime.eagle import Eagle3HeadModel, HostDraftCalls, ScratchRows, top_tokens
+    from speccompile.runtime.drafters.eagle import Eagle3HeadModel, HostDraftCalls, ScratchRows, top_tokens
     from speccompile.runtime.model import Model
 
     built, head_paths, w, ids, *_ = e3
@@ -300,7 +300,7 @@ def test_device_top_k_orders_as_top_tokens():
     from tvm.runtime.vm import VirtualMachine
 
     from speccompile.kernels.draft_topk import CHUNK, draft_top
-    from speccompile.runtime.eagle import top_tokens
+    from speccompile.runtime.drafters.eagle import top_tokens
 
     vocab, k = 2 * CHUNK + 100, 8
 
@@ -334,7 +334,7 @@ def test_device_top_k_orders_as_top_tokens():
 def test_draft_steps_need_the_targets_embedding_storage(e3):
     """A head drafts on device only with a target storing the embedding it was compiled
     for and trees within its top-k; otherwise it says why and takes the separate calls."""
-    from speccompile.runtime.eagle import Eagle3HeadModel
+    from speccompile.runtime.drafters.eagle import Eagle3HeadModel
     from speccompile.runtime.model import Model
 
     built, head_paths, *_ = e3
@@ -415,7 +415,7 @@ def test_sampling_keeps_the_target_distribution(e3):
     p1 = probs_from_logits(model.prefill(kv, [0], [prompt])[0], SamplingParams(**sp))
     exact = {}
     for t1 in np.flatnonzero(p1):
-        p2 = probs_from_logits(model.forward_tokens(kv, [0], [[int(t1)]])[0], SamplingParams(**sp))
+        p2 = probs_from_logits(model.forward(kv, [0], [[int(t1)]])[0], SamplingParams(**sp))
         kv.popn(0, 1)
         exact.update({(int(t1), int(t2)): p1[t1] * p2[t2] for t2 in np.flatnonzero(p2)})
     counts: dict = {}
@@ -547,7 +547,7 @@ def test_answers_with_features_then_training_resume(e3, tmp_path):
     for pid, toks, plen, feats in convs:
         assert eng.generate(list(map(int, toks[:plen])), 12).token_ids == list(map(int, toks[plen:]))
         eng.kv.add_sequence(99)
-        h, f = eng.model.forward_features(eng.kv, [99], [list(map(int, toks[:-1]))])
+        h, f = eng.model.forward(eng.kv, [99], [list(map(int, toks[:-1]))], outputs=("hidden", "features"))
         eng.kv.remove_sequence(99)
         assert np.array_equal(feats, f.numpy().astype(np.float16))
         hidden = [c[3] for s in shards for c in conversations(s, hidden=True) if c[0] == pid][0]

@@ -149,7 +149,7 @@ def test_medusa_heads_in_official_layout_convert_compile_and_decode_losslessly(m
         assert np.abs(tensors[f"medusa_head.{i}.0.linear.weight"]).max() > 0  # trained away from zero
     assert report["steps"] == 100 and report["exported_step"] == 100 and report["conversations"] == 50
     head = build_head("medusa", out, built.hf_dir, "q0f32", tmp_path / "medusa")
-    from speccompile.runtime.medusa import MedusaHeadsModel
+    from speccompile.runtime.drafters.medusa import MedusaHeadsModel
 
     assert MedusaHeadsModel(*head).vocab_ids.tolist() == ids.tolist()
     eng = Engine(built.model_dir, built.lib)
@@ -243,11 +243,11 @@ def test_medusa_with_trained_vocabulary_projection(trained, tmp_path):
 def test_medusa_rows_match_the_runtime_offsets():
     """The label of head k for the feature at position i is the token the runtime scores
     head k's draft against: a stub head that always drafts our training label is always
-    right in MedusaProposer's own bookkeeping (runtime/medusa.py), and rows start at the
+    right in MedusaProposer's own bookkeeping (runtime/drafters/medusa.py), and rows start at the
     last prompt token, the first feature the runtime drafts from."""
     from speccompile.runtime.adaptive import AcceptanceModel, Policy
     from speccompile.runtime.costs import CostModel, CostTable
-    from speccompile.runtime.medusa import MedusaProposer
+    from speccompile.runtime.drafters.medusa import MedusaProposer
     from speccompile.training.medusa import medusa_rows
 
     k_heads, a = 3, 4

@@ -19,7 +19,7 @@ std::vector<double> ProbsFromLogits(const std::vector<float>& logits, const spc_
 // A token from logits: the first maximum at temperature 0 (numpy argmax), else a draw.
 int32_t Sample(const std::vector<float>& logits, const spc_generate_params& p, std::mt19937_64& rng);
 
-// runtime/proposers.py pick: (token, q) with q the distribution it was drawn from, empty when greedy.
+// runtime/drafters/proposers.py pick: (token, q) with q the distribution it was drawn from, empty when greedy.
 std::pair<int32_t, std::vector<double>> Pick(const std::vector<float>& logits, const spc_generate_params& p,
                                              std::mt19937_64& rng);
 

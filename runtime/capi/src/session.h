@@ -12,7 +12,7 @@
 
 #include "kv_cache.h"
 #include "model.h"
-#include "proposers.h"
+#include "drafters/proposers.h"
 #include "speccompile.h"
 #include "tokenizer.h"
 

@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
-from .contract import MEDUSA
+from ..contract import MEDUSA
 from .eagle import MAX_TREE_NODES, VocabCoverage, check_draft_vocab, draft_vocab_ids, top_tokens
-from .model import Model
-from .costs import time_min
-from .acceptance import Draft
+from ..model import Model
+from ..costs import time_min
+from ..acceptance import Draft
 from .proposers import load_head
 
 

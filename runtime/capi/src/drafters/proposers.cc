@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "sampling.h"
+#include "../sampling.h"
 
 namespace spc {
 

@@ -2,9 +2,9 @@
 
 One narrow interface (``Proposer``) serves every mode; the engine never branches on the
 mode name. ``ngram`` looks up the sequence's own history; ``small_draft`` runs a second
-compiled model with the same vocabulary; ``eagle`` and ``medusa`` (runtime/eagle.py,
-runtime/medusa.py) are heads on the target's features, which the engine hands to
-proposers that name them in ``features``; ``suffix`` (runtime/suffix.py) drafts token trees
+compiled model with the same vocabulary; ``eagle`` and ``medusa`` (runtime/drafters/eagle.py,
+runtime/drafters/medusa.py) are heads on the target's features, which the engine hands to
+proposers that name them in ``features``; ``suffix`` (runtime/drafters/suffix.py) drafts token trees
 from the text seen so far.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Protocol
 
 import numpy as np
 
-from .kv_cache import KVCacheFull
-from .model import Model, read_metadata
-from .sampling import SamplingParams, draw, probs_from_logits
-from .adaptive import StepPlan
-from .costs import time_min
-from .acceptance import Draft
-from .contract import read_model_config
+from ..kv_cache import KVCacheFull
+from ..model import Model, read_metadata
+from ..sampling import SamplingParams, draw, probs_from_logits
+from ..adaptive import StepPlan
+from ..costs import time_min
+from ..acceptance import Draft
+from ..contract import read_model_config
 
 
 class Proposer(Protocol):

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import time
 
-from .acceptance import Draft
-from .adaptive import node_probs
+from ..acceptance import Draft
+from ..adaptive import node_probs
 
 INDEX, DRAFTER = 0, 1  # the sources (runtime/adaptive.py SOURCES)
 
@@ -55,7 +55,7 @@ class SourcePlan:
 
 
 class MergedProposer:
-    """The suffix index (runtime/suffix.py) and a drafter, one tree per step (module doc).
+    """The suffix index (runtime/drafters/suffix.py) and a drafter, one tree per step (module doc).
     Built by ``SuffixProposer.build`` when ``--additional-models`` names a drafter."""
 
     name = "suffix"

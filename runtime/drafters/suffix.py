@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .acceptance import Draft
-from .costs import time_min
-from .speculative import DEFAULT_SUFFIX_STORE_TOKENS, drafter_mode, proposer_class
+from ..acceptance import Draft
+from ..costs import time_min
+from ..speculative import DEFAULT_SUFFIX_STORE_TOKENS, drafter_mode, proposer_class
 
 MAX_MATCH = 8  # longest context (tokens) a sequence's own index matches
 STORE_MATCH = 4  # ... and a tenant's store (its memory grows with this)
@@ -154,7 +154,7 @@ def confidence(count: int, total: int, n: int) -> float:
 class SuffixProposer:
     """``--speculative-mode suffix``: token trees from the sequence's text and its tenant's
     recent requests (module docstring). No model, no forward: its cost is host time. Given a
-    drafter (``--additional-models``), it drafts together with it: runtime/merged.py."""
+    drafter (``--additional-models``), it drafts together with it: runtime/drafters/merged.py."""
 
     name = "suffix"
     supports_trees = True

@@ -1,4 +1,4 @@
-// Where drafts come from: the C++ twin of runtime/proposers.py (NGramProposer,
+// Where drafts come from: the C++ twin of runtime/drafters/proposers.py (NGramProposer,
 // SmallDraftProposer), for the session's one sequence. Same names, same decisions: at a fixed
 // draft length each proposes the tokens the Python proposer proposes (tests/runtime/
 // test_capi_drafts.py holds the per-request draft and acceptance counts equal).
@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "kv_cache.h"
-#include "model.h"
+#include "../kv_cache.h"
+#include "../model.h"
 #include "speccompile.h"
 
 namespace spc {
@@ -38,7 +38,7 @@ class Proposer {
                         const spc_generate_params& sampling, std::mt19937_64& rng) = 0;
 };
 
-// runtime/proposers.py NGramProposer.lookup: the latest earlier occurrence of the longest
+// runtime/drafters/proposers.py NGramProposer.lookup: the latest earlier occurrence of the longest
 // suffix n-gram (max_n down to min_n) of `history`; the tokens that followed it.
 std::vector<int32_t> NGramLookup(const std::vector<int32_t>& history, int min_n, int max_n, int64_t k);
 
@@ -58,7 +58,7 @@ class NGramProposer : public Proposer {
   int min_n_, max_n_;
 };
 
-// runtime/proposers.py SmallDraftProposer: a smaller model with the target's vocabulary drafts
+// runtime/drafters/proposers.py SmallDraftProposer: a smaller model with the target's vocabulary drafts
 // token by token. Its KV cache holds a prefix of the committed history (`cached_`); a proposal
 // first feeds what it has not seen (the last token, or more after a plain stretch), then drafts.
 class SmallDraftProposer : public Proposer {

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .contract import EAGLE, EAGLE3
-from .kv_cache import ForwardBatch
-from .model import Model
+from ..contract import EAGLE, EAGLE3
+from ..kv_cache import ForwardBatch
+from ..model import Model
 from .proposers import HeadMismatch
 
 

@@ -31,7 +31,7 @@ keeps those worth their verify rows; width 1 is a chain. Draft tokens are determ
 (one-hot q), which keeps rejection sampling exact for trees too (runtime/acceptance.py).
 
 Why it is built for speed. On a CPU a draft depth must cost a few percent of a target
-step, so each depth is one library call for the whole batch (runtime/eagle_heads.py: the
+step, so each depth is one library call for the whole batch (runtime/drafters/eagle_heads.py: the
 head's ``draft_step`` embeds, runs its layers, scores and takes the top-k on the device;
 the features stay there, only [n, k] ids and log-probabilities come back), and the host
 work around it is array arithmetic: the candidates of all sequences live in flat numpy
@@ -45,14 +45,14 @@ import time
 import numpy as np
 from tvm.runtime import tensor as to_device
 
-from .acceptance import Draft
-from .adaptive import MAX_DEPTH
-from .contract import EAGLE, EAGLE3, KV_PAGE_SIZE
-from .costs import time_min
+from ..acceptance import Draft
+from ..adaptive import MAX_DEPTH
+from ..contract import EAGLE, EAGLE3, KV_PAGE_SIZE
+from ..costs import time_min
 from .eagle_heads import (Eagle3HeadModel, EagleHeadModel, HostDraftCalls, VocabCoverage,  # noqa: F401
                           check_draft_vocab, draft_vocab_ids, top_tokens)
-from .kv_cache import ForwardBatch, PagedKV, split_forwards
-from .model import Model
+from ..kv_cache import ForwardBatch, PagedKV, split_forwards
+from ..model import Model
 from .proposers import load_head
 
 MAX_TREE_NODES = 256
