@@ -20,6 +20,9 @@ sync on that host, against 0.5 s a load), so it is written by the second process
 the same weights and library layout (the first leaves a marker, ``<image>.seen``): weights
 loaded once never pay for an image; weights loaded again pay once and then map.
 
+Both runtimes: the C API (runtime/capi/src/params_image.cc) computes the same key, maps the same
+image and writes it the same way, so a Python process and an app share one image of a model.
+
 Where: ``$SPECCOMPILE_CACHE/params/<model dir hash>-<key>.bin``, one per model directory (an
 older image of the same directory is removed when a new one is written). Written to a
 temporary name, synced to disk and renamed: a reader never sees a partial file, nor after a
@@ -29,7 +32,6 @@ cache) only means the next process copies again.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -38,7 +40,7 @@ import numpy as np
 from .contract import TENSOR_CACHE_FILE
 from .tensor_cache import cache_root
 
-FORMAT = 1
+FORMAT = 2  # 2: the parameters hashed as plain text, which the C runtime spells the same way
 PAGE = 4096
 
 
@@ -55,7 +57,11 @@ def image_path(model_dir: Path, index: dict, meta: dict) -> Path:
     for shard in index["records"]:
         st = (model_dir / shard["dataPath"]).stat()
         h.update(f"{shard['dataPath']}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino};".encode())
-    h.update(json.dumps([meta["params"], sorted(meta.get("tiled_params", [])), meta.get("tile")]).encode())
+    # the library's parameters spelled out plainly, so that the C runtime (runtime/capi/src/
+    # params_image.cc) finds the same image: name:dtype:shape; per parameter, then the tiling
+    h.update("".join(f"{p['name']}:{p['dtype']}:{','.join(str(int(d)) for d in p['shape'])};"
+                     for p in meta["params"]).encode())
+    h.update(f"tiled:{','.join(sorted(meta.get('tiled_params', [])))};tile:{int(meta.get('tile', 16))}".encode())
     return cache_root() / "params" / f"{_dir_key(model_dir)}-{h.hexdigest()[:24]}.bin"
 
 

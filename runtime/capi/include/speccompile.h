@@ -74,6 +74,10 @@ SPC_API int32_t spc_model_vocab_size(const spc_model* model);
 SPC_API int32_t spc_model_context_window(const spc_model* model);
 /* The library's _metadata JSON (owned by the model). */
 SPC_API const char* spc_model_metadata(const spc_model* model);
+/* Where this load read the weights: "image" (the weights image the Python runtime and the C API
+ * share, mapped, not copied: CPU libraries once a model was loaded twice) or "shards" (copied
+ * out of the converted shards); "" for an invalid handle. */
+SPC_API const char* spc_model_weights_from(const spc_model* model);
 
 /* ----------------------------------------------------------------- session */
 typedef struct spc_session spc_session;

@@ -225,6 +225,10 @@ int32_t spc_model_context_window(const spc_model* model) {
   return Live(model) ? static_cast<int32_t>(model->impl->config().context_window_size) : 0;
 }
 
+const char* spc_model_weights_from(const spc_model* model) {
+  return Live(model) ? model->impl->weights_from().c_str() : "";
+}
+
 const char* spc_model_metadata(const spc_model* model) {
   return Live(model) ? model->impl->metadata_json().c_str() : "";
 }

@@ -2,6 +2,8 @@
 // check_compatible, tile_rows, Model.prefill/decode/forward_tokens/accept_greedy.
 #include "model.h"
 
+#include "params_image.h"
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -180,9 +182,11 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   DeviceRequest request = ParseDevice(device);
   // ---- speccompile-config.json and tensor-cache.json (cheap checks before any dlopen)
   fj::Object index, cfg;
+  std::string index_bytes;  // as read: the weights image's key hashes them (params_image.h)
   try {
     cfg = json::AsObject(json::ParseFile(model_dir + "/" + contract::kModelConfigFile), contract::kModelConfigFile);
-    index = json::AsObject(json::ParseFile(model_dir + "/" + contract::kTensorCacheFile), contract::kTensorCacheFile);
+    index_bytes = json::ReadFile(model_dir + "/" + contract::kTensorCacheFile);
+    index = json::AsObject(json::Parse(index_bytes, contract::kTensorCacheFile), contract::kTensorCacheFile);
   } catch (const std::runtime_error& e) {
     throw IoError(std::string(e.what()) + " (convert the weights with `speccompile convert_weight` and "
                   "`speccompile gen_config` into " + model_dir + ")");
@@ -295,10 +299,24 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
     }
     fn_[ep.name] = *f;
   }
-  LoadParams(model_dir, index, meta);
+  LoadParams(model_dir, index_bytes, index, meta);
 }
 
-void Model::LoadParams(const std::string& model_dir, const fj::Object& index, const fj::Object& meta) {
+void Model::LoadParams(const std::string& model_dir, const std::string& index_bytes, const fj::Object& index,
+                       const fj::Object& meta) {
+  // runtime/model.py _load_params: on the CPU, views of the weights' image where one is valid
+  // (mapped, not copied), else copied out of the shards (and, the second time, written as the image)
+  std::optional<ParamsImage> image;
+  if (device_.device_type == kDLCPU) {
+    image.emplace(model_dir, index_bytes, index, meta);
+    std::vector<Tensor> views = image->Map();
+    if (!views.empty()) {
+      params_ = tvm::ffi::Array<Tensor>(views.begin(), views.end());
+      weights_from_ = "image";
+      return;
+    }
+  }
+  weights_from_ = "shards";
   struct Rec { std::string shard; int64_t offset, nbytes; };
   std::map<std::string, Rec> by_name;
   for (const Any& s : json::GetArray(index, "records")) {
@@ -352,6 +370,7 @@ void Model::LoadParams(const std::string& model_dir, const fj::Object& index, co
     params.push_back(t);
   }
   params_ = tvm::ffi::Array<Tensor>(params.begin(), params.end());
+  if (image && image->Wanted()) image->Write(params);  // loaded before: the next process maps them
 }
 
 void Model::CreateKVCache(int64_t max_total_tokens, Tensor* tensor, int64_t* num_pages) const {

@@ -74,17 +74,19 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const std::string& metadata_json() const { return metadata_json_; }
   DLDevice device() const { return device_; }
+  // Where this load read the weights: "image" (the mapped weights image) or "shards" (copied).
+  const std::string& weights_from() const { return weights_from_; }
 
  private:
   Tensor ToDevice(const std::vector<int32_t>& v, std::vector<int64_t> shape) const;
   Tensor Run(const char* name, const std::vector<int32_t>& ids, const Tensor& kv_tensor, const ForwardBatch& fb,
              const Tensor* logit_positions);
-  void LoadParams(const std::string& model_dir, const tvm::ffi::json::Object& index,
+  void LoadParams(const std::string& model_dir, const std::string& index_bytes, const tvm::ffi::json::Object& index,
                   const tvm::ffi::json::Object& meta);
 
   DLDevice device_{kDLCPU, 0};
   ModelConfig config_;
-  std::string metadata_json_;
+  std::string metadata_json_, weights_from_;
   int64_t vocab_size_ = 0, num_layers_ = 0, kv_heads_ = 0, head_dim_ = 0, page_size_ = 0;
   DLDataType dtype_{kDLFloat, 32, 1};
   std::optional<tvm::ffi::Module> lib_, vm_;  // not default-constructible; set once loaded
