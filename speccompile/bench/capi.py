@@ -21,7 +21,7 @@ from pathlib import Path
 from speccompile.bench.oneshot import generate_process, host_description
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
 
-C_MODES = ("disable", "ngram", "small_draft")  # what the C runtime runs; the rest are refused, never renamed
+C_MODES = ("disable", "ngram", "suffix", "small_draft")  # what the C runtime runs; the rest are refused, never renamed
 
 
 def _generate_c(exe: Path, model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict) -> dict:

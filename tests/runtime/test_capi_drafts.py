@@ -118,3 +118,23 @@ def test_a_draft_of_another_vocabulary_is_refused(capi_build, smollm2_q4, tiny_d
 def tiny_draft_other_vocab(build_tiny):
     built = build_tiny("tiny-llama", "q4f32_1")
     return str(built.model_dir), str(built.lib)
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_suffix_drafts_what_python_drafts(capi_build, smollm2_q4, k):
+    """The suffix index (the default mode's drafter) as a chain at a fixed depth: the same
+    drafts per request as runtime/drafters/suffix.py, on text that repeats and text that does not."""
+    model_dir, lib = smollm2_q4
+    py = Engine(model_dir, lib, speculative_mode="suffix", spec_draft_length=k)
+    prompts = PROMPTS + ["Repeat exactly, three times: red fish, blue fish, red fish, blue fish."]
+    drafted = 0
+    for prompt in prompts:
+        ref = py.generate(py.encode_prompt(prompt), MAX_TOKENS, SamplingParams(temperature=0.0)).to_dict()
+        proc = spc_generate(capi_build, model_dir, lib, prompt, "--speculative-mode", "suffix",
+                            "--spec-draft-length", str(k))
+        assert proc.returncode == 0, proc.stderr
+        c = json.loads(proc.stdout)
+        assert c["token_ids"] == ref["token_ids"]
+        assert {key: c["stats"][key] for key in COUNTS} == {key: ref["stats"][key] for key in COUNTS}, prompt
+        drafted += c["stats"]["accepted_tokens"]
+    assert drafted > 0

@@ -2,7 +2,7 @@
  * spc_chat: a conversation through the C API, as `speccompile chat` holds one.
  *
  *   spc_chat MODEL_DIR --model-lib LIB [--system TEXT] [--max-tokens N] [--temperature T]
- *            [--seed S] [--speculative-mode disable|ngram] [--device D] [--no-prefix-cache]
+ *            [--seed S] [--speculative-mode disable|ngram|suffix] [--device D] [--no-prefix-cache]
  *
  * Reads one user message per line on stdin and streams each answer to stdout. The whole
  * conversation is sent every turn (spc_generate_chat renders it with the model's chat
@@ -34,7 +34,7 @@ static char* copy(const char* s, size_t n) {
 int main(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') {
     fprintf(stderr, "usage: %s MODEL_DIR --model-lib LIB [--system TEXT] [--max-tokens N] [--temperature T] "
-                    "[--seed S] [--speculative-mode disable|ngram] [--device D] [--no-prefix-cache]\n", argv[0]);
+                    "[--seed S] [--speculative-mode disable|ngram|suffix] [--device D] [--no-prefix-cache]\n", argv[0]);
     return 2;
   }
   const char *lib = NULL, *system_prompt = NULL, *device = "auto";
@@ -43,7 +43,6 @@ int main(int argc, char** argv) {
   spc_session_config_default(&cfg);
   spc_generate_params_default(&params);
   params.max_tokens = 512;
-  cfg.speculative_mode = SPC_SPEC_NGRAM;
   for (int i = 2; i < argc; ++i) {
     const char* a = argv[i];
     int has_value = i + 1 < argc;
@@ -59,7 +58,8 @@ int main(int argc, char** argv) {
       const char* m = argv[++i];
       if (!strcmp(m, "disable")) cfg.speculative_mode = SPC_SPEC_DISABLE;
       else if (!strcmp(m, "ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
-      else { fprintf(stderr, "spc_chat: --speculative-mode %s is not in the C runtime yet (disable, ngram)\n", m); return 2; }
+      else if (!strcmp(m, "suffix")) cfg.speculative_mode = SPC_SPEC_SUFFIX;
+      else { fprintf(stderr, "spc_chat: --speculative-mode %s is not in spc_chat (disable, ngram, suffix)\n", m); return 2; }
     } else { fprintf(stderr, "spc_chat: unknown option %s\n", a); return 2; }
   }
   if (!lib) { fprintf(stderr, "spc_chat: --model-lib is required\n"); return 2; }

@@ -3,7 +3,7 @@
  *
  *   spc_generate MODEL_DIR --model-lib LIB --prompt TEXT [--raw] [--max-tokens N]
  *                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]...
- *                [--speculative-mode disable|ngram|small_draft] [--additional-models DIR,LIB]
+ *                [--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB]
  *                [--spec-draft-length K]
  *                [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D]
  *                [--ignore-eos] [--stream] [--json]
@@ -14,7 +14,8 @@
  * one JSON object: prompt_token_ids, token_ids, text, finish_reason and stats; otherwise the
  * text is printed as it is generated (beside --json, --stream prints it to stderr).
  * --device defaults to "auto": the device kind the library was built for. --speculative-mode
- * defaults to ngram, the C runtime's speculative mode; small_draft takes the draft model as
+ * defaults to suffix, as `speccompile generate`'s does (at a fixed draft length: 4, or
+ * --spec-draft-length; the C runtime has no adaptive one yet); small_draft takes the draft model as
  * --additional-models DRAFT_DIR,DRAFT_LIB (as `speccompile generate` does); the modes the C
  * runtime does not run yet are refused, never decoded plainly under their name.
  */
@@ -62,7 +63,7 @@ static int usage(const char* argv0, const char* why) {
   fprintf(stderr,
           "usage: %s MODEL_DIR --model-lib LIB (--prompt TEXT [--raw] | --prompt-ids I,J,...) [--max-tokens N] "
           "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]... "
-          "[--speculative-mode disable|ngram|small_draft] [--additional-models DIR,LIB] [--spec-draft-length K] [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D] "
+          "[--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB] [--spec-draft-length K] [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D] "
           "[--ignore-eos] [--stream] [--json]\n",
           argv0);
   return 2;
@@ -97,7 +98,6 @@ int main(int argc, char** argv) {
   spc_generate_params params;
   spc_session_config_default(&cfg);
   spc_generate_params_default(&params);
-  cfg.speculative_mode = SPC_SPEC_NGRAM;
   for (int i = 2; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -128,9 +128,10 @@ int main(int argc, char** argv) {
       if (!strcmp(m, "disable")) cfg.speculative_mode = SPC_SPEC_DISABLE;
       else if (!strcmp(m, "ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
       else if (!strcmp(m, "small_draft")) cfg.speculative_mode = SPC_SPEC_SMALL_DRAFT;
+      else if (!strcmp(m, "suffix")) cfg.speculative_mode = SPC_SPEC_SUFFIX;
       else {
-        fprintf(stderr, "spc_generate: --speculative-mode %s is not in the C runtime yet (it runs disable, ngram and "
-                        "small_draft); use `speccompile generate` for it\n", m);
+        fprintf(stderr, "spc_generate: --speculative-mode %s is not in the C runtime yet (it runs disable, ngram, suffix "
+                        "and small_draft); use `speccompile generate` for it\n", m);
         return 2;
       }
     } else return usage(argv[0], "unknown option");

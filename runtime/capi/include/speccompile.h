@@ -83,12 +83,13 @@ SPC_API const char* spc_model_weights_from(const spc_model* model);
 typedef struct spc_session spc_session;
 
 /* Where drafts come from (runtime/speculative.py's modes the C runtime runs): none (plain
- * decoding), n-gram lookup in the sequence so far, or a smaller draft model with the target's
- * vocabulary (small_draft: spc_session_config.draft_model). */
-enum { SPC_SPEC_DISABLE = 0, SPC_SPEC_NGRAM = 1, SPC_SPEC_SMALL_DRAFT = 2 };
+ * decoding), n-gram lookup in the sequence so far, a smaller draft model with the target's
+ * vocabulary (small_draft: spc_session_config.draft_model), or the suffix index (the most
+ * frequent continuation of the longest matching context, as a chain). */
+enum { SPC_SPEC_DISABLE = 0, SPC_SPEC_NGRAM = 1, SPC_SPEC_SMALL_DRAFT = 2, SPC_SPEC_SUFFIX = 3 };
 
 typedef struct {
-  int speculative_mode;     /* SPC_SPEC_DISABLE (plain decoding), SPC_SPEC_NGRAM or SPC_SPEC_SMALL_DRAFT */
+  int speculative_mode;     /* SPC_SPEC_SUFFIX (default), SPC_SPEC_DISABLE (plain decoding), _NGRAM or _SMALL_DRAFT */
   int ngram_min, ngram_max; /* suffix n-gram sizes tried, longest first (default 1..4) */
   int draft_length;         /* drafts verified per step, >= 1 (default 4) */
   int64_t max_total_seq_len; /* KV cache capacity in tokens; 0 = the context window */

@@ -235,7 +235,7 @@ const char* spc_model_metadata(const spc_model* model) {
 
 void spc_session_config_default(spc_session_config* config) {
   if (!config) return;
-  config->speculative_mode = SPC_SPEC_DISABLE;
+  config->speculative_mode = SPC_SPEC_SUFFIX;  // the default mode of `speccompile generate`
   config->ngram_min = 1;
   config->ngram_max = 4;
   config->draft_length = 4;

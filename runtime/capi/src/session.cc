@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "drafters/suffix.h"
 #include "sampling.h"
 
 namespace spc {
@@ -44,9 +45,9 @@ struct Session::Run {
 
 Session::Session(Model* model, const spc_session_config& cfg, Model* draft) : model_(model), cfg_(cfg) {
   if (cfg.speculative_mode != SPC_SPEC_DISABLE && cfg.speculative_mode != SPC_SPEC_NGRAM &&
-      cfg.speculative_mode != SPC_SPEC_SMALL_DRAFT) {
+      cfg.speculative_mode != SPC_SPEC_SMALL_DRAFT && cfg.speculative_mode != SPC_SPEC_SUFFIX) {
     throw std::invalid_argument("unknown speculative_mode " + std::to_string(cfg.speculative_mode) +
-                                "; use SPC_SPEC_DISABLE, SPC_SPEC_NGRAM or SPC_SPEC_SMALL_DRAFT");
+                                "; use SPC_SPEC_DISABLE, SPC_SPEC_NGRAM, SPC_SPEC_SMALL_DRAFT or SPC_SPEC_SUFFIX");
   }
   if (cfg.ngram_min < 1 || cfg.ngram_min > cfg.ngram_max) throw std::invalid_argument("ngram sizes need 1 <= min_n <= max_n");
   if (cfg.draft_length < 1) throw std::invalid_argument("draft_length must be >= 1");
@@ -65,6 +66,8 @@ Session::Session(Model* model, const spc_session_config& cfg, Model* draft) : mo
   // the proposer registry of runtime/speculative.py, for the modes the C runtime runs
   if (cfg.speculative_mode == SPC_SPEC_NGRAM) {
     proposer_ = std::make_unique<NGramProposer>(cfg.ngram_min, cfg.ngram_max);
+  } else if (cfg.speculative_mode == SPC_SPEC_SUFFIX) {
+    proposer_ = std::make_unique<SuffixProposer>();
   } else if (cfg.speculative_mode == SPC_SPEC_SMALL_DRAFT) {
     if (!draft) throw std::invalid_argument("small_draft needs the draft model (spc_session_config.draft_model)");
     proposer_ = std::make_unique<SmallDraftProposer>(draft, *model, total);
