@@ -109,7 +109,9 @@ def run_capi_ab(exe: Path, model_dir: Path, model_lib: Path, spec: dict, prompts
         overall[f"{name}_process_seconds"] = total(name, "{}_process_seconds")
     overall["c_over_python"] = overall["c_tokens_per_s"] / overall["python_tokens_per_s"]
     overall["identical_outputs"] = sum(r["identical_output"] for r in rows)
-    report = {"mode": "capi-ab", "model_dir": str(model_dir), "model_lib": str(model_lib), "spc_generate": str(exe),
+    report = {"what": f"the C runtime (spc_generate) against the Python one (speccompile generate), A/B: fresh "
+                      f"processes, python/C/C/python per prompt, --speculative-mode {mode}",
+              "mode": "capi-ab", "model_dir": str(model_dir), "model_lib": str(model_lib), "spc_generate": str(exe),
               "spec": spec, "max_tokens": max_tokens, "host": host_description(), "overall": overall, "prompts": rows}
     if not quiet:
         print(f"C over Python: decode x{overall['c_over_python']:.3f} ({overall['python_tokens_per_s']:.1f} -> "
