@@ -225,6 +225,11 @@ def test_opencl_library_gives_the_python_tokens(capi_bin, tiny_opencl, opencl_de
         assert out["finish_reason"] == ref.finish_reason
         assert generate_c(capi_bin, built.model_dir, lib, ids, 24, "--ngram", "--device", "opencl:0")["token_ids"] \
             == ref.token_ids
+        for mode in (["suffix"], ["small_draft", "--additional-models", f"{built.model_dir},{lib}"]):
+            # every mode of the C runtime on the device (the model drafting for itself: all accepted)
+            out = generate_c(capi_bin, built.model_dir, lib, ids, 24, "--speculative-mode", *mode)
+            assert out["token_ids"] == ref.token_ids, mode
+            assert mode[0] != "small_draft" or out["stats"]["accepted_tokens"] == out["stats"]["draft_tokens"] > 0
         assert generate_c(capi_bin, built.model_dir, built.lib, ids, 24)["token_ids"] == ref.token_ids
     missing = len(opencl_device)
     proc = run_c(capi_bin, built.model_dir, lib, [1, 2, 3], 4, "--device", f"opencl:{missing}")
