@@ -1,4 +1,5 @@
-"""Speculative-decoding metrics, defined once for generate, bench and (later) serve.
+"""Speculative-decoding metrics, defined once for generate, bench, serve and the C API
+(runtime/capi/src/metrics.h is the twin of the two ratios and the counts).
 
 - draft_tokens: draft tokens proposed and verified;
 - accepted_tokens: draft tokens the target accepted;
@@ -74,6 +75,16 @@ def record_step(step: StepRecord, stats: list, totals) -> None:
         totals.spec.other_seconds += step.other_seconds
 
 
+def accept_rate(accepted_tokens: int, draft_tokens: int) -> float:
+    """Draft tokens the target accepted, over those it verified (0 when none were)."""
+    return accepted_tokens / draft_tokens if draft_tokens else 0.0
+
+
+def mean_accepted_length(emitted_in_verify: int, verify_steps: int) -> float:
+    """Tokens emitted per verify step, counting the bonus token (a full k-chain scores k + 1)."""
+    return emitted_in_verify / verify_steps if verify_steps else 0.0
+
+
 @dataclass
 class SpecMetrics:
     draft_tokens: int = 0
@@ -114,11 +125,11 @@ class SpecMetrics:
 
     @property
     def accept_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        return accept_rate(self.accepted_tokens, self.draft_tokens)
 
     @property
     def mean_accepted_length(self) -> float:
-        return self.emitted_in_verify / self.verify_steps if self.verify_steps else 0.0
+        return mean_accepted_length(self.emitted_in_verify, self.verify_steps)
 
     @property
     def per_position_accept_rate(self) -> list[float]:

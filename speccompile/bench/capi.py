@@ -20,6 +20,7 @@ from pathlib import Path
 
 from speccompile.bench.oneshot import generate_process, host_description
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
+from speccompile.runtime.metrics import accept_rate
 
 C_MODES = ("disable", "ngram", "suffix", "small_draft")  # what the C runtime runs; the rest are refused, never renamed
 
@@ -83,9 +84,8 @@ def run_capi_ab(exe: Path, model_dir: Path, model_lib: Path, spec: dict, prompts
             row[f"{name}_step_seconds"] = statistics.fmean(_step_seconds(r) for r in group)
             row[f"{name}_request_seconds"] = statistics.fmean(r["stats"]["request_seconds"] for r in group)
             row[f"{name}_process_seconds"] = statistics.fmean(r["process_seconds"] for r in group)
-            drafted = sum(r["stats"]["draft_tokens"] for r in group)
-            row[f"{name}_accept_rate"] = (sum(r["stats"]["accepted_tokens"] for r in group) / drafted
-                                          if drafted else 0.0)
+            row[f"{name}_accept_rate"] = accept_rate(sum(r["stats"]["accepted_tokens"] for r in group),
+                                                     sum(r["stats"]["draft_tokens"] for r in group))
         row["c_over_python"] = row["c_tokens_per_s"] / row["python_tokens_per_s"]
         rows.append(row)
         if not quiet:

@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from speccompile.runtime.metrics import accept_rate
+
 
 def run_llama_bench(binary: Path, gguf: Path, threads: int | None = None, depth: int = 0) -> dict:
     """llama-bench (pp64 / tg64, all cores). With ``depth``, tg64 also runs after that many
@@ -105,7 +107,7 @@ def run_llama_prompt(binary: Path, gguf: Path, text: str, max_tokens: int, mode:
     return {"decode_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
             "request_seconds": seconds + (float(enc.group(2)) if enc else 0.0),
             "draft_tokens": drafted, "accepted_tokens": accepted,
-            "accept_rate": accepted / drafted if drafted else 0.0}
+            "accept_rate": accept_rate(accepted, drafted)}
 
 
 def summarize_llama_speculative(rows: list[dict], binary: Path, mode: str, draft_max: int) -> dict:
@@ -113,4 +115,4 @@ def summarize_llama_speculative(rows: list[dict], binary: Path, mode: str, draft
     drafted = sum(r["draft_tokens"] for r in rows)
     return {"binary": str(binary), "mode": mode, "draft_max": draft_max, "prompts": len(rows),
             "spec_tokens_per_s": tokens / sum(r["seconds"] for r in rows),
-            "accept_rate": sum(r["accepted_tokens"] for r in rows) / drafted if drafted else 0.0}
+            "accept_rate": accept_rate(sum(r["accepted_tokens"] for r in rows), drafted)}

@@ -32,6 +32,7 @@ from pathlib import Path
 from speccompile.bench.llama_cpp import run_llama_prompt, summarize_llama_speculative
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
 from speccompile.runtime.contract import read_model_config
+from speccompile.runtime.metrics import accept_rate, mean_accepted_length
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.speculative import SpeculativeConfig
 from speccompile.runtime.tokenizer import render_messages
@@ -123,8 +124,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                                     else None),
                "plain_process_seconds": statistics.fmean(r["process_seconds"] for r in plains),
                "spec_process_seconds": statistics.fmean(r["process_seconds"] for r in specs),
-               "accept_rate": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else 0.0,
-               "mean_accepted_length": emitted / total["verify_steps"] if total["verify_steps"] else 0.0,
+               "accept_rate": accept_rate(total["accepted_tokens"], total["draft_tokens"]),
+               "mean_accepted_length": mean_accepted_length(emitted, total["verify_steps"]),
                **{k: v / len(specs) for k, v in total.items()}}  # per spec run
         for mode, lruns in llama.items():  # its means over the repeats, and ours over it
             lr = {k: statistics.fmean(r[k] for r in lruns) for k in lruns[0]}
@@ -165,9 +166,9 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                "speedup": spec_rate / plain,
                "request_speedup": (sum(r["plain_request_seconds"] for r in group)
                                    / sum(r["spec_request_seconds"] for r in group)),
-               "accept_rate": sum(r["accepted_tokens"] for r in group) / drafted if drafted else 0.0,
-               "mean_accepted_length": (sum(r["mean_accepted_length"] * r["verify_steps"] for r in group) / steps
-                                        if steps else 0.0),
+               "accept_rate": accept_rate(sum(r["accepted_tokens"] for r in group), drafted),
+               "mean_accepted_length": mean_accepted_length(
+                   sum(r["mean_accepted_length"] * r["verify_steps"] for r in group), steps),
                "identical_outputs": sum(bool(r["identical_output"]) for r in group),
                "verify_steps": steps, "draft_tokens": drafted}
         ran = [r for r in group if "llama_cpp_spec" in r]

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.real_model
 K = 4
 MAX_TOKENS = 32
 PROMPTS = ["Describe a lighthouse at night in three sentences.", "Count down from ten to one, in words."]
-COUNTS = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps")
+# the counts, and the metrics defined from them (runtime/metrics.py; src/metrics.h)
+COUNTS = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "accept_rate", "mean_accepted_length")
 
 
 def spc_generate(capi_build, model_dir, lib, prompt: str, *flags: str) -> subprocess.CompletedProcess:

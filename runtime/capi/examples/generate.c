@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     printf(", \"finish_reason\": \"%s\", \"stats\": {\"prefill_tokens\": %lld, \"decode_tokens\": %lld, "
            "\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"prefill_seconds\": %.6f, "
            "\"decode_seconds\": %.6f, \"request_seconds\": %.6f, \"draft_tokens\": %lld, \"accepted_tokens\": %lld, "
-           "\"verify_steps\": %lld, \"plain_steps\": %lld, \"accept_rate\": %.6f, \"mean_accepted_length\": %.6f}}\n",
+           "\"verify_steps\": %lld, \"plain_steps\": %lld, \"accept_rate\": %.17g, \"mean_accepted_length\": %.17g}}\n",
            reasons[s.finish_reason], (long long)s.prefill_tokens, (long long)s.decode_tokens, s.prefill_tokens_per_s,
            s.decode_tokens_per_s, s.prefill_seconds, s.decode_seconds, s.prefill_seconds + s.decode_seconds,
            (long long)s.draft_tokens, (long long)s.accepted_tokens, (long long)s.verify_steps,

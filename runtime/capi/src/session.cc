@@ -101,6 +101,7 @@ int Session::Generate(const Request& request, Result* result) {
   *result = Result{};
   result->prompt_token_ids = prompt;
   stats_ = spc_stats{};
+  spec_ = SpecMetrics{};
   rng_.seed(params.seed);
   Run run;
   run.history = prompt;
@@ -139,7 +140,12 @@ int Session::Generate(const Request& request, Result* result) {
   stats_.finish_reason = result->finish_reason = run.finish;
   stats_.prefill_tokens_per_s = stats_.prefill_seconds > 0 ? stats_.prefill_tokens / stats_.prefill_seconds : 0.0;
   stats_.decode_tokens_per_s = stats_.decode_seconds > 0 ? stats_.decode_tokens / stats_.decode_seconds : 0.0;
-  stats_.accept_rate = stats_.draft_tokens ? static_cast<double>(stats_.accepted_tokens) / stats_.draft_tokens : 0.0;
+  stats_.draft_tokens = spec_.draft_tokens;
+  stats_.accepted_tokens = spec_.accepted_tokens;
+  stats_.verify_steps = spec_.verify_steps;
+  stats_.plain_steps = spec_.plain_steps;
+  stats_.accept_rate = spec_.accept_rate();
+  stats_.mean_accepted_length = spec_.mean_accepted_length();
   return run.finish;
 }
 
@@ -255,13 +261,10 @@ void Session::Step(Run& run) {
   }
   kv_->PopN(kSeq, static_cast<int64_t>(drafts.size() - accepted));
   if (drafts.empty()) {
-    stats_.plain_steps += 1;
+    spec_.plain_steps += 1;
   } else {
-    stats_.verify_steps += 1;
-    stats_.draft_tokens += static_cast<int64_t>(drafts.size());
-    stats_.accepted_tokens += static_cast<int64_t>(accepted);
-    // mean accepted length = emitted per verify step, bonus included (running mean)
-    stats_.mean_accepted_length += (static_cast<double>(tokens.size()) - stats_.mean_accepted_length) / stats_.verify_steps;
+    spec_.RecordVerify(static_cast<int64_t>(drafts.size()), static_cast<int64_t>(accepted),
+                       static_cast<int64_t>(tokens.size()));
   }
   Emit(run, tokens, true);
 }

@@ -13,6 +13,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "drafters/proposers.h"
+#include "metrics.h"
 #include "speccompile.h"
 #include "tokenizer.h"
 
@@ -70,6 +71,7 @@ class Session {
   std::unique_ptr<Proposer> proposer_;  // null: plain decoding
   std::mt19937_64 rng_;
   spc_stats stats_{};
+  SpecMetrics spec_;  // the current generation's speculation counts (runtime/metrics.py)
   std::vector<int32_t> kept_;  // the tokens the kept sequence's KV holds (empty: none kept)
   static constexpr int64_t kSeq = 0;  // the session's one sequence id in its KV cache
   static constexpr size_t kMinReuse = 16;  // prefix_cache.py MIN_REUSE
