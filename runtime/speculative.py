@@ -104,11 +104,20 @@ class SpeculativeConfig:
 
     def build(self, target, kv_tokens: int, max_num_sequence: int, device: str) -> object | None:
         """The mode's proposer (runtime/drafters/proposers.py's Protocol) for this target Model, or None
-        for plain decoding."""
-        if self.proposer_class is None:
+        for plain decoding. Composed here, in sight: a mode that merges with a drafter (the
+        suffix index, the default) and a drafter named by --additional-models become one
+        MergedProposer (runtime/drafters/merged.py); every other mode is its proposer alone."""
+        cls = self.proposer_class
+        if cls is None:
             return None
         try:
-            return self.proposer_class.build(self, target, kv_tokens, max_num_sequence, device)
+            proposer = cls.build(self, target, kv_tokens, max_num_sequence, device)
+            if getattr(cls, "merges_drafter", False) and self.additional_models:
+                from .drafters.merged import MergedProposer
+
+                drafter = proposer_class(drafter_mode(self.additional_models))
+                proposer = MergedProposer(proposer, drafter.build(self, target, kv_tokens, max_num_sequence, device))
+            return proposer
         except ValueError as err:  # a head built for another target, a bad draft library, ...
             raise GenerationError(str(err)) from err
 

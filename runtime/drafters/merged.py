@@ -56,7 +56,7 @@ class SourcePlan:
 
 class MergedProposer:
     """The suffix index (runtime/drafters/suffix.py) and a drafter, one tree per step (module doc).
-    Built by ``SuffixProposer.build`` when ``--additional-models`` names a drafter."""
+    Composed by ``SpeculativeConfig.build`` when ``--additional-models`` names a drafter."""
 
     name = "suffix"
     supports_trees = True

@@ -154,7 +154,8 @@ def confidence(count: int, total: int, n: int) -> float:
 class SuffixProposer:
     """``--speculative-mode suffix``: token trees from the sequence's text and its tenant's
     recent requests (module docstring). No model, no forward: its cost is host time. Given a
-    drafter (``--additional-models``), it drafts together with it: runtime/drafters/merged.py."""
+    drafter (``--additional-models``), SpeculativeConfig.build merges the two:
+    runtime/drafters/merged.py."""
 
     name = "suffix"
     supports_trees = True
@@ -170,16 +171,12 @@ class SuffixProposer:
         if config.additional_models:
             proposer_class(drafter_mode(config.additional_models)).check(config, model_dir)
 
+    merges_drafter = True  # with --additional-models, SpeculativeConfig.build merges it with that drafter
+
     @classmethod
     def build(cls, config, target, kv_tokens: int, max_num_sequence: int, device: str):
-        """The index alone, or merged with the drafter ``--additional-models`` names."""
-        index = cls(config.spec_tree_width, config.spec_tree_nodes, SuffixStore(config.suffix_store_tokens))
-        if not config.additional_models:
-            return index
-        from .merged import MergedProposer
-
-        drafter = proposer_class(drafter_mode(config.additional_models))
-        return MergedProposer(index, drafter.build(config, target, kv_tokens, max_num_sequence, device))
+        """The index alone (SpeculativeConfig.build composes it with a drafter)."""
+        return cls(config.spec_tree_width, config.spec_tree_nodes, SuffixStore(config.suffix_store_tokens))
 
     def __init__(self, tree_width: int = 1, max_nodes: int = 64, store: SuffixStore | None = None):
         self.width, self.max_nodes = tree_width, max_nodes
