@@ -179,3 +179,22 @@ def test_a_conversation_prefills_only_its_new_message(capi_build, engine, smollm
     finally:
         capi.lib.spc_session_free(session)
         capi.lib.spc_model_free(model)
+
+
+def test_the_chat_example_holds_a_conversation(capi_build, engine, smollm2_q4):
+    """spc_chat: one user message per line, each answer streamed; the second turn prefills only
+    what is new, and its answer is what the Python engine answers to the whole conversation."""
+    model_dir, lib = smollm2_q4
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    turns = ["Name a fruit.", "And a vegetable?"]
+    proc = subprocess.run([str(capi_build / "spc_chat"), str(model_dir), "--model-lib", str(lib), "--max-tokens", "20"],
+                          input="\n".join(turns) + "\n", capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    stats = [line for line in proc.stderr.splitlines() if line.startswith("[turn")]
+    assert len(stats) == 2 and " 0 cached" in stats[0] and " 0 cached" not in stats[1], stats
+    messages = []
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        ids = engine.tokenizer.encode(engine.render(messages), add_special_tokens=False).ids
+        messages.append({"role": "assistant", "content": engine.generate(ids, 20).text})
+    assert proc.stdout == "".join(m["content"] + "\n" for m in messages if m["role"] == "assistant")

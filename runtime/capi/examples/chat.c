@@ -2,7 +2,8 @@
  * spc_chat: a conversation through the C API, as `speccompile chat` holds one.
  *
  *   spc_chat MODEL_DIR --model-lib LIB [--system TEXT] [--max-tokens N] [--temperature T]
- *            [--seed S] [--speculative-mode disable|ngram|suffix] [--device D] [--no-prefix-cache]
+ *            [--seed S] [--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB]
+ *            [--device D] [--no-prefix-cache]
  *
  * Reads one user message per line on stdin and streams each answer to stdout. The whole
  * conversation is sent every turn (spc_generate_chat renders it with the model's chat
@@ -34,10 +35,12 @@ static char* copy(const char* s, size_t n) {
 int main(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') {
     fprintf(stderr, "usage: %s MODEL_DIR --model-lib LIB [--system TEXT] [--max-tokens N] [--temperature T] "
-                    "[--seed S] [--speculative-mode disable|ngram|suffix] [--device D] [--no-prefix-cache]\n", argv[0]);
+                    "[--seed S] [--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB] [--device D] "
+                    "[--no-prefix-cache]\n", argv[0]);
     return 2;
   }
   const char *lib = NULL, *system_prompt = NULL, *device = "auto";
+  char* additional = NULL; /* DRAFT_DIR,DRAFT_LIB */
   spc_session_config cfg;
   spc_generate_params params;
   spc_session_config_default(&cfg);
@@ -54,19 +57,34 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--temperature")) params.temperature = (float)atof(argv[++i]);
     else if (!strcmp(a, "--seed")) params.seed = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(a, "--device")) device = argv[++i];
+    else if (!strcmp(a, "--additional-models")) additional = argv[++i];
     else if (!strcmp(a, "--speculative-mode")) {
       const char* m = argv[++i];
       if (!strcmp(m, "disable")) cfg.speculative_mode = SPC_SPEC_DISABLE;
       else if (!strcmp(m, "ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
       else if (!strcmp(m, "suffix")) cfg.speculative_mode = SPC_SPEC_SUFFIX;
-      else { fprintf(stderr, "spc_chat: --speculative-mode %s is not in spc_chat (disable, ngram, suffix)\n", m); return 2; }
+      else if (!strcmp(m, "small_draft")) cfg.speculative_mode = SPC_SPEC_SMALL_DRAFT;
+      else { fprintf(stderr, "spc_chat: --speculative-mode %s is not in the C runtime yet (disable, ngram, suffix, small_draft)\n", m); return 2; }
     } else { fprintf(stderr, "spc_chat: unknown option %s\n", a); return 2; }
   }
   if (!lib) { fprintf(stderr, "spc_chat: --model-lib is required\n"); return 2; }
+  char* draft_lib = additional ? strchr(additional, ',') : NULL;
+  if ((cfg.speculative_mode == SPC_SPEC_SMALL_DRAFT) != (draft_lib != NULL)) {
+    fprintf(stderr, "spc_chat: --speculative-mode small_draft takes its draft as --additional-models DRAFT_DIR,DRAFT_LIB\n");
+    return 2;
+  }
+  if (draft_lib) *draft_lib++ = '\0';
 
   spc_model* model = NULL;
+  spc_model* draft = NULL;
   spc_session* session = NULL;
-  if (spc_model_load(argv[1], lib, device, &model) != SPC_OK || spc_session_create(model, &cfg, &session) != SPC_OK) {
+  if (spc_model_load(argv[1], lib, device, &model) != SPC_OK ||
+      (draft_lib && spc_model_load(additional, draft_lib, device, &draft) != SPC_OK)) {
+    fprintf(stderr, "spc_chat: %s\n", spc_last_error());
+    return 1;
+  }
+  cfg.draft_model = draft;
+  if (spc_session_create(model, &cfg, &session) != SPC_OK) {
     fprintf(stderr, "spc_chat: %s\n", spc_last_error());
     return 1;
   }
@@ -98,6 +116,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < n; ++i) free((void*)messages[i].content);
   free(messages);
   spc_session_free(session);
+  spc_model_free(draft);
   spc_model_free(model);
   return rc;
 }
