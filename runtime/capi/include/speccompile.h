@@ -15,13 +15,15 @@
  *
  * Errors: every function returning int returns SPC_OK (0) or a negative SPC_ERR_*
  * code; spc_last_error() then describes the failure (per thread, valid until the
- * next failing call on that thread). Handles are not thread-safe: use one session
- * per thread, or serialize calls. Several sessions may share one model sequentially
- * but not concurrently.
+ * next failing call on that thread). A NULL, freed or foreign handle is
+ * SPC_ERR_INVALID_ARGUMENT, never a crash, and freeing a handle twice is harmless.
+ * Handles are not thread-safe: use one session per thread, or serialize calls.
+ * Several sessions may share one model sequentially but not concurrently.
  *
  * Greedy generation (temperature 0) is token-identical to `speccompile generate`
  * (Python Engine.generate), with or without speculation: the library's own
  * verification kernel accepts exactly the drafts plain greedy decoding would emit.
+ * Sampled generation follows the target's distribution (rejection sampling).
  */
 #ifndef SPECCOMPILE_H_
 #define SPECCOMPILE_H_
