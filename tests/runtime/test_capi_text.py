@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from capi_ctypes import SPC_ERR_INCOMPATIBLE, SPC_ERR_INVALID_ARGUMENT, Capi, CapiError, ChatMessage
+from capi_ctypes import SPC_ERR_INCOMPATIBLE, SPC_ERR_INVALID_ARGUMENT, Capi, CapiError, ChatMessage, Stats
 
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.sampling import SamplingParams
@@ -198,3 +198,39 @@ def test_the_chat_example_holds_a_conversation(capi_build, engine, smollm2_q4):
         ids = engine.tokenizer.encode(engine.render(messages), add_special_tokens=False).ids
         messages.append({"role": "assistant", "content": engine.generate(ids, 20).text})
     assert proc.stdout == "".join(m["content"] + "\n" for m in messages if m["role"] == "assistant")
+
+
+def test_cancellation_and_an_over_long_prompt(capi_build, smollm2_q4):
+    """The text callback cancels by returning nonzero (finish reason cancelled; a generation cut
+    short is not kept by the prefix cache); a prompt longer than the context window is a clear
+    SPC_ERR_INVALID_ARGUMENT before anything runs."""
+    model_dir, lib = smollm2_q4
+    capi = Capi(capi_build)
+    model = capi.model(model_dir, lib)
+    session = capi.session(model)
+    seen = []
+    callback_type = C.CFUNCTYPE(C.c_int, C.c_char_p, C.c_size_t, C.c_void_p)
+
+    @callback_type
+    def stop_after_two(delta, n, user):
+        seen.append(n)
+        return int(len(seen) >= 2)
+
+    try:
+        capi.check(capi.lib.spc_generate_text(session, b"Tell me a long story about the sea.", 0, None, stop_after_two,
+                                              None, None, C.c_size_t(0), None))
+        stats = Stats()
+        capi.check(capi.lib.spc_session_stats(session, C.byref(stats)))
+        assert len(seen) == 2 and stats.finish_reason == 3  # SPC_FINISH_CANCELLED
+        capi.check(capi.lib.spc_generate_text(session, b"Tell me a long story about the sea.", 0, None, None, None, None,
+                                              C.c_size_t(0), None))
+        capi.check(capi.lib.spc_session_stats(session, C.byref(stats)))
+        assert stats.cached_prompt_tokens == 0  # nothing was kept from the cancelled run
+        window = capi.lib.spc_model_context_window(model)
+        rc = capi.lib.spc_generate_text(session, b" word" * (window + 10), 1, None, None, None, None, C.c_size_t(0),
+                                        None)
+        assert rc == SPC_ERR_INVALID_ARGUMENT
+        assert f"the context window is {window}" in capi.lib.spc_last_error().decode()
+    finally:
+        capi.lib.spc_session_free(session)
+        capi.lib.spc_model_free(model)
