@@ -3,9 +3,22 @@ its tokenizer and chat rendering equal to Python's, and for fuzzing its argument
 from __future__ import annotations
 
 import ctypes as C
+import os
+import subprocess
 from pathlib import Path
 
 SPC_OK, SPC_ERR_INVALID_ARGUMENT, SPC_ERR_IO, SPC_ERR_INCOMPATIBLE = 0, -1, -2, -3
+
+
+def run_example(exe: Path, model_dir, lib, *args: str, env_extra: dict | None = None,
+                stdin: str | None = None) -> subprocess.CompletedProcess:
+    """An example program (spc_generate, spc_chat) as a user runs it: MODEL_DIR --model-lib LIB
+    ARGS..., without LD_LIBRARY_PATH (the RUNPATH must suffice). errors="replace": a random
+    tiny model's text may hold bytes cut mid-character."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update(env_extra or {})
+    return subprocess.run([str(exe), str(model_dir), "--model-lib", str(lib), *args], input=stdin, capture_output=True,
+                          text=True, errors="replace", env=env, timeout=600)
 
 
 class ChatMessage(C.Structure):

@@ -12,13 +12,10 @@ request's end-to-end seconds (prefill + decode) and the process's (load included
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import time
 from pathlib import Path
 
-from speccompile.bench.oneshot import generate_process, host_description
+from speccompile.bench.oneshot import generate_process, host_description, run_json_process
 from speccompile.bench.runner import DEFAULT_PROMPTS, load_prompts, select_prompts
 from speccompile.runtime.metrics import accept_rate
 
@@ -34,13 +31,7 @@ def _generate_c(exe: Path, model_dir: Path, model_lib: Path, prompt: str, max_to
             value = ",".join(map(str, value[0])) if value else None
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.expanduser("~"))
-    if done.returncode != 0:
-        raise RuntimeError(f"spc_generate failed ({done.returncode}): {done.stderr.strip()[-800:]}")
-    out = json.loads(done.stdout)
-    out["process_seconds"] = time.perf_counter() - t0
-    return out
+    return run_json_process(cmd, "spc_generate")
 
 
 def _step_seconds(run: dict) -> float:

@@ -54,10 +54,17 @@ def generate_process(model_dir: Path, model_lib: Path, prompt: str, max_tokens: 
     for key, value in {**(spec or {}), **(sampling or {})}.items():
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
+    return run_json_process(cmd, "generate")
+
+
+def run_json_process(cmd: list[str], what: str) -> dict:
+    """One fresh process printing one JSON object last (``generate --json``, the C API's
+    ``spc_generate --json``), started in ~ as a user would; its object plus the process's
+    wall seconds (loading included) as ``process_seconds``."""
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.expanduser("~"))
     if done.returncode != 0:
-        raise RuntimeError(f"generate failed ({done.returncode}): {done.stderr.strip()[-800:]}")
+        raise RuntimeError(f"{what} failed ({done.returncode}): {done.stderr.strip()[-800:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     out["process_seconds"] = time.perf_counter() - t0
     return out

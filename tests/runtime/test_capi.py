@@ -6,13 +6,12 @@ Python Engine's tokens, on whatever OpenCL device is present (PoCL's CPU device 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from capi_ctypes import run_example
 from conftest import opencl_missing
 
 from speccompile.runtime.engine import Engine
@@ -46,23 +45,14 @@ def engine(smollm2_q4) -> Engine:
 def run_c(exe: Path, model_dir, lib, ids: list[int], max_tokens: int, *flags: str,
           env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """spc_generate with token ids in (--prompt-ids), plainly unless --ngram is among flags."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # the rpath must suffice
-    env.update(env_extra or {})
-    flags = list(flags)
     mode = "ngram" if "--ngram" in flags else "disable"
-    flags = [f for f in flags if f != "--ngram"]
-    # errors="replace": a random tiny model's text may hold bytes cut mid-character
-    return subprocess.run([str(exe), str(model_dir), "--model-lib", str(lib), "--prompt-ids", ",".join(map(str, ids)),
-                           "--max-tokens", str(max_tokens), "--speculative-mode", mode, "--json", *flags],
-                          capture_output=True, text=True, errors="replace", env=env, timeout=600)
+    return run_example(exe, model_dir, lib, "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(max_tokens),
+                       "--speculative-mode", mode, "--json", *[f for f in flags if f != "--ngram"], env_extra=env_extra)
 
 
 def run_text(exe: Path, model_dir, lib, prompt: str, max_tokens: int, *flags: str) -> subprocess.CompletedProcess:
     """spc_generate as `speccompile generate`: text in, --json out."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    return subprocess.run([str(exe), str(model_dir), "--model-lib", str(lib), "--prompt", prompt,
-                           "--max-tokens", str(max_tokens), "--json", *flags],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return run_example(exe, model_dir, lib, "--prompt", prompt, "--max-tokens", str(max_tokens), "--json", *flags)
 
 
 def generate_c(exe: Path, model_dir, lib, ids: list[int], max_tokens: int, *flags: str) -> dict:

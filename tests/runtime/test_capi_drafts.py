@@ -8,13 +8,11 @@ rollback of its cache), through a conversation's turns (its state resumed by the
 and at T > 0 the drafts are verified against their own distribution."""
 from __future__ import annotations
 
-import ctypes as C
 import json
-import os
 import subprocess
 
 import pytest
-from capi_ctypes import SPC_ERR_INCOMPATIBLE, SPC_ERR_INVALID_ARGUMENT, Capi, CapiError
+from capi_ctypes import SPC_ERR_INCOMPATIBLE, SPC_ERR_INVALID_ARGUMENT, Capi, CapiError, run_example
 
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.sampling import SamplingParams
@@ -29,10 +27,8 @@ COUNTS = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps", "acc
 
 
 def spc_generate(capi_build, model_dir, lib, prompt: str, *flags: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    return subprocess.run([str(capi_build / "spc_generate"), str(model_dir), "--model-lib", str(lib), "--prompt", prompt,
-                           "--max-tokens", str(MAX_TOKENS), "--json", *flags],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return run_example(capi_build / "spc_generate", model_dir, lib, "--prompt", prompt, "--max-tokens", str(MAX_TOKENS),
+                       "--json", *flags)
 
 
 @pytest.mark.parametrize("draft", ["self", "random"])

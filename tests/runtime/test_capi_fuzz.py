@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from capi_ctypes import SPC_ERR_INVALID_ARGUMENT, SPC_OK, Capi, ChatMessage
+from capi_ctypes import SPC_ERR_INVALID_ARGUMENT, SPC_OK, Capi
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer

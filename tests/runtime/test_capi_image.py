@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import ctypes as C
 import json
-import os
-import subprocess
 
 import pytest
-from capi_ctypes import Capi
+from capi_ctypes import Capi, run_example
 
 from speccompile.runtime.model import Model
 
@@ -46,11 +44,9 @@ def test_one_image_for_both_runtimes(capi_build, smollm2_q4, tmp_path, monkeypat
 
 def test_tokens_from_the_image_equal_the_shards(capi_build, smollm2_q4, tmp_path):
     model_dir, lib = smollm2_q4
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    env["SPECCOMPILE_CACHE"] = str(tmp_path / "cache")
-    runs = [subprocess.run([str(capi_build / "spc_generate"), str(model_dir), "--model-lib", str(lib), "--prompt",
-                            "Name the planets of the solar system.", "--max-tokens", "24", "--json"],
-                           capture_output=True, text=True, env=env, timeout=300) for _ in range(3)]
+    runs = [run_example(capi_build / "spc_generate", model_dir, lib, "--prompt", "Name the planets of the solar system.",
+                        "--max-tokens", "24", "--json", env_extra={"SPECCOMPILE_CACHE": str(tmp_path / "cache")})
+            for _ in range(3)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     assert list((tmp_path / "cache" / "params").glob("*.bin"))  # the second run wrote it, the third mapped it
     assert len({json.dumps(json.loads(r.stdout)["token_ids"]) for r in runs}) == 1

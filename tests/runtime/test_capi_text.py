@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import ctypes as C
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from capi_ctypes import SPC_ERR_INCOMPATIBLE, SPC_ERR_INVALID_ARGUMENT, Capi, CapiError, ChatMessage, Stats
+from capi_ctypes import SPC_ERR_INCOMPATIBLE, SPC_ERR_INVALID_ARGUMENT, Capi, CapiError, ChatMessage, Stats, run_example
 
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.sampling import SamplingParams
@@ -36,10 +35,8 @@ def engine(smollm2_q4) -> Engine:
 
 
 def spc_generate(capi_build, model_dir, lib, prompt: str, *flags: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # the rpath must suffice
-    proc = subprocess.run([str(capi_build / "spc_generate"), str(model_dir), "--model-lib", str(lib), "--prompt",
-                           prompt, "--max-tokens", str(MAX_TOKENS), "--json", *flags],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = run_example(capi_build / "spc_generate", model_dir, lib, "--prompt", prompt, "--max-tokens", str(MAX_TOKENS),
+                       "--json", *flags)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -137,9 +134,7 @@ def test_model_without_chat_format_is_refused_with_the_fix(capi_build, smollm2_q
     conf = json.loads((model_dir / "speccompile-config.json").read_text())
     conf.pop("chat_format", None)
     (old / "speccompile-config.json").write_text(json.dumps(conf))
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    proc = subprocess.run([str(capi_build / "spc_generate"), str(old), "--model-lib", str(lib), "--prompt", "hi",
-                           "--max-tokens", "2", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_example(capi_build / "spc_generate", old, lib, "--prompt", "hi", "--max-tokens", "2", "--json")
     assert proc.returncode != 0 and "gen_config" in proc.stderr
     assert spc_generate(capi_build, old, lib, "hi", "--raw")["token_ids"]
     capi = Capi(capi_build)
@@ -185,10 +180,8 @@ def test_the_chat_example_holds_a_conversation(capi_build, engine, smollm2_q4):
     """spc_chat: one user message per line, each answer streamed; the second turn prefills only
     what is new, and its answer is what the Python engine answers to the whole conversation."""
     model_dir, lib = smollm2_q4
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     turns = ["Name a fruit.", "And a vegetable?"]
-    proc = subprocess.run([str(capi_build / "spc_chat"), str(model_dir), "--model-lib", str(lib), "--max-tokens", "20"],
-                          input="\n".join(turns) + "\n", capture_output=True, text=True, env=env, timeout=300)
+    proc = run_example(capi_build / "spc_chat", model_dir, lib, "--max-tokens", "20", stdin="\n".join(turns) + "\n")
     assert proc.returncode == 0, proc.stderr
     stats = [line for line in proc.stderr.splitlines() if line.startswith("[turn")]
     assert len(stats) == 2 and " 0 cached" in stats[0] and " 0 cached" not in stats[1], stats

@@ -86,6 +86,7 @@ struct spc_model {
   // Text in and out, loaded on first use: an app passing token ids never pays for them.
   std::unique_ptr<spc_tokenizer> tokenizer;
   std::unique_ptr<spc::ChatFormat> chat_format;
+  tvm::ffi::json::Object config;  // speccompile-config.json, read at load
   bool add_bos_token = false;
   int32_t bos_token_id = -1;
 
@@ -100,16 +101,8 @@ struct spc_model {
     return tokenizer.get();
   }
   const spc::ChatFormat& Chat() {
-    if (!chat_format) chat_format = std::make_unique<spc::ChatFormat>(spc::ChatFormat::FromConfig(Config()));
+    if (!chat_format) chat_format = std::make_unique<spc::ChatFormat>(spc::ChatFormat::FromConfig(config));
     return *chat_format;
-  }
-  tvm::ffi::json::Object Config() const {
-    std::string path = dir + "/" + spc::contract::kModelConfigFile;
-    try {
-      return spc::json::AsObject(spc::json::ParseFile(path), path);
-    } catch (const std::runtime_error& e) {
-      throw spc::IoError(e.what());
-    }
   }
   // runtime/generation.py encode_prompt: one user message through the chat format (or the text
   // as it is), tokenized, with the BOS token in front when the config asks for one.
@@ -200,7 +193,9 @@ int spc_model_load(const char* model_dir, const char* lib_path, const char* devi
     auto m = std::make_unique<spc_model>();
     m->impl = std::make_unique<spc::Model>(model_dir, lib_path, device ? device : "auto");
     m->dir = model_dir;
-    tvm::ffi::json::Object conf = m->Config();
+    std::string path = m->dir + "/" + spc::contract::kModelConfigFile;  // spc::Model read it already: it exists
+    m->config = spc::json::AsObject(spc::json::ParseFile(path), path);
+    const tvm::ffi::json::Object& conf = m->config;
     if (spc::json::Has(conf, "add_bos_token")) m->add_bos_token = spc::json::Get(conf, "add_bos_token").cast<bool>();
     if (spc::json::Has(conf, "bos_token_id")) {
       std::vector<int64_t> bos = spc::json::GetIntOrList(conf, "bos_token_id");

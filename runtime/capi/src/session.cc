@@ -234,24 +234,17 @@ void Session::Step(Run& run) {
       std::vector<double> p = ProbsFromLogits(model_->LogitsRow(logits, static_cast<int64_t>(row)), *run.params);
       if (row < drafts.size()) {
         int32_t x = drafts[row];
-        std::vector<double> q;
-        if (row < draft.probs.size()) {
-          q = draft.probs[row];
-        } else {
-          q.assign(p.size(), 0.0);
-          q[x] = 1.0;
-        }
-        if (q[x] > 0 && unif(rng_) < std::min(1.0, p[x] / q[x])) {
+        const std::vector<double>* q = row < draft.probs.size() ? &draft.probs[row] : nullptr;
+        auto q_of = [&](size_t v) { return q ? (*q)[v] : (v == static_cast<size_t>(x) ? 1.0 : 0.0); };
+        if (q_of(x) > 0 && unif(rng_) < std::min(1.0, p[x] / q_of(x))) {
           tokens.push_back(x);
           ++accepted;
           continue;
         }
-        std::vector<double> rest(p.size());
-        double total = 0.0;
-        for (size_t v = 0; v < p.size(); ++v) total += (rest[v] = std::max(p[v] - q[v], 0.0));
+        double total = 0.0;  // the residual's mass, then the residual in place (no vocab-sized copy per row)
+        for (size_t v = 0; v < p.size(); ++v) total += std::max(p[v] - q_of(v), 0.0);
         if (total > 0) {  // p == q on the support leaves an empty residual: keep p
-          for (double& v : rest) v /= total;
-          p.swap(rest);
+          for (size_t v = 0; v < p.size(); ++v) p[v] = std::max(p[v] - q_of(v), 0.0) / total;
         }
       }
       std::discrete_distribution<int32_t> dist(p.begin(), p.end());

@@ -174,6 +174,17 @@ std::string LossyUtf8(const std::string& in) {
   return out;
 }
 
+// tokenizer.json's `key` (a normalizer, a pre-tokenizer) as its parts: none when absent or
+// null, the parts of a Sequence (listed under `list`), else itself.
+std::vector<fj::Object> Parts(const fj::Object& tok, const char* key, const char* list) {
+  std::vector<fj::Object> parts;
+  if (!json::Has(tok, key)) return parts;
+  fj::Object part = json::GetObject(tok, key);
+  if (json::GetString(part, "type") != "Sequence") return {part};
+  for (const Any& a : json::GetArray(part, list)) parts.push_back(json::AsObject(a, key));
+  return parts;
+}
+
 bool GetBool(const fj::Object& o, const char* key, bool fallback) {
   if (!json::Has(o, key)) return fallback;
   auto b = json::Get(o, key).try_cast<bool>();
@@ -198,32 +209,14 @@ Tokenizer::Tokenizer(const std::string& path) {
     refuse("the decoder is not ByteLevel");
   }
   // -- normalizer: none, or NFC (alone or in a Sequence)
-  if (json::Has(tok, "normalizer")) {
-    fj::Object norm = json::GetObject(tok, "normalizer");
-    std::vector<fj::Object> parts;
-    if (json::GetString(norm, "type") == "Sequence") {
-      for (const Any& a : json::GetArray(norm, "normalizers")) parts.push_back(json::AsObject(a, "normalizer"));
-    } else {
-      parts.push_back(norm);
-    }
-    for (const fj::Object& p : parts) {
-      std::string type = json::GetString(p, "type");
-      if (type != "NFC") refuse("normalizer '" + type + "' is not supported (only NFC)");
-      nfc_ = true;
-    }
+  for (const fj::Object& p : Parts(tok, "normalizer", "normalizers")) {
+    std::string type = json::GetString(p, "type");
+    if (type != "NFC") refuse("normalizer '" + type + "' is not supported (only NFC)");
+    nfc_ = true;
   }
   // -- pre-tokenizer: Split (a known regex, Isolated), ByteLevel, Digits
   bool byte_level = false;
-  std::vector<fj::Object> pres;
-  if (json::Has(tok, "pre_tokenizer")) {
-    fj::Object pre = json::GetObject(tok, "pre_tokenizer");
-    if (json::GetString(pre, "type") == "Sequence") {
-      for (const Any& a : json::GetArray(pre, "pretokenizers")) pres.push_back(json::AsObject(a, "pre_tokenizer"));
-    } else {
-      pres.push_back(pre);
-    }
-  }
-  for (const fj::Object& p : pres) {
+  for (const fj::Object& p : Parts(tok, "pre_tokenizer", "pretokenizers")) {
     std::string type = json::GetString(p, "type");
     if (type == "ByteLevel") {
       if (GetBool(p, "add_prefix_space", false)) refuse("ByteLevel add_prefix_space is not supported");
@@ -303,8 +296,10 @@ Tokenizer::Tokenizer(const std::string& path) {
   if (json::Has(tok, "added_tokens")) {
     for (const Any& a : json::GetArray(tok, "added_tokens")) {
       fj::Object at = json::AsObject(a, "added token");
-      Added t{json::GetString(at, "content"), static_cast<int32_t>(json::GetInt(at, "id")), GetBool(at, "special", false),
-              GetBool(at, "normalized", false), GetBool(at, "lstrip", false), GetBool(at, "rstrip", false)};
+      std::string content = json::GetString(at, "content");
+      Added t{content, unicode::DecodeUtf8(content), static_cast<int32_t>(json::GetInt(at, "id")),
+              GetBool(at, "special", false), GetBool(at, "normalized", false), GetBool(at, "lstrip", false),
+              GetBool(at, "rstrip", false)};
       if (GetBool(at, "single_word", false)) refuse("added token '" + t.content + "' is single_word");
       if (t.content.empty()) continue;
       put(t.id, t.content, t.special);
@@ -388,11 +383,8 @@ void Tokenizer::EncodeSegment(const std::u32string& text, std::vector<int32_t>* 
 
 void Tokenizer::SplitAdded(const std::u32string& text, bool normalized, std::vector<int32_t>* out) const {
   std::vector<const Added*> tokens;
-  std::vector<std::u32string> contents;
   for (const Added& a : added_) {
-    if (a.normalized != normalized) continue;
-    tokens.push_back(&a);
-    contents.push_back(unicode::DecodeUtf8(a.content));
+    if (a.normalized == normalized) tokens.push_back(&a);
   }
   auto between = [&](std::u32string segment) {
     if (segment.empty()) return;
@@ -404,14 +396,16 @@ void Tokenizer::SplitAdded(const std::u32string& text, bool normalized, std::vec
   while (i < text.size()) {
     int best = -1;
     for (size_t t = 0; t < tokens.size(); ++t) {
-      const std::u32string& c = contents[t];
-      if (text.compare(i, c.size(), c) == 0 && (best < 0 || c.size() > contents[best].size())) best = static_cast<int>(t);
+      const std::u32string& c = tokens[t]->chars;
+      if (text.compare(i, c.size(), c) == 0 && (best < 0 || c.size() > tokens[best]->chars.size())) {
+        best = static_cast<int>(t);
+      }
     }
     if (best < 0) {
       ++i;
       continue;
     }
-    size_t seg_end = i, after = i + contents[best].size();
+    size_t seg_end = i, after = i + tokens[best]->chars.size();
     if (tokens[best]->lstrip) {
       while (seg_end > start && unicode::IsWhitespace(text[seg_end - 1])) --seg_end;
     }

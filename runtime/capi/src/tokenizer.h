@@ -45,6 +45,7 @@ class Tokenizer {
   };
   struct Added {
     std::string content;
+    std::u32string chars;  // content as code points, what the text is matched against
     int32_t id;
     bool special, normalized, lstrip, rstrip;
   };
