@@ -54,6 +54,12 @@ enum {
 /* Message of the last failure on this thread ("" if none). */
 SPC_API const char* spc_last_error(void);
 
+/* The CPU threads TVM's kernels run on in this process: TVM_NUM_THREADS or OMP_NUM_THREADS
+ * when the app set one, else the physical cores this process may run on, which
+ * spc_model_load puts in TVM_NUM_THREADS before the first kernel (TVM's own default is half
+ * the logical CPUs, one thread on a 2-vCPU machine without SMT). */
+SPC_API int spc_cpu_threads(void);
+
 /* ------------------------------------------------------------------- model */
 typedef struct spc_model spc_model;
 

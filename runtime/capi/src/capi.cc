@@ -19,6 +19,7 @@
 #include "model.h"
 #include "session.h"
 #include "speccompile.h"
+#include "threads.h"
 #include "tokenizer.h"
 
 namespace {
@@ -185,6 +186,11 @@ std::vector<spc::ChatMessage> Messages(const spc_chat_message* messages, size_t 
 extern "C" {
 
 const char* spc_last_error(void) { return g_last_error.c_str(); }
+
+int spc_cpu_threads(void) {
+  int chosen = spc::UserThreads();
+  return chosen >= 0 ? chosen : spc::PhysicalCores();
+}
 
 int spc_model_load(const char* model_dir, const char* lib_path, const char* device, spc_model** out) {
   if (!model_dir || !lib_path || !out) return Fail(SPC_ERR_INVALID_ARGUMENT, "spc_model_load: NULL argument");

@@ -3,6 +3,7 @@
 #include "model.h"
 
 #include "params_image.h"
+#include "threads.h"
 
 #include <algorithm>
 #include <cstring>
@@ -180,6 +181,7 @@ DLDataType ParseDType(const std::string& s) {
 
 Model::Model(const std::string& model_dir, const std::string& lib_path, const std::string& device) {
   DeviceRequest request = ParseDevice(device);
+  ConfigureThreads();  // before any kernel: TVM's CPU pool reads TVM_NUM_THREADS once, when it is made
   // ---- speccompile-config.json and tensor-cache.json (cheap checks before any dlopen)
   fj::Object index, cfg;
   std::string index_bytes;  // as read: the weights image's key hashes them (params_image.h)
