@@ -112,10 +112,11 @@ def test_capi_mirror_agrees():
     assert consts["ModelConfigFile"] == C.MODEL_CONFIG_FILE and consts["TensorCacheFile"] == C.TENSOR_CACHE_FILE
     assert consts["PageSizeKey"] == "kv_page_size" and consts["EntryPointsKey"] == "entry_points"
     assert "kv_page_size" in C.METADATA_KEYS and "entry_points" in C.METADATA_KEYS
-    entries = re.findall(r'\{"(\w+)",\s*\{([^}]*)\}\}', text)
-    assert entries
-    for name, args in entries:
-        assert tuple(re.findall(r'"(\w+)"', args)) == C.ENTRY_POINTS[C.TARGET][name], name
+    entries = re.findall(r'\{"(\w+)", "(\w+)",\s*\{([^}]*)\}(?:,\s*"(\w*)")?\}', text)
+    assert {kind for kind, *_ in entries} == {C.TARGET, C.EAGLE, C.EAGLE3, C.MEDUSA}
+    for kind, name, args, present_if in entries:
+        assert tuple(re.findall(r'"(\w+)"', args)) == C.ENTRY_POINTS[kind][name], (kind, name)
+        assert present_if == C.OPTIONAL_ENTRY_POINTS.get((kind, name), ""), (kind, name)
 
 
 def test_compiler_checks_methods_against_the_table():

@@ -2,7 +2,7 @@
  * spc_chat: a conversation through the C API, as `speccompile chat` holds one.
  *
  *   spc_chat MODEL_DIR --model-lib LIB [--system TEXT] [--max-tokens N] [--temperature T]
- *            [--seed S] [--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB]
+ *            [--seed S] [--speculative-mode disable|ngram|suffix|small_draft|eagle|medusa] [--additional-models DIR,LIB]
  *            [--device D] [--no-prefix-cache]
  *
  * Reads one user message per line on stdin and streams each answer to stdout. The whole
@@ -35,7 +35,7 @@ static char* copy(const char* s, size_t n) {
 int main(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') {
     fprintf(stderr, "usage: %s MODEL_DIR --model-lib LIB [--system TEXT] [--max-tokens N] [--temperature T] "
-                    "[--seed S] [--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB] [--device D] "
+                    "[--seed S] [--speculative-mode disable|ngram|suffix|small_draft|eagle|medusa] [--additional-models DIR,LIB] [--device D] "
                     "[--no-prefix-cache]\n", argv[0]);
     return 2;
   }
@@ -64,13 +64,15 @@ int main(int argc, char** argv) {
       else if (!strcmp(m, "ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
       else if (!strcmp(m, "suffix")) cfg.speculative_mode = SPC_SPEC_SUFFIX;
       else if (!strcmp(m, "small_draft")) cfg.speculative_mode = SPC_SPEC_SMALL_DRAFT;
-      else { fprintf(stderr, "spc_chat: --speculative-mode %s is not in the C runtime yet (disable, ngram, suffix, small_draft)\n", m); return 2; }
+      else if (!strcmp(m, "eagle")) cfg.speculative_mode = SPC_SPEC_EAGLE;
+      else if (!strcmp(m, "medusa")) cfg.speculative_mode = SPC_SPEC_MEDUSA;
+      else { fprintf(stderr, "spc_chat: --speculative-mode is one of disable, ngram, suffix, small_draft, eagle, medusa\n"); return 2; }
     } else { fprintf(stderr, "spc_chat: unknown option %s\n", a); return 2; }
   }
   if (!lib) { fprintf(stderr, "spc_chat: --model-lib is required\n"); return 2; }
   char* draft_lib = additional ? strchr(additional, ',') : NULL;
-  if ((cfg.speculative_mode == SPC_SPEC_SMALL_DRAFT) != (draft_lib != NULL)) {
-    fprintf(stderr, "spc_chat: --speculative-mode small_draft takes its draft as --additional-models DRAFT_DIR,DRAFT_LIB\n");
+  if (additional && !draft_lib) {
+    fprintf(stderr, "spc_chat: --additional-models takes DIR,LIB (a draft model, an EAGLE head or Medusa heads)\n");
     return 2;
   }
   if (draft_lib) *draft_lib++ = '\0';

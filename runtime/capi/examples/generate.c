@@ -3,8 +3,9 @@
  *
  *   spc_generate MODEL_DIR --model-lib LIB --prompt TEXT [--raw] [--max-tokens N]
  *                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]...
- *                [--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB]
- *                [--spec-draft-length K]
+ *                [--speculative-mode disable|ngram|suffix|small_draft|eagle|medusa]
+ *                [--additional-models DIR,LIB] [--spec-draft-length K]
+ *                [--spec-tree-width W] [--spec-tree-nodes N]
  *                [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D]
  *                [--ignore-eos] [--stream] [--json]
  *   spc_generate MODEL_DIR --model-lib LIB --prompt-ids 1,9690,198 ...   (token ids in)
@@ -15,9 +16,10 @@
  * text is printed as it is generated (beside --json, --stream prints it to stderr).
  * --device defaults to "auto": the device kind the library was built for. --speculative-mode
  * defaults to suffix, as `speccompile generate`'s does (at a fixed draft length: 4, or
- * --spec-draft-length; the C runtime has no adaptive one yet); small_draft takes the draft model as
- * --additional-models DRAFT_DIR,DRAFT_LIB (as `speccompile generate` does); the modes the C
- * runtime does not run yet are refused, never decoded plainly under their name.
+ * --spec-draft-length; the C runtime has no adaptive one yet). --additional-models DIR,LIB
+ * names the draft model (small_draft), the EAGLE head (eagle) or the Medusa heads (medusa), as
+ * `speccompile generate` takes them; with the default mode it names the drafter merged with
+ * the suffix index every step.
  */
 #include <speccompile.h>
 #include <stdio.h>
@@ -63,7 +65,9 @@ static int usage(const char* argv0, const char* why) {
   fprintf(stderr,
           "usage: %s MODEL_DIR --model-lib LIB (--prompt TEXT [--raw] | --prompt-ids I,J,...) [--max-tokens N] "
           "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]... "
-          "[--speculative-mode disable|ngram|suffix|small_draft] [--additional-models DIR,LIB] [--spec-draft-length K] [--ngram-min N] [--ngram-max N] [--max-total-tokens N] [--device D] "
+          "[--speculative-mode disable|ngram|suffix|small_draft|eagle|medusa] [--additional-models DIR,LIB] "
+          "[--spec-draft-length K] [--spec-tree-width W] [--spec-tree-nodes N] [--ngram-min N] [--ngram-max N] "
+          "[--max-total-tokens N] [--device D] "
           "[--ignore-eos] [--stream] [--json]\n",
           argv0);
   return 2;
@@ -117,6 +121,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--seed")) params.seed = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(a, "--device")) device = argv[++i];
     else if (!strcmp(a, "--spec-draft-length")) cfg.draft_length = atoi(argv[++i]);
+    else if (!strcmp(a, "--spec-tree-width")) cfg.spec_tree_width = atoi(argv[++i]);
+    else if (!strcmp(a, "--spec-tree-nodes")) cfg.spec_tree_nodes = atoi(argv[++i]);
     else if (!strcmp(a, "--ngram-min")) cfg.ngram_min = atoi(argv[++i]);
     else if (!strcmp(a, "--ngram-max")) cfg.ngram_max = atoi(argv[++i]);
     else if (!strcmp(a, "--max-total-tokens")) cfg.max_total_seq_len = atoll(argv[++i]);
@@ -129,29 +135,24 @@ int main(int argc, char** argv) {
       else if (!strcmp(m, "ngram")) cfg.speculative_mode = SPC_SPEC_NGRAM;
       else if (!strcmp(m, "small_draft")) cfg.speculative_mode = SPC_SPEC_SMALL_DRAFT;
       else if (!strcmp(m, "suffix")) cfg.speculative_mode = SPC_SPEC_SUFFIX;
-      else {
-        fprintf(stderr, "spc_generate: --speculative-mode %s is not in the C runtime yet (it runs disable, ngram, suffix "
-                        "and small_draft); use `speccompile generate` for it\n", m);
-        return 2;
-      }
+      else if (!strcmp(m, "eagle")) cfg.speculative_mode = SPC_SPEC_EAGLE;
+      else if (!strcmp(m, "medusa")) cfg.speculative_mode = SPC_SPEC_MEDUSA;
+      else return usage(argv[0], "--speculative-mode is one of disable, ngram, suffix, small_draft, eagle, medusa");
     } else return usage(argv[0], "unknown option");
   }
   if (!lib) return usage(argv[0], "--model-lib is required");
   if (!prompt == !prompt_ids) return usage(argv[0], "give --prompt or --prompt-ids");
   if (params.n_stop) params.stop = stop;
 
-  if ((cfg.speculative_mode == SPC_SPEC_SMALL_DRAFT) != (additional != NULL)) {
-    return usage(argv[0], "--speculative-mode small_draft takes its draft as --additional-models DRAFT_DIR,DRAFT_LIB");
-  }
   char* draft_lib = additional ? strchr(additional, ',') : NULL;
-  if (additional && !draft_lib) return usage(argv[0], "--additional-models takes DRAFT_DIR,DRAFT_LIB");
+  if (additional && !draft_lib) return usage(argv[0], "--additional-models takes DIR,LIB");
   if (draft_lib) *draft_lib++ = '\0';
 
   spc_model* model = NULL;
   spc_model* draft = NULL;
   spc_session* session = NULL;
   if (spc_model_load(model_dir, lib, device, &model) != SPC_OK) return die("loading the model");
-  if (additional && spc_model_load(additional, draft_lib, device, &draft) != SPC_OK) return die("loading the draft model");
+  if (additional && spc_model_load(additional, draft_lib, device, &draft) != SPC_OK) return die("loading --additional-models");
   cfg.draft_model = draft;
   if (spc_session_create(model, &cfg, &session) != SPC_OK) return die("creating the session");
   int rc;

@@ -4,8 +4,9 @@
  * The runtime is thin: it loads a model library built by `speccompile compile`
  * (a shared object for llvm/cuda/opencl/vulkan, or objects linked into the app for
  * iOS) and the converted weights (tensor-cache.json + params_shard_*.bin), and runs
- * greedy or sampled generation, plain or with speculation: n-gram (prompt lookup) or a
- * smaller draft model.
+ * greedy or sampled generation, plain or with speculation: the suffix index (the default),
+ * n-gram lookup, a smaller draft model, an EAGLE-1/EAGLE-3 head or Medusa heads, as chains or
+ * token trees, and the suffix index merged per step with a draft model or head.
  * It links only the TVM runtime (libtvm_runtime + libtvm_ffi), never the compiler.
  *
  * Text in, text out: the model folder's tokenizer.json (byte-level BPE: SmolLM2, Qwen2,
@@ -90,24 +91,45 @@ SPC_API const char* spc_model_weights_from(const spc_model* model);
 /* ----------------------------------------------------------------- session */
 typedef struct spc_session spc_session;
 
-/* Where drafts come from (runtime/speculative.py's modes the C runtime runs): none (plain
- * decoding), n-gram lookup in the sequence so far, a smaller draft model with the target's
- * vocabulary (small_draft: spc_session_config.draft_model), or the suffix index (the most
- * frequent continuation of the longest matching context, as a chain). */
-enum { SPC_SPEC_DISABLE = 0, SPC_SPEC_NGRAM = 1, SPC_SPEC_SMALL_DRAFT = 2, SPC_SPEC_SUFFIX = 3 };
+/* Where drafts come from (runtime/speculative.py's modes):
+ *   SPC_SPEC_DISABLE:     plain decoding;
+ *   SPC_SPEC_NGRAM:       n-gram lookup in the sequence so far;
+ *   SPC_SPEC_SMALL_DRAFT: a smaller draft model with the target's vocabulary (draft_model);
+ *   SPC_SPEC_SUFFIX:      the suffix index (the most frequent continuations of the longest
+ *                         matching context); with a draft_model (a draft model, an EAGLE head
+ *                         or Medusa heads) both draft every step, merged into one token tree;
+ *   SPC_SPEC_EAGLE:       an EAGLE-1 or EAGLE-3 head (draft_model) on the target's features;
+ *   SPC_SPEC_MEDUSA:      Medusa heads (draft_model) on the target's last hidden state.
+ * A head is a library `speccompile compile` built from `convert_weight --model-type
+ * eagle|eagle3|medusa --target ...`, loaded with spc_model_load like any model. */
+enum {
+  SPC_SPEC_DISABLE = 0,
+  SPC_SPEC_NGRAM = 1,
+  SPC_SPEC_SMALL_DRAFT = 2,
+  SPC_SPEC_SUFFIX = 3,
+  SPC_SPEC_EAGLE = 4,
+  SPC_SPEC_MEDUSA = 5
+};
 
 typedef struct {
-  int speculative_mode;     /* SPC_SPEC_SUFFIX (default), SPC_SPEC_DISABLE (plain decoding), _NGRAM or _SMALL_DRAFT */
-  int ngram_min, ngram_max; /* suffix n-gram sizes tried, longest first (default 1..4) */
-  int draft_length;         /* drafts verified per step, >= 1 (default 4) */
+  int speculative_mode;     /* SPC_SPEC_SUFFIX (default), or another SPC_SPEC_* above */
+  int ngram_min, ngram_max; /* SPC_SPEC_NGRAM: suffix n-gram sizes tried, longest first (default 1..4) */
+  int draft_length;         /* chain length, or tree depth, >= 1 (default 4) */
   int64_t max_total_seq_len; /* KV cache capacity in tokens; 0 = the context window */
   /* 1 (default): the prefix cache keeps the last generation's KV, and a next prompt that starts
    * with the same tokens (a chat's next turn, the whole conversation resent) prefills only
    * what is new; 0: every prompt is prefilled whole. (A session holds one sequence.) */
   int prefix_cache_max_num_recycling_seqs;
-  /* SPC_SPEC_SMALL_DRAFT: the draft model, loaded with spc_model_load (same vocabulary as the
-   * target; one draft model may serve several sessions; free it after them). NULL otherwise. */
+  /* The additional model the mode drafts with, loaded with spc_model_load: a draft model (same
+   * vocabulary as the target) for SPC_SPEC_SMALL_DRAFT, an EAGLE head for SPC_SPEC_EAGLE, Medusa
+   * heads for SPC_SPEC_MEDUSA, any of them (or NULL) for SPC_SPEC_SUFFIX. A head built for
+   * another target, or of another kind than the mode drives, is SPC_ERR_INCOMPATIBLE. One
+   * additional model may serve several sessions; free it after them. NULL otherwise. */
   spc_model* draft_model;
+  /* Token trees (suffix, eagle, medusa): candidates per tree level (1, the default: a chain),
+   * and the most draft nodes verified per step (1..256, default 64). */
+  int spec_tree_width;
+  int spec_tree_nodes;
 } spc_session_config;
 
 /* Fill a config with the defaults above. */

@@ -243,6 +243,8 @@ void spc_session_config_default(spc_session_config* config) {
   config->max_total_seq_len = 0;
   config->prefix_cache_max_num_recycling_seqs = 1;
   config->draft_model = nullptr;
+  config->spec_tree_width = 1;
+  config->spec_tree_nodes = 64;
 }
 
 int spc_session_create(spc_model* model, const spc_session_config* config, spc_session** out) {
@@ -255,9 +257,6 @@ int spc_session_create(spc_model* model, const spc_session_config* config, spc_s
     auto s = std::make_unique<spc_session>();
     if (cfg.draft_model && !Live(cfg.draft_model)) {
       throw std::invalid_argument("draft_model was freed or not made by this library");
-    }
-    if (cfg.draft_model && cfg.speculative_mode != SPC_SPEC_SMALL_DRAFT) {
-      throw std::invalid_argument("draft_model is given but speculative_mode is not SPC_SPEC_SMALL_DRAFT");
     }
     s->impl = std::make_unique<spc::Session>(model->impl.get(), cfg,
                                              cfg.draft_model ? cfg.draft_model->impl.get() : nullptr);

@@ -23,22 +23,46 @@ inline constexpr const char* kEntryPointsKey = "entry_points";
 inline constexpr const char* kRebuild = "rebuild it with `speccompile compile <model_dir>/speccompile-config.json`";
 
 struct EntryPoint {
+  const char* kind;               // the library kind (runtime/contract.py TARGET, EAGLE, EAGLE3, MEDUSA)
   const char* name;
   std::vector<std::string> args;  // in calling order; "params" is the packed parameter tuple
+  // contract.py OPTIONAL_ENTRY_POINTS: the _metadata key whose nonzero value says the library
+  // has it ("" = every library of its kind has it)
+  const char* present_if = "";
 };
 
-// The target-model entry points the C API calls (a subset of contract.ENTRY_POINTS["target"]:
-// no token trees, hidden states or device sampling here).
+// The entry points the C API calls, by kind (a subset of contract.ENTRY_POINTS: it drafts with
+// a head only through the fused draft_step/draft_catch_up, and samples on the host).
 inline const std::vector<EntryPoint>& CapiEntryPoints() {
   static const std::vector<EntryPoint> kEntryPoints = {
-      {"embed", {"input_ids", "params"}},
-      {"prefill", {"input_embeds", "logit_positions", "kv", "positions", "write_slots", "page_table", "token_seq",
-                   "token_prefix", "extra_slots", "extra_len", "params"}},
-      {"decode", {"input_embeds", "kv", "positions", "write_slots", "page_table", "token_seq", "token_prefix",
-                  "extra_slots", "extra_len", "params"}},
-      {"forward_tokens", {"input_embeds", "kv", "positions", "write_slots", "page_table", "token_seq", "token_prefix",
-                          "extra_slots", "extra_len", "params"}},
-      {"accept_greedy", {"logits", "tokens", "parents", "seq_indptr"}},
+      {"target", "embed", {"input_ids", "params"}},
+      {"target", "prefill", {"input_embeds", "logit_positions", "kv", "positions", "write_slots", "page_table",
+                             "token_seq", "token_prefix", "extra_slots", "extra_len", "params"}},
+      {"target", "decode", {"input_embeds", "kv", "positions", "write_slots", "page_table", "token_seq",
+                            "token_prefix", "extra_slots", "extra_len", "params"}},
+      {"target", "forward_tokens", {"input_embeds", "kv", "positions", "write_slots", "page_table", "token_seq",
+                                    "token_prefix", "extra_slots", "extra_len", "params"}},
+      {"target", "forward_tokens_hidden", {"input_embeds", "kv", "positions", "write_slots", "page_table",
+                                           "token_seq", "token_prefix", "extra_slots", "extra_len", "params"}},
+      {"target", "forward_tokens_features", {"input_embeds", "kv", "positions", "write_slots", "page_table",
+                                             "token_seq", "token_prefix", "extra_slots", "extra_len", "params"},
+       "feature_layers"},
+      {"target", "get_logits", {"hidden_states", "params"}},
+      {"target", "copy_kv_slots", {"kv", "src", "dst"}},
+      {"target", "accept_greedy", {"logits", "tokens", "parents", "seq_indptr"}},
+      {"eagle", "draft_step", {"input_ids", "hidden", "hidden_rows", "target_embed", "kv", "positions",
+                               "write_slots", "page_table", "token_seq", "token_prefix", "extra_slots", "extra_len",
+                               "params"}, "draft_top_k"},
+      {"eagle", "draft_catch_up", {"input_ids", "hidden", "score_rows", "target_embed", "kv", "positions",
+                                   "write_slots", "page_table", "token_seq", "token_prefix", "extra_slots",
+                                   "extra_len", "params"}, "draft_top_k"},
+      {"eagle3", "draft_step", {"input_ids", "hidden", "hidden_rows", "target_embed", "kv", "positions",
+                                "write_slots", "page_table", "token_seq", "token_prefix", "extra_slots", "extra_len",
+                                "params"}},
+      {"eagle3", "draft_catch_up", {"input_ids", "features", "score_rows", "target_embed", "kv", "positions",
+                                    "write_slots", "page_table", "token_seq", "token_prefix", "extra_slots",
+                                    "extra_len", "params"}},
+      {"medusa", "medusa_heads", {"hidden", "params"}},
   };
   return kEntryPoints;
 }

@@ -5,14 +5,15 @@
 // slot each token writes and which rows it attends, and builds the per-forward
 // metadata arrays of runtime/contract.py's FORWARD_META. The page size is the one the
 // kernels were compiled with, read from the library's _metadata (kv_page_size). Rolling back rejected
-// drafts is shortening the sequence (PopN). Token trees are not needed by the C API's
-// proposers (n-gram drafts are chains), so plan_tree is not ported.
+// drafts of a chain is shortening the sequence (PopN); committing a token tree moves the
+// accepted path's rows into place (TreeCommitMoves, then Model::CommitTree copies them).
 #ifndef SPECCOMPILE_CAPI_KV_CACHE_H_
 #define SPECCOMPILE_CAPI_KV_CACHE_H_
 
 #include <cstdint>
 #include <map>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace spc {
@@ -31,8 +32,9 @@ struct ForwardBatch {
   int64_t pt_rows = 0, pt_cols = 0;
   std::vector<int32_t> token_seq;     // [n] page-table row of each token
   std::vector<int32_t> token_prefix;  // [n] rows 0..prefix-1 each token attends
-  std::vector<int32_t> extra_slots;   // [n, 1] further slots (trees only; zeros here)
-  std::vector<int32_t> extra_len;     // [n]
+  std::vector<int32_t> extra_slots;   // [n, extra_cols] a tree row's ancestors' slots, root first, then its own
+  int64_t extra_cols = 1;
+  std::vector<int32_t> extra_len;     // [n] (0 for chain rows)
   std::vector<int64_t> counts;        // tokens per sequence
 };
 
@@ -51,8 +53,25 @@ class PagedKV {
   // Append counts[i] tokens to seq_ids[i]; token j of a sequence with committed length
   // L sits at row L+j and attends rows 0..L+j. Throws KVCacheFull before changing anything.
   ForwardBatch PlanChain(const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts);
+  // Verify one token tree per sequence (parents[i][j] = local parent, -1 = the last committed
+  // token; here row 0 is that token itself, so its parent is -1 and the drafts hang off it):
+  // kv_cache.py plan_tree. Node j is written at scratch row L+j, has RoPE position
+  // L + (its chain length) - 1, and attends rows 0..L-1, then its ancestors from the root
+  // down, ending with itself: the order its row would have in a plain decode once committed.
+  ForwardBatch PlanTree(const std::vector<int64_t>& seq_ids, const std::vector<std::vector<int32_t>>& parents);
+  // Pages for counts[i] rows past each sequence's committed length (scratch rows of a head's
+  // draft tree); throws KVCacheFull before changing anything.
+  void Reserve(const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts);
+  // The KV slot of a (reserved) row of a sequence.
+  int32_t Slot(int64_t seq_id, int64_t row);
+  // The page ids of each sequence, one row per sequence (FORWARD_META's page_table) into fb.
+  void PageTable(const std::vector<int64_t>& seq_ids, ForwardBatch* fb);
   // Drop the last n tokens of a sequence (rejected drafts of a chain).
   void PopN(int64_t seq_id, int64_t n);
+  // Accept tree nodes `path` (root first): the (src, dst) slot moves that put node path[d] at
+  // row L+d; then the sequence grows by len(path). Moves go in increasing depth, which never
+  // overwrites a later source (path[d] >= d).
+  std::pair<std::vector<int32_t>, std::vector<int32_t>> TreeCommitMoves(int64_t seq_id, const std::vector<int32_t>& path);
 
  private:
   struct SeqState {

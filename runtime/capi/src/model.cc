@@ -36,10 +36,28 @@ std::string JoinNames(const std::vector<std::string>& v) {
   return s;
 }
 
+// contract.py OPTIONAL_ENTRY_POINTS: whether a library of the entry point's kind has it.
+bool Present(const fj::Object& meta, const contract::EntryPoint& ep) {
+  if (!*ep.present_if) return true;
+  if (!json::Has(meta, ep.present_if)) return false;
+  Any v = json::Get(meta, ep.present_if);
+  if (v == nullptr) return false;
+  if (auto a = v.try_cast<fj::Array>()) return !a->empty();
+  if (auto i = v.try_cast<int64_t>()) return *i != 0;
+  if (auto b = v.try_cast<bool>()) return *b;
+  return true;
+}
+
+// runtime/contract.py library_kind.
+std::string LibraryKind(const fj::Object& meta) {
+  std::string t = json::GetString(meta, "model_type");
+  return t == "eagle" || t == "eagle3" || t == "medusa" ? t : "target";
+}
+
 // runtime/contract.py check_library, for what the C API uses: the page size is present
 // (its value is then used, see kv_cache.h) and every entry point it calls exists and takes
 // its arguments in the order Model::Run passes them. Same words as the Python runtime.
-void CheckContract(const fj::Object& meta, const std::string& lib_path) {
+void CheckContract(const fj::Object& meta, const std::string& kind, const std::string& lib_path) {
   std::string older = ": it was built by an older speccompile; " + std::string(contract::kRebuild);
   if (!json::Has(meta, contract::kPageSizeKey)) {
     throw IncompatibleError(lib_path + " lacks " + contract::kPageSizeKey + " in its _metadata" + older);
@@ -53,6 +71,7 @@ void CheckContract(const fj::Object& meta, const std::string& lib_path) {
     throw IncompatibleError(lib_path + " does not record its entry points' arguments" + older);
   }
   for (const contract::EntryPoint& ep : contract::CapiEntryPoints()) {
+    if (ep.kind != kind || !Present(meta, ep)) continue;
     if (!json::Has(*exported, ep.name)) {
       throw IncompatibleError(lib_path + " lacks the entry point '" + ep.name + "'" + older);
     }
@@ -135,8 +154,6 @@ void PrepareDeviceRuntime(const fj::Object& meta, const std::string& lib_path) {
   }
 }
 
-size_t DTypeBytes(DLDataType t) { return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8; }
-
 // runtime/model.py tile_rows: [N, C] -> the same buffer holding [N/tile, C, tile], so the
 // CPU GEMV kernels read `tile` output rows per contiguous run (kernels/cpu_matmul.py).
 std::vector<char> TileRows(const std::vector<char>& src, int64_t n, int64_t c, int64_t tile, size_t esz) {
@@ -164,6 +181,8 @@ Module MakeVM(const Module& lib, DLDevice dev) {
 }
 
 }  // namespace
+
+size_t DTypeBytes(DLDataType t) { return (static_cast<size_t>(t.bits) * t.lanes + 7) / 8; }
 
 DLDataType ParseDType(const std::string& s) {
   struct P { const char* prefix; uint8_t code; };
@@ -254,7 +273,8 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
                             " device is visible on this machine" + hint);
   }
   // ---- runtime/contract.py: page size recorded, entry points with the arguments we pass
-  CheckContract(meta, lib_path);
+  kind_ = LibraryKind(meta);
+  CheckContract(meta, kind_, lib_path);
   if (json::GetString(meta, "model_type") != config_.model_type) {
     throw IncompatibleError("model library and config disagree on the model type");
   }
@@ -293,7 +313,14 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   head_dim_ = json::GetInt(meta, "head_dim");
   page_size_ = json::GetInt(meta, contract::kPageSizeKey);
   dtype_ = ParseDType(json::GetString(meta, "model_dtype"));
+  hidden_size_ = json::GetInt(meta, "hidden_size");
+  if (kind_ == "target" && json::Has(meta, "feature_layers") && json::Get(meta, "feature_layers") != nullptr) {
+    feature_layers_ = json::GetIntList(meta, "feature_layers");
+  }
+  meta_ = meta;
+  lib_path_ = lib_path;
   for (const contract::EntryPoint& ep : contract::CapiEntryPoints()) {
+    if (ep.kind != kind_ || !Present(meta, ep)) continue;
     auto f = (*vm_)->GetFunction(ep.name);
     if (!f) {
       throw IncompatibleError(lib_path + " lists the entry point '" + ep.name + "' in its _metadata but does not "
@@ -394,47 +421,123 @@ Tensor Model::ToDevice(const std::vector<int32_t>& v, std::vector<int64_t> shape
   return t;
 }
 
-Tensor Model::Run(const char* name, const std::vector<int32_t>& ids, const Tensor& kv_tensor, const ForwardBatch& fb,
-                  const Tensor* logit_positions) {
+std::vector<Tensor> MetaTensors(const Model& model, const ForwardBatch& fb) {
+  int64_t n = static_cast<int64_t>(fb.positions.size());
+  return {model.Upload(fb.positions, {n}), model.Upload(fb.write_slots, {n}),
+          model.Upload(fb.page_table, {fb.pt_rows, fb.pt_cols}), model.Upload(fb.token_seq, {n}),
+          model.Upload(fb.token_prefix, {n}), model.Upload(fb.extra_slots, {n, fb.extra_cols}),
+          model.Upload(fb.extra_len, {n})};
+}
+
+Any Model::Run(const char* name, const std::vector<int32_t>& ids, const Tensor& kv_tensor, const ForwardBatch& fb,
+               const Tensor* logit_positions) {
   // ids were range-checked by the caller before the KV cache was touched
   int64_t n = static_cast<int64_t>(ids.size());
   Any emb = fn_["embed"](ToDevice(ids, {n}), params_);
-  Tensor m0 = ToDevice(fb.positions, {n}), m1 = ToDevice(fb.write_slots, {n});
-  Tensor m2 = ToDevice(fb.page_table, {fb.pt_rows, fb.pt_cols}), m3 = ToDevice(fb.token_seq, {n});
-  Tensor m4 = ToDevice(fb.token_prefix, {n}), m5 = ToDevice(fb.extra_slots, {n, 1}), m6 = ToDevice(fb.extra_len, {n});
-  Any out = logit_positions ? fn_[name](emb, *logit_positions, kv_tensor, m0, m1, m2, m3, m4, m5, m6, params_)
-                            : fn_[name](emb, kv_tensor, m0, m1, m2, m3, m4, m5, m6, params_);
-  return out.cast<Tensor>();
+  std::vector<Tensor> m = MetaTensors(*this, fb);
+  return logit_positions ? fn_[name](emb, *logit_positions, kv_tensor, m[0], m[1], m[2], m[3], m[4], m[5], m[6], params_)
+                         : fn_[name](emb, kv_tensor, m[0], m[1], m[2], m[3], m[4], m[5], m[6], params_);
 }
 
 Tensor Model::Prefill(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens) {
   CheckTokenIds(tokens.data(), tokens.size());
   ForwardBatch fb = kv.PlanChain({seq_id}, {static_cast<int64_t>(tokens.size())});
   Tensor last = ToDevice({static_cast<int32_t>(tokens.size() - 1)}, {1});
-  return Run("prefill", tokens, kv_tensor, fb, &last);
+  return Run("prefill", tokens, kv_tensor, fb, &last).cast<Tensor>();
 }
 
 Tensor Model::Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32_t token) {
   CheckTokenIds(&token, 1);
-  return Run("decode", {token}, kv_tensor, kv.PlanChain({seq_id}, {1}), nullptr);
+  return Run("decode", {token}, kv_tensor, kv.PlanChain({seq_id}, {1}), nullptr).cast<Tensor>();
 }
 
 Tensor Model::ForwardTokens(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens) {
   CheckTokenIds(tokens.data(), tokens.size());
   ForwardBatch fb = kv.PlanChain({seq_id}, {static_cast<int64_t>(tokens.size())});
-  return Run("forward_tokens", tokens, kv_tensor, fb, nullptr);
+  return Run("forward_tokens", tokens, kv_tensor, fb, nullptr).cast<Tensor>();
 }
 
-std::pair<int64_t, int32_t> Model::AcceptGreedyChain(const Tensor& logits, const std::vector<int32_t>& tokens) {
+ForwardOut Model::Forward(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens,
+                          const std::vector<int32_t>* parents, int outputs) {
+  // runtime/model.py OUTPUTS: what one multi-token forward gives, and the entry point that gives it
+  const char* entry = outputs == kLogits                          ? "forward_tokens"
+                      : outputs == kHidden || outputs == (kHidden | kLogits) ? "forward_tokens_hidden"
+                      : outputs == (kHidden | kFeatures) || outputs == (kHidden | kFeatures | kLogits)
+                          ? "forward_tokens_features"
+                          : nullptr;
+  if (!entry) throw std::invalid_argument("a forward gives logits, hidden (+ features) (+ logits)");
+  if (!fn_.count(entry)) {
+    throw IncompatibleError(lib_path_ + " exports no " + entry + " (it was built before " +
+                            ((outputs & kFeatures) ? "EAGLE-3" : "draft head") + " support): " + contract::kRebuild);
+  }
+  CheckTokenIds(tokens.data(), tokens.size());
+  ForwardBatch fb = parents ? kv.PlanTree({seq_id}, {*parents}) : kv.PlanChain({seq_id}, {static_cast<int64_t>(tokens.size())});
+  Any out = Run(entry, tokens, kv_tensor, fb, nullptr);
+  ForwardOut got;
+  if (outputs & kFeatures) {
+    auto tuple = out.cast<tvm::ffi::Array<Any>>();
+    got.hidden = tuple[0].cast<Tensor>();
+    got.features = tuple[1].cast<Tensor>();
+  } else if (outputs & kHidden) {
+    got.hidden = out.cast<Tensor>();
+  } else {
+    got.logits = out.cast<Tensor>();
+  }
+  if ((outputs & kLogits) && (outputs & kHidden)) got.logits = GetLogits(got.hidden);
+  return got;
+}
+
+Tensor Model::GetLogits(const Tensor& hidden) { return fn_.at("get_logits")(hidden, params_).cast<Tensor>(); }
+
+void Model::CommitTree(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& path) {
+  auto moves = kv.TreeCommitMoves(seq_id, path);
+  if (moves.first.empty()) return;
+  int64_t n = static_cast<int64_t>(moves.first.size());
+  fn_.at("copy_kv_slots")(kv_tensor, ToDevice(moves.first, {n}), ToDevice(moves.second, {n}));
+}
+
+std::vector<char> Model::ToHost(const Tensor& t) {
+  const DLTensor* d = t.GetDLTensorPtr();
+  size_t bytes = DTypeBytes(d->dtype);
+  for (int i = 0; i < d->ndim; ++i) bytes *= static_cast<size_t>(d->shape[i]);
+  std::vector<char> out(bytes);
+  if (bytes) CopyToBytes(t, out.data(), bytes);
+  return out;
+}
+
+Tensor Model::Upload(const void* data, const std::vector<int64_t>& shape, DLDataType dtype) const {
+  Tensor t = EmptyTensor(shape, dtype, device_);
+  size_t bytes = DTypeBytes(dtype);
+  for (int64_t d : shape) bytes *= static_cast<size_t>(d);
+  if (bytes) CopyFromBytes(t, data, bytes);
+  return t;
+}
+
+const Function& Model::Fn(const std::string& name) const {
+  auto it = fn_.find(name);
+  if (it == fn_.end()) throw IncompatibleError(lib_path_ + " exports no " + name + "; " + contract::kRebuild);
+  return it->second;
+}
+
+Tensor Model::Param(const std::string& name) const {
+  int64_t i = 0;
+  for (const Any& p : json::GetArray(meta_, "params")) {
+    if (json::GetString(json::AsObject(p, "param"), "name") == name) return params_[i];
+    ++i;
+  }
+  throw IncompatibleError(lib_path_ + " has no parameter " + name);
+}
+
+std::pair<std::vector<int32_t>, int32_t> Model::AcceptGreedy(const Tensor& logits, const std::vector<int32_t>& tokens,
+                                                             const std::vector<int32_t>& parents) {
   int64_t n = static_cast<int64_t>(tokens.size());
-  std::vector<int32_t> parents(n);
-  for (int64_t j = 0; j < n; ++j) parents[j] = static_cast<int32_t>(j - 1);  // a chain: row j's parent is j-1
   Tensor out = fn_["accept_greedy"](logits, ToDevice(tokens, {n}), ToDevice(parents, {n}),
                                     ToDevice({0, static_cast<int32_t>(n)}, {2}))
                    .cast<Tensor>();
+  // [b + 1, n + 2]: per sequence, the accepted count, the bonus token, then the accepted nodes
   std::vector<int32_t> host(static_cast<size_t>(2 * (n + 2)));
   CopyToBytes(out, host.data(), host.size() * sizeof(int32_t));
-  return {host[0], host[1]};  // out[0, 0] = accepted drafts, out[0, 1] = bonus token
+  return {std::vector<int32_t>(host.begin() + 2, host.begin() + 2 + host[0]), host[1]};
 }
 
 std::vector<float> Model::LogitsRow(const Tensor& logits, int64_t row) const {

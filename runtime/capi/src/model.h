@@ -1,5 +1,6 @@
 // A compiled model library plus its converted weights on one device: the C++ twin of
-// runtime/model.py. Only the TVM runtime is used (Module loader + relax VM), never the
+// runtime/model.py. A target (or small draft) model, or a draft head (EAGLE-1, EAGLE-3,
+// Medusa: its kind is its _metadata model_type, and its entry points are that kind's). Only the TVM runtime is used (Module loader + relax VM), never the
 // compiler. The library's `_metadata` is checked against tensor-cache.json before any
 // weight is read, and the entry points are called with exactly the arguments
 // runtime/model.py passes (embeddings, [logit positions], KV tensor, the 7 FORWARD_META
@@ -43,6 +44,15 @@ struct ModelConfig {
   std::set<int32_t> stop_token_ids;
 };
 
+// What Model::Forward gives at every row (flags, combined with |): runtime/model.py forward's outputs.
+enum ForwardOutput { kLogits = 1, kHidden = 2, kFeatures = 4 };
+
+struct ForwardOut {
+  Tensor logits;    // [n, vocab] (with kLogits)
+  Tensor hidden;    // [n, hidden] final-normed hidden states (with kHidden)
+  Tensor features;  // [n, 3 * hidden] the feature_layers' outputs, low/mid/high (with kFeatures)
+};
+
 class Model {
  public:
   // device: "auto" (the library's own kind, device 0), "cpu", or "<kind>[:<id>]" with kind
@@ -59,11 +69,43 @@ class Model {
   Tensor Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32_t token);
   // Logits [n, vocab] at every one of `tokens` appended (a chain) to seq_id.
   Tensor ForwardTokens(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens);
-  // The library's greedy acceptance kernel on device logits for the chain
-  // `tokens` = [last] + drafts. Returns (accepted draft count, bonus token).
-  std::pair<int64_t, int32_t> AcceptGreedyChain(const Tensor& logits, const std::vector<int32_t>& tokens);
+  // runtime/model.py forward: several tokens of seq_id in one call, the `outputs` asked for
+  // (kLogits alone, or kHidden with kFeatures and/or kLogits) at every row. parents null: a
+  // chain, appended (roll back with PopN); else a token tree (parents[j] = local parent row,
+  // -1 for row 0) written to scratch rows, to be committed with CommitTree.
+  ForwardOut Forward(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens,
+                     const std::vector<int32_t>* parents, int outputs);
+  // Hidden states [n, hidden] (device) -> logits [n, vocab]: the kernels the fused forwards end with.
+  Tensor GetLogits(const Tensor& hidden);
+  // The library's greedy acceptance kernel on device logits for `tokens` = [last] + drafts,
+  // parents[j] = local parent row (-1 for row 0). Returns (accepted draft nodes, bonus token).
+  std::pair<std::vector<int32_t>, int32_t> AcceptGreedy(const Tensor& logits, const std::vector<int32_t>& tokens,
+                                                        const std::vector<int32_t>& parents);
+  // Keep the accepted path of a verified tree (rows relative to the committed length: 0 is the
+  // last committed token's row): its rows are moved into place.
+  void CommitTree(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& path);
   // Copy row `row` of device logits [n, vocab] to the host.
   std::vector<float> LogitsRow(const Tensor& logits, int64_t row) const;
+  // Every row of a device tensor [n, width] to the host, as raw bytes (n * width * element size).
+  static std::vector<char> ToHost(const Tensor& t);
+  // Host bytes -> a new device tensor of this shape and dtype.
+  Tensor Upload(const void* data, const std::vector<int64_t>& shape, DLDataType dtype) const;
+  Tensor Upload(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) const { return ToDevice(v, shape); }
+
+  // A head's (or the target's) bound entry point; throws IncompatibleError naming it when the library lacks it.
+  const tvm::ffi::Function& Fn(const std::string& name) const;
+  bool Has(const std::string& name) const { return fn_.count(name) != 0; }
+  const tvm::ffi::Array<Tensor>& params() const { return params_; }
+  // A parameter by its _metadata name (e.g. a head's d2t), or throws.
+  Tensor Param(const std::string& name) const;
+  const tvm::ffi::json::Object& meta() const { return meta_; }
+  // runtime/contract.py library_kind: "target", "eagle", "eagle3" or "medusa".
+  const std::string& kind() const { return kind_; }
+  const std::string& lib_path() const { return lib_path_; }
+  int64_t hidden_size() const { return hidden_size_; }
+  DLDataType dtype() const { return dtype_; }
+  // The decoder layers forward's features come from (empty: the library exports none).
+  const std::vector<int64_t>& feature_layers() const { return feature_layers_; }
 
   // Refuses out-of-range ids: the embedding kernel does not bounds-check.
   void CheckTokenIds(const int32_t* ids, size_t n) const;
@@ -79,15 +121,17 @@ class Model {
 
  private:
   Tensor ToDevice(const std::vector<int32_t>& v, std::vector<int64_t> shape) const;
-  Tensor Run(const char* name, const std::vector<int32_t>& ids, const Tensor& kv_tensor, const ForwardBatch& fb,
-             const Tensor* logit_positions);
+  tvm::ffi::Any Run(const char* name, const std::vector<int32_t>& ids, const Tensor& kv_tensor, const ForwardBatch& fb,
+                    const Tensor* logit_positions);
   void LoadParams(const std::string& model_dir, const std::string& index_bytes, const tvm::ffi::json::Object& index,
                   const tvm::ffi::json::Object& meta);
 
   DLDevice device_{kDLCPU, 0};
   ModelConfig config_;
-  std::string metadata_json_, weights_from_;
-  int64_t vocab_size_ = 0, num_layers_ = 0, kv_heads_ = 0, head_dim_ = 0, page_size_ = 0;
+  std::string metadata_json_, weights_from_, kind_, lib_path_;
+  tvm::ffi::json::Object meta_;
+  int64_t vocab_size_ = 0, num_layers_ = 0, kv_heads_ = 0, head_dim_ = 0, page_size_ = 0, hidden_size_ = 0;
+  std::vector<int64_t> feature_layers_;
   DLDataType dtype_{kDLFloat, 32, 1};
   std::optional<tvm::ffi::Module> lib_, vm_;  // not default-constructible; set once loaded
   tvm::ffi::Array<Tensor> params_;
@@ -96,6 +140,10 @@ class Model {
 
 // "float32" -> DLDataType; throws on anything unknown.
 DLDataType ParseDType(const std::string& s);
+// Bytes of one element.
+size_t DTypeBytes(DLDataType t);
+// A forward's batch metadata (the 7 FORWARD_META arrays) as device tensors, in contract order.
+std::vector<Tensor> MetaTensors(const Model& model, const ForwardBatch& fb);
 
 }  // namespace spc
 

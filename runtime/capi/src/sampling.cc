@@ -61,4 +61,11 @@ std::pair<int32_t, std::vector<double>> Pick(const std::vector<float>& logits, c
   return {tok, std::move(q)};
 }
 
+double PickedConfidence(const std::vector<float>& logits, int32_t token, const std::vector<double>& q) {
+  if (!q.empty()) return q[token];
+  float z = 0.0f;
+  for (float l : logits) z += std::exp(l - logits[token]);
+  return static_cast<double>(1.0f / z);
+}
+
 }  // namespace spc

@@ -23,6 +23,10 @@ int32_t Sample(const std::vector<float>& logits, const spc_generate_params& p, s
 std::pair<int32_t, std::vector<double>> Pick(const std::vector<float>& logits, const spc_generate_params& p,
                                              std::mt19937_64& rng);
 
+// proposers.py pick's confidence: the draft's probability of the token it picked (q[token]
+// when it sampled; greedy: the softmax at its argmax, in float32 as numpy computes it).
+double PickedConfidence(const std::vector<float>& logits, int32_t token, const std::vector<double>& q);
+
 }  // namespace spc
 
 #endif  // SPECCOMPILE_CAPI_SAMPLING_H_

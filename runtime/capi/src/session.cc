@@ -1,9 +1,10 @@
-// See session.h. The loop mirrors runtime/engine.py Engine._run/_step/_emit for one
-// sequence: prefill in prefill_chunk_size chunks, sample the first token, then per step
-// draft up to k tokens by prompt lookup, run the target once over [last] + drafts,
-// accept with the library's accept_greedy kernel (greedy) or rejection sampling with a
-// one-hot draft distribution (sampled), roll the KV cache back over rejected drafts
-// and emit accepted drafts plus the bonus token, stopping at a stop token or the budget.
+// See session.h. The loop mirrors runtime/engine.py Engine.prefill/step/_emit for one
+// sequence: prefill in prefill_chunk_size chunks, sample the first token, then per step draft
+// (a chain of up to k tokens, or a token tree of depth k), run the target once over
+// [last] + drafts, accept with the library's accept_greedy kernel (greedy) or recursive
+// rejection sampling (sampled), keep the accepted tokens' KV (a chain rolls back, a tree moves
+// its accepted path into place), hand a head the features of the committed tokens, and emit
+// accepted drafts plus the bonus token, stopping at a stop token, a stop string or the budget.
 #include "session.h"
 
 #include <algorithm>
@@ -14,6 +15,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "drafters/eagle.h"
+#include "drafters/medusa.h"
+#include "drafters/merged.h"
 #include "drafters/suffix.h"
 #include "sampling.h"
 
@@ -43,11 +47,32 @@ struct Session::Run {
   int finish = SPC_FINISH_NONE;
 };
 
-Session::Session(Model* model, const spc_session_config& cfg, Model* draft) : model_(model), cfg_(cfg) {
-  if (cfg.speculative_mode != SPC_SPEC_DISABLE && cfg.speculative_mode != SPC_SPEC_NGRAM &&
-      cfg.speculative_mode != SPC_SPEC_SMALL_DRAFT && cfg.speculative_mode != SPC_SPEC_SUFFIX) {
-    throw std::invalid_argument("unknown speculative_mode " + std::to_string(cfg.speculative_mode) +
-                                "; use SPC_SPEC_DISABLE, SPC_SPEC_NGRAM, SPC_SPEC_SMALL_DRAFT or SPC_SPEC_SUFFIX");
+namespace {
+// runtime/speculative.py drafter_mode + build: the proposer that drives an additional model, by its kind.
+std::unique_ptr<Proposer> BuildDrafter(Model* additional, const Model& target, int64_t kv_tokens,
+                                       const spc_session_config& cfg) {
+  const std::string& kind = additional->kind();
+  if (kind == "eagle" || kind == "eagle3") {
+    int64_t depth = std::max<int64_t>(cfg.draft_length, kMaxDepth);
+    return std::make_unique<EagleProposer>(
+        additional, target, HeadKVTokens(kv_tokens, 1, cfg.spec_tree_width, depth, additional->page_size()),
+        cfg.spec_tree_width, cfg.spec_tree_nodes);
+  }
+  if (kind == "medusa") return std::make_unique<MedusaProposer>(additional, target, cfg.spec_tree_width, cfg.spec_tree_nodes);
+  return std::make_unique<SmallDraftProposer>(additional, target, kv_tokens);
+}
+
+const char* ModeName(int mode) {
+  static const char* kNames[] = {"disable", "ngram", "small_draft", "suffix", "eagle", "medusa"};
+  return mode >= 0 && mode <= SPC_SPEC_MEDUSA ? kNames[mode] : "?";
+}
+}  // namespace
+
+Session::Session(Model* model, const spc_session_config& cfg, Model* additional) : model_(model), cfg_(cfg) {
+  int mode = cfg.speculative_mode;
+  if (mode < SPC_SPEC_DISABLE || mode > SPC_SPEC_MEDUSA) {
+    throw std::invalid_argument("unknown speculative_mode " + std::to_string(mode) +
+                                "; use SPC_SPEC_DISABLE, _NGRAM, _SMALL_DRAFT, _SUFFIX, _EAGLE or _MEDUSA");
   }
   if (cfg.ngram_min < 1 || cfg.ngram_min > cfg.ngram_max) throw std::invalid_argument("ngram sizes need 1 <= min_n <= max_n");
   if (cfg.draft_length < 1) throw std::invalid_argument("draft_length must be >= 1");
@@ -55,23 +80,54 @@ Session::Session(Model* model, const spc_session_config& cfg, Model* draft) : mo
     throw std::invalid_argument("the token budget per forward (" + std::to_string(model->config().prefill_chunk_size) +
                                 ") cannot hold draft_length + 1 tokens; lower draft_length");
   }
+  if (cfg.spec_tree_width < 1) throw std::invalid_argument("spec_tree_width must be >= 1 (1 = chain)");
+  if (cfg.spec_tree_nodes < 1 || cfg.spec_tree_nodes > kMaxTreeNodes) {
+    throw std::invalid_argument("spec_tree_nodes must be in 1.." + std::to_string(kMaxTreeNodes));
+  }
+  bool trees = mode == SPC_SPEC_SUFFIX || mode == SPC_SPEC_EAGLE || mode == SPC_SPEC_MEDUSA;
+  if ((cfg.spec_tree_width != 1 || cfg.spec_tree_nodes != 64) && !trees) {
+    throw std::invalid_argument("spec_tree_width/spec_tree_nodes apply to the suffix, eagle and medusa modes");
+  }
   if (cfg.max_total_seq_len < 0) throw std::invalid_argument("max_total_seq_len must be >= 0");
   if (cfg.prefix_cache_max_num_recycling_seqs < 0 || cfg.prefix_cache_max_num_recycling_seqs > 1) {
     throw std::invalid_argument("prefix_cache_max_num_recycling_seqs is 0 (off) or 1: a session holds one sequence");
   }
+  // runtime/speculative.py check: which modes take an additional model, and which need one
+  bool needs = mode == SPC_SPEC_SMALL_DRAFT || mode == SPC_SPEC_EAGLE || mode == SPC_SPEC_MEDUSA;
+  if (needs && !additional) {
+    const char* what = mode == SPC_SPEC_SMALL_DRAFT ? "the draft model" : mode == SPC_SPEC_EAGLE ? "its EAGLE head"
+                                                                                                   : "its Medusa heads";
+    throw std::invalid_argument(std::string(ModeName(mode)) + " needs " + what + " (spc_session_config.draft_model)");
+  }
+  if (additional && !needs && mode != SPC_SPEC_SUFFIX) {
+    throw std::invalid_argument(std::string("speculative_mode ") + ModeName(mode) + " drafts without a model: "
+                                "draft_model is for the small_draft, eagle, medusa and suffix modes");
+  }
+  if (mode == SPC_SPEC_SMALL_DRAFT && additional->kind() != "target") {
+    throw IncompatibleError(additional->lib_path() + " is a " + additional->kind() + " head; small_draft needs a draft "
+                            "model (use SPC_SPEC_" + (additional->kind() == "medusa" ? "MEDUSA" : "EAGLE") + ")");
+  }
+  if (mode == SPC_SPEC_EAGLE) CheckHead(*additional, *model, {"eagle", "eagle3"}, "eagle");
+  if (mode == SPC_SPEC_MEDUSA) CheckHead(*additional, *model, {"medusa"}, "medusa");
   int64_t total = cfg.max_total_seq_len ? cfg.max_total_seq_len : model->config().context_window_size;
   int64_t pages = 0;
   model->CreateKVCache(total, &kv_tensor_, &pages);
   kv_ = new PagedKV(pages, model->page_size());
-  // the proposer registry of runtime/speculative.py, for the modes the C runtime runs
-  if (cfg.speculative_mode == SPC_SPEC_NGRAM) {
+  // the proposer registry of runtime/speculative.py; the suffix index merges with a drafter when one is given
+  if (mode == SPC_SPEC_NGRAM) {
     proposer_ = std::make_unique<NGramProposer>(cfg.ngram_min, cfg.ngram_max);
-  } else if (cfg.speculative_mode == SPC_SPEC_SUFFIX) {
-    proposer_ = std::make_unique<SuffixProposer>();
-  } else if (cfg.speculative_mode == SPC_SPEC_SMALL_DRAFT) {
-    if (!draft) throw std::invalid_argument("small_draft needs the draft model (spc_session_config.draft_model)");
-    proposer_ = std::make_unique<SmallDraftProposer>(draft, *model, total);
+  } else if (mode == SPC_SPEC_SUFFIX) {
+    auto index = std::make_unique<SuffixProposer>(cfg.spec_tree_width, cfg.spec_tree_nodes);
+    if (additional) {
+      proposer_ = std::make_unique<MergedProposer>(std::move(index), BuildDrafter(additional, *model, total, cfg));
+    } else {
+      proposer_ = std::move(index);
+    }
+  } else if (needs) {
+    proposer_ = BuildDrafter(additional, *model, total, cfg);
   }
+  std::string features = proposer_ ? proposer_->features() : "";
+  features_ = features == "layers" ? (kHidden | kFeatures) : features == "hidden" ? kHidden : 0;
 }
 
 Session::~Session() { delete kv_; }
@@ -118,7 +174,18 @@ int Session::Generate(const Request& request, Result* result) {
     for (size_t start = cached; start < prompt.size(); start += chunk) {
       size_t end = std::min(prompt.size(), start + static_cast<size_t>(chunk));
       std::vector<int32_t> piece(prompt.begin() + start, prompt.begin() + end);
-      logits = model_->Prefill(*kv_, kv_tensor_, kSeq, piece);
+      if (features_) {  // a head reads every prompt token's features; get_logits finishes the last row
+        ForwardOut out = model_->Forward(*kv_, kv_tensor_, kSeq, piece, nullptr, features_);
+        std::vector<char> hidden = Model::ToHost(out.hidden);
+        size_t row = hidden.size() / piece.size();
+        logits = model_->GetLogits(model_->Upload(hidden.data() + (piece.size() - 1) * row,
+                                                  {1, model_->hidden_size()}, model_->dtype()));
+        std::vector<int32_t> rows(piece.size());
+        std::iota(rows.begin(), rows.end(), 0);
+        Observe(static_cast<int64_t>(start), out, rows);
+      } else {
+        logits = model_->Prefill(*kv_, kv_tensor_, kSeq, piece);
+      }
       if (proposer_) proposer_->Prefill(kSeq, piece, static_cast<int64_t>(start));
     }
     int32_t first = Sample(model_->LogitsRow(logits, 0), params, rng_);
@@ -164,9 +231,11 @@ size_t Session::TakeKept(const std::vector<int32_t>& prompt) {
     kept_.clear();
     kv_->AddSequence(kSeq);
     if (proposer_) proposer_->AddSequence(kSeq);
+    acceptance_.NewPrompt(kSeq);
     return 0;
   }
   if (proposer_) shared = static_cast<size_t>(proposer_->Resume(kSeq, prompt, static_cast<int64_t>(shared)));
+  acceptance_.NewPrompt(kSeq);
   kv_->PopN(kSeq, kv_->Length(kSeq) - static_cast<int64_t>(shared));
   kept_.clear();
   return shared;
@@ -183,83 +252,149 @@ void Session::Keep(const Run& run) {
   int64_t n = std::min<int64_t>(kv_->Length(kSeq), static_cast<int64_t>(run.history.size()) - 1);
   kv_->PopN(kSeq, kv_->Length(kSeq) - n);
   kept_.assign(run.history.begin(), run.history.begin() + n);
+  acceptance_.Forget(kSeq);
 }
 
 void Session::Free() {
   kv_->RemoveSequence(kSeq);
   if (proposer_) proposer_->RemoveSequence(kSeq);
+  acceptance_.Forget(kSeq);
+}
+
+void Session::Observe(int64_t position, const ForwardOut& out, const std::vector<int32_t>& rows) {
+  const Tensor& t = (features_ & kFeatures) ? out.features : out.hidden;
+  std::vector<char> host = Model::ToHost(t);
+  const DLTensor* d = t.GetDLTensorPtr();
+  size_t row_bytes = host.size() / static_cast<size_t>(d->shape[0]);
+  std::vector<char> picked;
+  for (int32_t r : rows) picked.insert(picked.end(), host.begin() + r * row_bytes, host.begin() + (r + 1) * row_bytes);
+  proposer_->ObserveHidden(kSeq, position, picked.data(), static_cast<int64_t>(rows.size()), row_bytes);
+}
+
+Draft Session::Propose(Run& run) {
+  // engine.py _propose: the fixed depth, capped by the tokens one forward takes and the context window
+  if (!proposer_) return Draft{};
+  int64_t room = model_->config().context_window_size - static_cast<int64_t>(run.history.size());
+  int64_t limit = model_->config().prefill_chunk_size - 1;
+  int64_t k = std::min<int64_t>({cfg_.draft_length, limit, room - 1});
+  if (k <= 0) return Draft{};
+  try {
+    return proposer_->Propose(kSeq, run.history, k, *run.params, rng_, Plan{&acceptance_, kSeq, 0}, limit);
+  } catch (const KVCacheFull&) {  // the draft's cache is full: this step verifies no drafts
+    return Draft{};
+  }
+}
+
+ForwardOut Session::Verify(Run& run, Draft& draft) {
+  // engine.py _forward: one target forward over [last] + drafts (a tree's rows are scratch rows);
+  // a proposer that reads features gets the forward that returns them, logits from get_logits
+  std::vector<int32_t> tokens{run.history.back()};
+  tokens.insert(tokens.end(), draft.tokens.begin(), draft.tokens.end());
+  try {
+    if (features_) {
+      std::vector<int32_t> parents = draft.VerifyParents();
+      return model_->Forward(*kv_, kv_tensor_, kSeq, tokens, draft.is_tree() ? &parents : nullptr, features_ | kLogits);
+    }
+    ForwardOut out;
+    if (draft.tokens.empty()) {
+      out.logits = model_->Decode(*kv_, kv_tensor_, kSeq, tokens[0]);
+    } else {
+      std::vector<int32_t> parents = draft.VerifyParents();
+      out = model_->Forward(*kv_, kv_tensor_, kSeq, tokens, draft.is_tree() ? &parents : nullptr, kLogits);
+    }
+    return out;
+  } catch (const KVCacheFull&) {  // the KV cache cannot hold the drafts: verify none of them
+    if (draft.tokens.empty()) throw;
+    draft = Draft{};
+    return Verify(run, draft);
+  }
+}
+
+std::pair<std::vector<int32_t>, int32_t> Session::Accept(Run& run, const Draft& draft, const Tensor& logits) {
+  std::vector<int32_t> tokens{run.history.back()};
+  tokens.insert(tokens.end(), draft.tokens.begin(), draft.tokens.end());
+  std::vector<int32_t> parents = draft.VerifyParents();
+  if (run.params->temperature == 0.0f) return model_->AcceptGreedy(logits, tokens, parents);  // the library's kernel
+  // runtime/acceptance.py accept_reference: from the root, try each node's children in order and
+  // accept child x with probability min(1, p(x) / q(x)); after a rejection p becomes
+  // norm(max(p - q, 0)) before the next sibling. q is the draft's distribution (small_draft
+  // sampled it), or one-hot at x (every other proposer). The bonus is drawn from the final p.
+  std::vector<char> host = Model::ToHost(logits);
+  int64_t vocab = model_->vocab_size();
+  auto row_logits = [&](int32_t node) {
+    const float* r = reinterpret_cast<const float*>(host.data()) + static_cast<int64_t>(node + 1) * vocab;
+    return std::vector<float>(r, r + vocab);
+  };
+  std::vector<int32_t> par = draft.ParentList(), path;
+  std::uniform_real_distribution<double> unif(0.0, 1.0);
+  int32_t node = -1;
+  while (true) {
+    std::vector<double> p = ProbsFromLogits(row_logits(node), *run.params);
+    int32_t accepted = -1;
+    for (size_t c = 0; c < draft.size(); ++c) {
+      if (par[c] != node) continue;
+      int32_t x = draft.tokens[c];
+      const std::vector<double>* q = c < draft.probs.size() ? &draft.probs[c] : nullptr;
+      auto q_of = [&](size_t v) { return q ? (*q)[v] : (v == static_cast<size_t>(x) ? 1.0 : 0.0); };
+      if (q_of(x) > 0 && unif(rng_) < std::min(1.0, p[x] / q_of(x))) {
+        accepted = static_cast<int32_t>(c);
+        break;
+      }
+      double total = 0.0;  // the residual's mass, then the residual in place (no vocab-sized copy)
+      for (size_t v = 0; v < p.size(); ++v) total += std::max(p[v] - q_of(v), 0.0);
+      if (total <= 0) {  // p == q on the support: fall back to p's mass elsewhere
+        p = ProbsFromLogits(row_logits(node), *run.params);
+        break;
+      }
+      for (size_t v = 0; v < p.size(); ++v) p[v] = std::max(p[v] - q_of(v), 0.0) / total;
+    }
+    if (accepted < 0) {
+      std::discrete_distribution<int32_t> dist(p.begin(), p.end());
+      return {path, dist(rng_)};
+    }
+    path.push_back(accepted);
+    node = accepted;
+  }
+}
+
+void Session::Commit(Run& run, const Draft& draft, const std::vector<int32_t>& path, const ForwardOut& out) {
+  // engine.py _commit: a chain rolls back what was rejected, a tree moves its accepted path into
+  // place; a proposer that reads features gets those of the last committed token and the accepted drafts
+  std::vector<int32_t> rows{0};
+  for (int32_t j : path) rows.push_back(j + 1);
+  if (draft.is_tree()) {
+    model_->CommitTree(*kv_, kv_tensor_, kSeq, rows);
+  } else {
+    kv_->PopN(kSeq, static_cast<int64_t>(draft.size() - path.size()));
+  }
+  if (features_) Observe(static_cast<int64_t>(run.history.size()) - 1, out, rows);
 }
 
 void Session::Step(Run& run) {
-  // engine.py _propose: the fixed depth, capped by the tokens one forward takes and the context window
-  int64_t room = model_->config().context_window_size - static_cast<int64_t>(run.history.size());
-  Draft draft;
-  if (proposer_) {
-    int64_t k = std::min<int64_t>({cfg_.draft_length, model_->config().prefill_chunk_size - 1, room - 1});
-    try {
-      draft = proposer_->Propose(kSeq, run.history, k, *run.params, rng_);
-    } catch (const KVCacheFull&) {  // the draft model's cache is full: this step verifies no drafts
-      draft = Draft{};
-    }
-  }
-  std::vector<int32_t>& drafts = draft.tokens;
-  int32_t last = run.history.back();
-  Tensor logits;
-  if (!drafts.empty()) {
-    std::vector<int32_t> chain{last};
-    chain.insert(chain.end(), drafts.begin(), drafts.end());
-    try {
-      logits = model_->ForwardTokens(*kv_, kv_tensor_, kSeq, chain);
-    } catch (const KVCacheFull&) {  // the KV cache cannot hold the drafts: verify none of them
-      drafts.clear();
-    }
-  }
-  if (drafts.empty()) logits = model_->Decode(*kv_, kv_tensor_, kSeq, last);
+  Draft draft = Propose(run);
+  ForwardOut out = Verify(run, draft);
+  auto verdict = Accept(run, draft, out.logits);
+  const std::vector<int32_t>& path = verdict.first;
+  Commit(run, draft, path, out);
   std::vector<int32_t> tokens;
-  size_t accepted = 0;
-  if (run.params->temperature == 0.0f) {
-    // the library's TensorIR kernel: argmax and chain walk on the device
-    std::vector<int32_t> chain{last};
-    chain.insert(chain.end(), drafts.begin(), drafts.end());
-    auto verdict = model_->AcceptGreedyChain(logits, chain);
-    accepted = static_cast<size_t>(verdict.first);
-    tokens.assign(drafts.begin(), drafts.begin() + accepted);
-    tokens.push_back(verdict.second);
-  } else {
-    // runtime/acceptance.py accept_reference on a chain: accept draft x with probability
-    // min(1, p(x) / q(x)); on rejection draw the bonus from norm(max(p - q, 0)). q is the draft's
-    // distribution (small_draft sampled it), or one-hot at x (n-gram drafts).
-    std::uniform_real_distribution<double> unif(0.0, 1.0);
-    for (size_t row = 0;; ++row) {
-      std::vector<double> p = ProbsFromLogits(model_->LogitsRow(logits, static_cast<int64_t>(row)), *run.params);
-      if (row < drafts.size()) {
-        int32_t x = drafts[row];
-        const std::vector<double>* q = row < draft.probs.size() ? &draft.probs[row] : nullptr;
-        auto q_of = [&](size_t v) { return q ? (*q)[v] : (v == static_cast<size_t>(x) ? 1.0 : 0.0); };
-        if (q_of(x) > 0 && unif(rng_) < std::min(1.0, p[x] / q_of(x))) {
-          tokens.push_back(x);
-          ++accepted;
-          continue;
-        }
-        double total = 0.0;  // the residual's mass, then the residual in place (no vocab-sized copy per row)
-        for (size_t v = 0; v < p.size(); ++v) total += std::max(p[v] - q_of(v), 0.0);
-        if (total > 0) {  // p == q on the support leaves an empty residual: keep p
-          for (size_t v = 0; v < p.size(); ++v) p[v] = std::max(p[v] - q_of(v), 0.0) / total;
-        }
-      }
-      std::discrete_distribution<int32_t> dist(p.begin(), p.end());
-      tokens.push_back(dist(rng_));
-      break;
+  for (int32_t j : path) tokens.push_back(draft.tokens[j]);
+  tokens.push_back(verdict.second);
+  Emit(run, tokens, true);
+  if (proposer_) {
+    if (run.finish == SPC_FINISH_NONE) proposer_->OnCommit(kSeq, run.history);
+    // adaptive.py Policy.observe: every verdict teaches the calibration; a plain step relaxes it
+    if (draft.size()) {
+      if (!draft.conf.empty()) acceptance_.Observe(draft.conf, draft.ParentList(), path, kSeq, draft.source);
+    } else {
+      acceptance_.Relax(kSeq);
     }
   }
-  kv_->PopN(kSeq, static_cast<int64_t>(drafts.size() - accepted));
-  if (drafts.empty()) {
+  if (draft.tokens.empty()) {
     spec_.plain_steps += 1;
   } else {
-    spec_.RecordVerify(static_cast<int64_t>(drafts.size()), static_cast<int64_t>(accepted),
+    spec_.RecordVerify(static_cast<int64_t>(draft.size()), static_cast<int64_t>(path.size()),
                        static_cast<int64_t>(tokens.size()));
   }
-  Emit(run, tokens, true);
 }
 
 void Session::Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode) {

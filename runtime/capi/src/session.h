@@ -1,5 +1,5 @@
-// One generation session: a model's KV cache, the n-gram proposer and the decode loop
-// of runtime/engine.py (single sequence). Plain decoding is the same loop with no drafts.
+// One generation session: a model's KV cache, the mode's proposer and the decode loop of
+// runtime/engine.py (single sequence). Plain decoding is the same loop with no drafts.
 #ifndef SPECCOMPILE_CAPI_SESSION_H_
 #define SPECCOMPILE_CAPI_SESSION_H_
 
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "adaptive.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "drafters/proposers.h"
@@ -45,8 +46,8 @@ struct Result {
 
 class Session {
  public:
-  // draft: the small_draft mode's draft model (it must outlive the session), else null.
-  Session(Model* model, const spc_session_config& cfg, Model* draft = nullptr);
+  // additional: the draft model or head the mode drafts with (it must outlive the session), else null.
+  Session(Model* model, const spc_session_config& cfg, Model* additional = nullptr);
   ~Session();
 
   // Returns the finish reason.
@@ -62,6 +63,13 @@ class Session {
   void Keep(const Run& run);
   void Free();  // the sequence's KV and its proposer's state
   void Step(Run& run);
+  // engine.py _propose/_forward/_accept/_commit for the session's sequence.
+  Draft Propose(Run& run);
+  ForwardOut Verify(Run& run, Draft& draft);
+  std::pair<std::vector<int32_t>, int32_t> Accept(Run& run, const Draft& draft, const Tensor& logits);
+  void Commit(Run& run, const Draft& draft, const std::vector<int32_t>& path, const ForwardOut& out);
+  // Hand the target's features of rows `rows` of out (the proposer's kind) to the proposer.
+  void Observe(int64_t position, const ForwardOut& out, const std::vector<int32_t>& rows);
   void Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode);
 
   Model* model_;
@@ -69,6 +77,8 @@ class Session {
   Tensor kv_tensor_;
   PagedKV* kv_ = nullptr;
   std::unique_ptr<Proposer> proposer_;  // null: plain decoding
+  int features_ = 0;                    // what the target's forwards return for the proposer (ForwardOutput flags)
+  AcceptanceModel acceptance_;          // adaptive.py: predicts the acceptance of tree nodes
   std::mt19937_64 rng_;
   spc_stats stats_{};
   SpecMetrics spec_;  // the current generation's speculation counts (runtime/metrics.py)

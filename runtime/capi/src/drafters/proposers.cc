@@ -7,6 +7,34 @@
 
 namespace spc {
 
+std::vector<int32_t> Draft::ParentList() const {
+  if (is_tree()) return parents;
+  std::vector<int32_t> p(tokens.size());
+  for (size_t j = 0; j < p.size(); ++j) p[j] = static_cast<int32_t>(j) - 1;
+  return p;
+}
+
+Draft Draft::Subset(const std::vector<int32_t>& nodes) const {
+  if (nodes.size() == size()) return *this;
+  std::vector<int32_t> local(size(), -1), par = ParentList();
+  for (size_t i = 0; i < nodes.size(); ++i) local[nodes[i]] = static_cast<int32_t>(i);
+  Draft d;
+  for (int32_t n : nodes) {
+    d.tokens.push_back(tokens[n]);
+    if (is_tree()) d.parents.push_back(par[n] >= 0 ? local[par[n]] : -1);
+    if (!probs.empty()) d.probs.push_back(probs[n]);
+    if (!conf.empty()) d.conf.push_back(conf[n]);
+    if (!source.empty()) d.source.push_back(source[n]);
+  }
+  return d;
+}
+
+std::vector<int32_t> Draft::VerifyParents() const {
+  std::vector<int32_t> v{-1};
+  for (int32_t p : ParentList()) v.push_back(p + 1);
+  return v;
+}
+
 std::vector<int32_t> NGramLookup(const std::vector<int32_t>& history, int min_n, int max_n, int64_t k) {
   int64_t n_tok = static_cast<int64_t>(history.size());
   if (k <= 0 || n_tok < min_n + 1) return {};
@@ -68,7 +96,7 @@ void SmallDraftProposer::Prefill(int64_t seq_id, const std::vector<int32_t>& chu
 }
 
 Draft SmallDraftProposer::Propose(int64_t seq_id, const std::vector<int32_t>& history, int64_t k,
-                                  const spc_generate_params& sampling, std::mt19937_64& rng) {
+                                  const spc_generate_params& sampling, std::mt19937_64& rng, const Plan&, int64_t) {
   Draft draft;
   if (k <= 0) return draft;
   OnCommit(seq_id, history);
@@ -77,8 +105,10 @@ Draft SmallDraftProposer::Propose(int64_t seq_id, const std::vector<int32_t>& hi
   Tensor logits = model_->Prefill(*kv_, kv_tensor_, seq_id, pending);  // KVCacheFull: the step verifies none
   cached_.insert(cached_.end(), pending.begin(), pending.end());
   while (true) {
-    auto picked = Pick(model_->LogitsRow(logits, 0), sampling, rng);
+    std::vector<float> row = model_->LogitsRow(logits, 0);
+    auto picked = Pick(row, sampling, rng);
     draft.tokens.push_back(picked.first);
+    draft.conf.push_back(PickedConfidence(row, picked.first, picked.second));
     if (!picked.second.empty()) draft.probs.push_back(std::move(picked.second));
     if (static_cast<int64_t>(draft.tokens.size()) >= k) break;
     logits = model_->Decode(*kv_, kv_tensor_, seq_id, draft.tokens.back());

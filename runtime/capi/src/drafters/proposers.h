@@ -1,7 +1,9 @@
-// Where drafts come from: the C++ twin of runtime/drafters/proposers.py (NGramProposer,
-// SmallDraftProposer), for the session's one sequence. Same names, same decisions: at a fixed
-// draft length each proposes the tokens the Python proposer proposes (tests/runtime/
-// test_capi_drafts.py holds the per-request draft and acceptance counts equal).
+// Where drafts come from: the C++ twin of runtime/drafters/proposers.py (the Proposer protocol,
+// NGramProposer, SmallDraftProposer), for the session's one sequence. Same names, same
+// decisions: at a fixed draft length each proposes the tokens the Python proposer proposes
+// (tests/runtime/test_capi_drafts.py and test_capi_heads.py hold the per-request draft and
+// acceptance counts equal). The heads live beside it: eagle.h, medusa.h; merged.h merges the
+// suffix index (suffix.h) with any of them.
 #ifndef SPECCOMPILE_CAPI_PROPOSERS_H_
 #define SPECCOMPILE_CAPI_PROPOSERS_H_
 
@@ -10,17 +12,34 @@
 #include <random>
 #include <vector>
 
+#include <string>
+
+#include "../adaptive.h"
 #include "../kv_cache.h"
 #include "../model.h"
 #include "speccompile.h"
 
 namespace spc {
 
-// runtime/acceptance.py Draft, as a chain: the tokens, and per token the draft's distribution
-// q when it sampled them (empty: a deterministic draft, q one-hot at its token).
+// runtime/acceptance.py Draft: the tokens; their local parents (empty: a chain); per token the
+// draft's distribution q when it sampled them (empty: deterministic, q one-hot at its token);
+// the proposer's confidence in each (empty: none given) and which source drafted it
+// (adaptive.py SOURCES; empty: all 0).
 struct Draft {
   std::vector<int32_t> tokens;
   std::vector<std::vector<double>> probs;
+  std::vector<int32_t> parents;
+  std::vector<double> conf;
+  std::vector<int32_t> source;
+
+  size_t size() const { return tokens.size(); }
+  bool is_tree() const { return !parents.empty(); }
+  // Every node's parent (-1: a child of the last committed token), for a chain too.
+  std::vector<int32_t> ParentList() const;
+  // The draft restricted to `nodes` (parent-closed, ascending), renumbered in order.
+  Draft Subset(const std::vector<int32_t>& nodes) const;
+  // Parents for the verify forward of [last] + nodes (node j -> row j + 1).
+  std::vector<int32_t> VerifyParents() const;
 };
 
 class Proposer {
@@ -33,9 +52,20 @@ class Proposer {
   virtual int64_t Resume(int64_t seq_id, const std::vector<int32_t>& prompt, int64_t keep) = 0;
   // A prompt chunk the target prefilled at `start` (the draft model prefills it too).
   virtual void Prefill(int64_t seq_id, const std::vector<int32_t>& chunk, int64_t start) = 0;
-  // Up to k draft tokens continuing `history` (whose last token the target has not read yet).
+  // Up to k draft tokens (a chain of k, or a tree of depth k and at most node_limit nodes)
+  // continuing `history` (whose last token the target has not read yet); plan prices nodes.
   virtual Draft Propose(int64_t seq_id, const std::vector<int32_t>& history, int64_t k,
-                        const spc_generate_params& sampling, std::mt19937_64& rng) = 0;
+                        const spc_generate_params& sampling, std::mt19937_64& rng, const Plan& plan,
+                        int64_t node_limit) = 0;
+  // The target features this proposer reads: "" none, "hidden" (the final-normed hidden
+  // states), "layers" (an EAGLE-3 head's low/mid/high layer outputs).
+  virtual std::string features() const { return ""; }
+  // Target features of the committed tokens at position.. (rows of `row_bytes` each, in order).
+  virtual void ObserveHidden(int64_t, int64_t, const char*, int64_t, size_t) {}
+  // The sequence's history after a step committed tokens.
+  virtual void OnCommit(int64_t, const std::vector<int32_t>&) {}
+  // Whether it drafts token trees (then a tree of one branch is sent as a chain).
+  virtual bool supports_trees() const { return false; }
 };
 
 // runtime/drafters/proposers.py NGramProposer.lookup: the latest earlier occurrence of the longest
@@ -50,8 +80,10 @@ class NGramProposer : public Proposer {
   int64_t Resume(int64_t, const std::vector<int32_t>&, int64_t keep) override { return keep; }
   void Prefill(int64_t, const std::vector<int32_t>&, int64_t) override {}
   Draft Propose(int64_t, const std::vector<int32_t>& history, int64_t k, const spc_generate_params&,
-                std::mt19937_64&) override {
-    return Draft{NGramLookup(history, min_n_, max_n_, k), {}};
+                std::mt19937_64&, const Plan&, int64_t) override {
+    Draft d;
+    d.tokens = NGramLookup(history, min_n_, max_n_, k);
+    return d;
   }
 
  private:
@@ -72,7 +104,7 @@ class SmallDraftProposer : public Proposer {
   int64_t Resume(int64_t seq_id, const std::vector<int32_t>& prompt, int64_t keep) override;
   void Prefill(int64_t seq_id, const std::vector<int32_t>& chunk, int64_t start) override;
   Draft Propose(int64_t seq_id, const std::vector<int32_t>& history, int64_t k, const spc_generate_params& sampling,
-                std::mt19937_64& rng) override;
+                std::mt19937_64& rng, const Plan& plan, int64_t node_limit) override;
 
  private:
   // Keep the longest prefix of the draft's cache that agrees with the committed history.

@@ -2,6 +2,7 @@
 #include "suffix.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace spc {
 
@@ -46,22 +47,75 @@ int64_t SuffixProposer::Resume(int64_t, const std::vector<int32_t>&, int64_t kee
   return keep;
 }
 
+double SuffixConfidence(int64_t count, int64_t total, int n) {
+  return static_cast<double>(count + 1) / static_cast<double>(total + 2) * (1.0 - std::pow(0.5, n));
+}
+
+std::vector<std::pair<int32_t, double>> SuffixProposer::Continuations(const std::vector<int32_t>& context) const {
+  auto match = index_.Match(context);
+  if (!match.second) return {};
+  const auto& succ = *match.second;
+  int64_t total = 0;
+  for (const auto& s : succ) total += s.second;
+  // heapq.nlargest by count: ties keep the order the tokens first followed the context
+  std::vector<size_t> order(succ.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return succ[a].second > succ[b].second; });
+  std::vector<std::pair<int32_t, double>> best;
+  for (size_t i = 0; i < order.size() && static_cast<int>(i) < width_; ++i) {
+    best.emplace_back(succ[order[i]].first, SuffixConfidence(succ[order[i]].second, total, match.first));
+  }
+  return best;
+}
+
 Draft SuffixProposer::Propose(int64_t, const std::vector<int32_t>& history, int64_t k, const spc_generate_params&,
-                              std::mt19937_64&) {
-  // suffix.py _tree with one continuation per node: the most frequent continuation (the first
-  // seen on a tie, as heapq.nlargest keeps them) of the longest matching context, token by token
+                              std::mt19937_64&, const Plan&, int64_t node_limit) {
+  // suffix.py _tree: best-first by path confidence; the candidate with the highest product of
+  // confidences along its path joins next (ties: the earlier candidate), then its own
+  // continuations become candidates, up to depth k and the node budget
   Draft draft;
   if (history.size() > index_.size()) index_.Extend(history.data() + index_.size(), history.size() - index_.size());
-  std::vector<int32_t> context(history.end() - std::min<size_t>(history.size(), SuffixIndex::kMaxMatch), history.end());
-  while (static_cast<int64_t>(draft.tokens.size()) < k) {
-    auto match = index_.Match(context);
-    if (!match.second) break;
-    auto best = std::max_element(match.second->begin(), match.second->end(),
-                                 [](const auto& a, const auto& b) { return a.second < b.second; });  // first max
-    draft.tokens.push_back(best->first);
-    context.push_back(best->first);
-    if (context.size() > SuffixIndex::kMaxMatch) context.erase(context.begin());
+  int64_t budget = std::min<int64_t>(max_nodes_, node_limit > 0 ? node_limit : max_nodes_);
+  if (k <= 0 || budget <= 0) return draft;
+  std::vector<int32_t> tail(history.end() - std::min<size_t>(history.size(), SuffixIndex::kMaxMatch), history.end());
+  struct Candidate {
+    double key;  // -P * c
+    int64_t order;
+    int32_t parent;
+    std::vector<int32_t> path;
+    int32_t tok;
+    double c;
+  };
+  auto later = [](const Candidate& a, const Candidate& b) { return a.key != b.key ? a.key > b.key : a.order > b.order; };
+  std::vector<Candidate> heap;
+  int64_t order = 0;
+  auto push = [&](int32_t parent, const std::vector<int32_t>& path, double p) {
+    std::vector<int32_t> context = tail;
+    context.insert(context.end(), path.begin(), path.end());
+    if (context.size() > SuffixIndex::kMaxMatch) context.erase(context.begin(), context.end() - SuffixIndex::kMaxMatch);
+    for (const auto& tc : Continuations(context)) {
+      heap.push_back(Candidate{-p * tc.second, order++, parent, path, tc.first, tc.second});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+  };
+  push(-1, {}, 1.0);
+  std::vector<int32_t> parents;
+  while (!heap.empty() && static_cast<int64_t>(draft.tokens.size()) < budget) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    Candidate c = std::move(heap.back());
+    heap.pop_back();
+    draft.tokens.push_back(c.tok);
+    parents.push_back(c.parent);
+    draft.conf.push_back(c.c);
+    if (static_cast<int64_t>(c.path.size()) + 1 < k) {
+      std::vector<int32_t> path = c.path;
+      path.push_back(c.tok);
+      push(static_cast<int32_t>(draft.tokens.size()) - 1, path, -c.key);
+    }
   }
+  bool chain = true;
+  for (size_t i = 0; i < parents.size(); ++i) chain = chain && parents[i] == static_cast<int32_t>(i) - 1;
+  if (!chain) draft.parents = parents;
   return draft;
 }
 

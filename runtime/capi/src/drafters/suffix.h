@@ -1,8 +1,9 @@
 // runtime/drafters/suffix.py in C++: drafts that continue the current text as the text so far
 // continued it. SuffixIndex counts every continuation of every context of 1..max_n tokens of
-// the sequence; SuffixProposer drafts the most frequent continuation, token by token, from the
-// longest context that has one. Chains only (spec_tree_width 1, the default); a session's
-// sequence has no tenant, so there is no store of earlier requests (as `speccompile generate`).
+// the sequence; SuffixProposer grows a tree best-first by path confidence from the longest
+// context that has continuations (`tree_width` of them per node; width 1, the default, is a
+// chain of the most frequent ones). A session's sequence has no tenant, so there is no store of
+// earlier requests (as `speccompile generate`).
 #ifndef SPECCOMPILE_CAPI_DRAFTERS_SUFFIX_H_
 #define SPECCOMPILE_CAPI_DRAFTERS_SUFFIX_H_
 
@@ -36,18 +37,27 @@ class SuffixIndex {
   std::unordered_map<uint64_t, std::vector<std::pair<int32_t, int64_t>>> next_;
 };
 
+// suffix.py confidence: a continuation seen `count` of `total` times after an n-token context.
+double SuffixConfidence(int64_t count, int64_t total, int n);
+
 class SuffixProposer : public Proposer {
  public:
+  explicit SuffixProposer(int tree_width = 1, int max_nodes = 64) : width_(tree_width), max_nodes_(max_nodes) {}
   void AddSequence(int64_t) override { index_ = SuffixIndex(); }
   void RemoveSequence(int64_t) override { index_ = SuffixIndex(); }
   // A new request's index over its prompt (suffix.py resume).
   int64_t Resume(int64_t, const std::vector<int32_t>& prompt, int64_t keep) override;
   void Prefill(int64_t, const std::vector<int32_t>&, int64_t) override {}
   Draft Propose(int64_t seq_id, const std::vector<int32_t>& history, int64_t k, const spc_generate_params&,
-                std::mt19937_64&) override;
+                std::mt19937_64&, const Plan&, int64_t node_limit) override;
+  bool supports_trees() const override { return true; }
+  int max_nodes() const { return max_nodes_; }
 
  private:
+  // suffix.py _continuations: the `width` likeliest next tokens after tail + path, with confidences.
+  std::vector<std::pair<int32_t, double>> Continuations(const std::vector<int32_t>& context) const;
   SuffixIndex index_;
+  int width_, max_nodes_;
 };
 
 }  // namespace spc
