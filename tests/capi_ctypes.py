@@ -28,7 +28,8 @@ class ChatMessage(C.Structure):
 class SessionConfig(C.Structure):
     _fields_ = [("speculative_mode", C.c_int), ("ngram_min", C.c_int), ("ngram_max", C.c_int),
                 ("draft_length", C.c_int), ("max_total_seq_len", C.c_int64),
-                ("prefix_cache_max_num_recycling_seqs", C.c_int), ("draft_model", C.c_void_p)]
+                ("prefix_cache_max_num_recycling_seqs", C.c_int), ("draft_model", C.c_void_p),
+                ("spec_tree_width", C.c_int), ("spec_tree_nodes", C.c_int)]
 
 
 class Stats(C.Structure):

@@ -31,7 +31,8 @@ def pytest_configure(config):
     configure_threads()
 
 
-REAL_MODEL_FIXTURES = {"smollm2", "smollm2_q4", "random_draft"}
+REAL_MODEL_FIXTURES = {"smollm2", "smollm2_q4", "random_draft", "smollm2_heads"}
+HEADS = Path(__file__).resolve().parents[1] / "heads"  # the trained draft heads (`make heads`)
 TIERS = ("unit", "tiny", "real_model", "opencl", "gpu")
 # A file's seconds when tests/durations.json has no entry for it: rough seconds per test of its tier
 TIER_WEIGHT = {"unit": 0.1, "tiny": 3.0, "gpu": 5.0, "opencl": 8.0, "real_model": 10.0}
@@ -254,6 +255,28 @@ def smollm2_q4():
     from speccompile.compiler.fetch import prepare
 
     return prepare("SmolLM2-135M-Instruct", "q4f32_1", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_heads(smollm2_q4, tmp_path_factory):
+    """((dir, lib) of the EAGLE head, (dir, lib) of the Medusa heads): the project's trained heads
+    for SmolLM2-135M (``make heads``, committed in heads/), converted with its GGUF as the target
+    and compiled at q4f32_1 for this CPU."""
+    from speccompile.compiler.compile import compile_model
+    from speccompile.compiler.convert_weight import convert_weight
+    from speccompile.compiler.fetch import fetch
+    from speccompile.compiler.gen_config import gen_config
+
+    gguf = fetch("SmolLM2-135M-Instruct", quiet=True)
+    root = tmp_path_factory.mktemp("smolheads")
+    built = []
+    for kind in ("eagle", "medusa"):
+        out = root / kind
+        convert_weight(HEADS / f"SmolLM2-135M-Instruct-{kind}", "q4f32_1", out, kind, progress=False, target=gguf)
+        gen_config(HEADS / f"SmolLM2-135M-Instruct-{kind}", "q4f32_1", out, target=gguf, model_type=kind)
+        compile_model(out / "speccompile-config.json", "llvm", out.with_suffix(".so"), verbose=False)
+        built.append((str(out), str(out.with_suffix(".so"))))
+    return tuple(built)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """At T > 0 the C runtime's tokens follow the target's distribution, speculation included: its
 generator is not numpy's, so a seed does not give Python's sample; instead the law is tested.
 On a repeating prompt the first token is drawn from the prefill's distribution and the second
-by a verify step over n-gram drafts (rejection sampling against a one-hot draft), and both
-must match the Python model's probabilities (chi-square, p = 0.001)."""
+by a verify step over drafts (rejection sampling against a one-hot draft: an n-gram chain, or an
+EAGLE tree whose root has two children, the second tested against the residual the first
+leaves), and both must match the Python model's probabilities (chi-square, p = 0.001)."""
 from __future__ import annotations
 
 import ctypes as C
@@ -43,7 +44,8 @@ def chi2_ok(counts: Counter, probs: np.ndarray) -> tuple[bool, float, int]:
     return stat < CRITICAL[df], stat, df
 
 
-def test_sampled_tokens_follow_the_target(capi_build, smollm2_q4):
+@pytest.mark.parametrize("drafts", ["ngram", "eagle-tree"])
+def test_sampled_tokens_follow_the_target(capi_build, smollm2_q4, request, drafts):
     model_dir, lib = smollm2_q4
     py = Model(model_dir, lib)
     prompt = load_tokenizer(model_dir).encode(" 1 2 3 1 2 3 1 2 3 1 2 3 1 2", add_special_tokens=False).ids
@@ -56,7 +58,12 @@ def test_sampled_tokens_follow_the_target(capi_build, smollm2_q4):
 
     capi = Capi(capi_build)
     model = capi.model(model_dir, lib)
-    session = capi.session(model, speculative_mode=1, draft_length=4)  # n-gram drafts
+    head = None
+    if drafts == "ngram":
+        session = capi.session(model, speculative_mode=1, draft_length=4)
+    else:
+        head = capi.model(*request.getfixturevalue("smollm2_heads")[0])
+        session = capi.session(model, speculative_mode=4, draft_length=2, spec_tree_width=2, draft_model=head)
     arr = (C.c_int32 * len(prompt))(*prompt)
     out = (C.c_int32 * 2)()
     n = C.c_size_t()
@@ -72,6 +79,8 @@ def test_sampled_tokens_follow_the_target(capi_build, smollm2_q4):
             verify_steps += stats.verify_steps
     finally:
         capi.lib.spc_session_free(session)
+        if head is not None:
+            capi.lib.spc_model_free(head)
         capi.lib.spc_model_free(model)
     assert verify_steps > RUNS // 2  # the second token mostly came from a verify step over drafts
     first = Counter(a for a, _ in pairs)
