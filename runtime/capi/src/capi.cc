@@ -239,7 +239,7 @@ void spc_session_config_default(spc_session_config* config) {
   config->speculative_mode = SPC_SPEC_SUFFIX;  // the default mode of `speccompile generate`
   config->ngram_min = 1;
   config->ngram_max = 4;
-  config->draft_length = 4;
+  config->draft_length = 0;  // adaptive, as `speccompile generate`
   config->max_total_seq_len = 0;
   config->prefix_cache_max_num_recycling_seqs = 1;
   config->draft_model = nullptr;

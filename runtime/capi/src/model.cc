@@ -319,6 +319,7 @@ Model::Model(const std::string& model_dir, const std::string& lib_path, const st
   }
   meta_ = meta;
   lib_path_ = lib_path;
+  model_dir_ = model_dir;
   for (const contract::EntryPoint& ep : contract::CapiEntryPoints()) {
     if (ep.kind != kind_ || !Present(meta, ep)) continue;
     auto f = (*vm_)->GetFunction(ep.name);
@@ -449,6 +450,28 @@ Tensor Model::Prefill(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, cons
 Tensor Model::Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32_t token) {
   CheckTokenIds(&token, 1);
   return Run("decode", {token}, kv_tensor, kv.PlanChain({seq_id}, {1}), nullptr).cast<Tensor>();
+}
+
+Tensor Model::DecodeBatch(PagedKV& kv, const Tensor& kv_tensor, const std::vector<int64_t>& seq_ids,
+                          const std::vector<int32_t>& tokens) {
+  CheckTokenIds(tokens.data(), tokens.size());
+  return Run("decode", tokens, kv_tensor, kv.PlanChain(seq_ids, std::vector<int64_t>(seq_ids.size(), 1)), nullptr)
+      .cast<Tensor>();
+}
+
+Tensor Model::PrefillBatch(PagedKV& kv, const Tensor& kv_tensor, const std::vector<int64_t>& seq_ids,
+                           const std::vector<std::vector<int32_t>>& token_lists) {
+  std::vector<int32_t> flat, last;
+  std::vector<int64_t> counts;
+  for (const auto& t : token_lists) {
+    flat.insert(flat.end(), t.begin(), t.end());
+    counts.push_back(static_cast<int64_t>(t.size()));
+    last.push_back(static_cast<int32_t>(flat.size() - 1));
+  }
+  CheckTokenIds(flat.data(), flat.size());
+  ForwardBatch fb = kv.PlanChain(seq_ids, counts);
+  Tensor positions = ToDevice(last, {static_cast<int64_t>(last.size())});
+  return Run("prefill", flat, kv_tensor, fb, &positions).cast<Tensor>();
 }
 
 Tensor Model::ForwardTokens(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens) {

@@ -67,6 +67,12 @@ class Model {
   Tensor Prefill(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens);
   // Logits [1, vocab] of one token appended to seq_id.
   Tensor Decode(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, int32_t token);
+  // Several sequences in one call: one token each (logits [b, vocab]), or each one's tokens
+  // appended (logits [b, vocab] at each one's last token).
+  Tensor DecodeBatch(PagedKV& kv, const Tensor& kv_tensor, const std::vector<int64_t>& seq_ids,
+                     const std::vector<int32_t>& tokens);
+  Tensor PrefillBatch(PagedKV& kv, const Tensor& kv_tensor, const std::vector<int64_t>& seq_ids,
+                      const std::vector<std::vector<int32_t>>& token_lists);
   // Logits [n, vocab] at every one of `tokens` appended (a chain) to seq_id.
   Tensor ForwardTokens(PagedKV& kv, const Tensor& kv_tensor, int64_t seq_id, const std::vector<int32_t>& tokens);
   // runtime/model.py forward: several tokens of seq_id in one call, the `outputs` asked for
@@ -102,6 +108,7 @@ class Model {
   // runtime/contract.py library_kind: "target", "eagle", "eagle3" or "medusa".
   const std::string& kind() const { return kind_; }
   const std::string& lib_path() const { return lib_path_; }
+  const std::string& model_dir() const { return model_dir_; }
   int64_t hidden_size() const { return hidden_size_; }
   DLDataType dtype() const { return dtype_; }
   // The decoder layers forward's features come from (empty: the library exports none).
@@ -128,7 +135,7 @@ class Model {
 
   DLDevice device_{kDLCPU, 0};
   ModelConfig config_;
-  std::string metadata_json_, weights_from_, kind_, lib_path_;
+  std::string metadata_json_, weights_from_, kind_, lib_path_, model_dir_;
   tvm::ffi::json::Object meta_;
   int64_t vocab_size_ = 0, num_layers_ = 0, kv_heads_ = 0, head_dim_ = 0, page_size_ = 0, hidden_size_ = 0;
   std::vector<int64_t> feature_layers_;

@@ -76,13 +76,13 @@ std::string Sha256Hex(const std::string& bytes) {
 }
 
 // ------------------------------------------------------------------ the image
-namespace {
-
 std::string CacheRoot() {  // runtime/tensor_cache.py cache_root
   if (const char* env = std::getenv("SPECCOMPILE_CACHE")) return env;
   const char* home = std::getenv("HOME");
   return std::string(home ? home : ".") + "/.cache/speccompile";
 }
+
+namespace {
 
 // A read-only mapping shared by the tensors that view it; unmapped with the last of them.
 struct Mapping {

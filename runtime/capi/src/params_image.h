@@ -16,6 +16,8 @@ namespace spc {
 
 // SHA-256 of bytes, as lowercase hex (hashlib.sha256(...).hexdigest()).
 std::string Sha256Hex(const std::string& bytes);
+// runtime/tensor_cache.py cache_root: $SPECCOMPILE_CACHE, else ~/.cache/speccompile.
+std::string CacheRoot();
 
 class ParamsImage {
  public:

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "costs.h"
 #include "drafters/eagle.h"
 #include "drafters/medusa.h"
 #include "drafters/merged.h"
@@ -75,7 +76,7 @@ Session::Session(Model* model, const spc_session_config& cfg, Model* additional)
                                 "; use SPC_SPEC_DISABLE, _NGRAM, _SMALL_DRAFT, _SUFFIX, _EAGLE or _MEDUSA");
   }
   if (cfg.ngram_min < 1 || cfg.ngram_min > cfg.ngram_max) throw std::invalid_argument("ngram sizes need 1 <= min_n <= max_n");
-  if (cfg.draft_length < 1) throw std::invalid_argument("draft_length must be >= 1");
+  if (cfg.draft_length < 0) throw std::invalid_argument("draft_length must be >= 0 (0 = adaptive)");
   if (cfg.draft_length + 1 > model->config().prefill_chunk_size) {
     throw std::invalid_argument("the token budget per forward (" + std::to_string(model->config().prefill_chunk_size) +
                                 ") cannot hold draft_length + 1 tokens; lower draft_length");
@@ -128,6 +129,37 @@ Session::Session(Model* model, const spc_session_config& cfg, Model* additional)
   }
   std::string features = proposer_ ? proposer_->features() : "";
   features_ = features == "layers" ? (kHidden | kFeatures) : features == "hidden" ? kHidden : 0;
+  if (!proposer_) return;
+  // engine.py: the costs, read from the profile this host keeps (the Python runtime's too) or
+  // measured now on scratch sequences; what earlier processes learned of the acceptance, when
+  // they ran these very weights; then a fixed draft length or the adaptive one
+  std::vector<std::string> libs{model->lib_path()}, dirs{model->model_dir()};
+  if (additional) {
+    libs.push_back(additional->lib_path());
+    dirs.push_back(additional->model_dir());
+  }
+  int64_t max_rows = model->config().prefill_chunk_size;
+  std::vector<int64_t> rows;
+  for (int64_t r : kTargetRows)
+    if (r <= max_rows) rows.push_back(r);
+  std::string path = ProfilePath(libs, std::string(ModeName(mode)) + "|w" + std::to_string(cfg.spec_tree_width),
+                                 "rows<=" + std::to_string(*std::max_element(rows.begin(), rows.end())));
+  if (auto loaded = CostModel::Load(path)) {
+    cost_ = std::make_unique<CostModel>(std::move(*loaded));
+  } else {
+    CostTable target(MeasureTarget(*model, *kv_, kv_tensor_, rows, features_, kProfileSeconds));
+    auto draft = proposer_->Measure(std::vector<int64_t>(std::begin(kDraftRows), std::end(kDraftRows)));
+    cost_ = std::make_unique<CostModel>(target, CostTable(draft.first), draft.second, path);
+    cost_->Save();
+  }
+  std::string key = WeightsKey(dirs);
+  if (cost_->acceptance_of != key) {  // learned with other weights: start from the prior
+    cost_->acceptance.reset();
+    cost_->acceptance_of = key;
+  }
+  AcceptanceModel acceptance;
+  if (cfg.draft_length == 0) acceptance.Restore(cost_->acceptance);
+  policy_ = std::make_unique<Policy>(cost_.get(), std::move(acceptance), cfg.draft_length);
 }
 
 Session::~Session() { delete kv_; }
@@ -186,7 +218,13 @@ int Session::Generate(const Request& request, Result* result) {
       } else {
         logits = model_->Prefill(*kv_, kv_tensor_, kSeq, piece);
       }
-      if (proposer_) proposer_->Prefill(kSeq, piece, static_cast<int64_t>(start));
+      // a draft model prefills along when drafting can win back what its prefill costs over what
+      // the sequence is expected to emit (engine.py prefill); heads and indexes have no prefill cost
+      if (proposer_ && policy_->DraftPrefillPays(static_cast<int64_t>(prompt.size()),
+                                                 policy_->ExpectedOutput(run.budget, 0), 1, kSeq) &&
+          policy_->ExpectsDrafting({kSeq})) {
+        proposer_->Prefill(kSeq, piece, static_cast<int64_t>(start));
+      }
     }
     int32_t first = Sample(model_->LogitsRow(logits, 0), params, rng_);
     stats_.prefill_tokens = static_cast<int64_t>(prompt.size() - cached);
@@ -204,6 +242,7 @@ int Session::Generate(const Request& request, Result* result) {
     throw;
   }
   Keep(run);
+  if (policy_ && policy_->fixed_k == 0) policy_->Save();  // what this generation taught, for the next process
   stats_.finish_reason = result->finish_reason = run.finish;
   stats_.prefill_tokens_per_s = stats_.prefill_seconds > 0 ? stats_.prefill_tokens / stats_.prefill_seconds : 0.0;
   stats_.decode_tokens_per_s = stats_.decode_seconds > 0 ? stats_.decode_tokens / stats_.decode_seconds : 0.0;
@@ -230,12 +269,16 @@ size_t Session::TakeKept(const std::vector<int32_t>& prompt) {
     if (!kept_.empty()) Free();
     kept_.clear();
     kv_->AddSequence(kSeq);
-    if (proposer_) proposer_->AddSequence(kSeq);
-    acceptance_.NewPrompt(kSeq);
+    if (proposer_) {
+      proposer_->AddSequence(kSeq, prompt);
+      policy_->acceptance.NewPrompt(kSeq);
+    }
     return 0;
   }
-  if (proposer_) shared = static_cast<size_t>(proposer_->Resume(kSeq, prompt, static_cast<int64_t>(shared)));
-  acceptance_.NewPrompt(kSeq);
+  if (proposer_) {
+    shared = static_cast<size_t>(proposer_->Resume(kSeq, prompt, static_cast<int64_t>(shared)));
+    policy_->acceptance.NewPrompt(kSeq);
+  }
   kv_->PopN(kSeq, kv_->Length(kSeq) - static_cast<int64_t>(shared));
   kept_.clear();
   return shared;
@@ -252,13 +295,15 @@ void Session::Keep(const Run& run) {
   int64_t n = std::min<int64_t>(kv_->Length(kSeq), static_cast<int64_t>(run.history.size()) - 1);
   kv_->PopN(kSeq, kv_->Length(kSeq) - n);
   kept_.assign(run.history.begin(), run.history.begin() + n);
-  acceptance_.Forget(kSeq);
+  if (policy_) policy_->acceptance.Forget(kSeq);
 }
 
 void Session::Free() {
   kv_->RemoveSequence(kSeq);
-  if (proposer_) proposer_->RemoveSequence(kSeq);
-  acceptance_.Forget(kSeq);
+  if (proposer_) {
+    proposer_->RemoveSequence(kSeq);
+    policy_->acceptance.Forget(kSeq);
+  }
 }
 
 void Session::Observe(int64_t position, const ForwardOut& out, const std::vector<int32_t>& rows) {
@@ -271,18 +316,23 @@ void Session::Observe(int64_t position, const ForwardOut& out, const std::vector
   proposer_->ObserveHidden(kSeq, position, picked.data(), static_cast<int64_t>(rows.size()), row_bytes);
 }
 
-Draft Session::Propose(Run& run) {
-  // engine.py _propose: the fixed depth, capped by the tokens one forward takes and the context window
-  if (!proposer_) return Draft{};
+std::pair<Draft, int64_t> Session::Propose(Run& run, std::optional<StepPlan>* plan) {
+  // engine.py _propose: the depth is fixed or up to kMaxDepth, capped by the tokens one forward
+  // takes and the context window; the plan keeps the nodes worth their verify rows
+  if (!proposer_) return {Draft{}, 0};
   int64_t room = model_->config().context_window_size - static_cast<int64_t>(run.history.size());
   int64_t limit = model_->config().prefill_chunk_size - 1;
-  int64_t k = std::min<int64_t>({cfg_.draft_length, limit, room - 1});
-  if (k <= 0) return Draft{};
+  int64_t k = std::min<int64_t>({policy_->fixed_k > 0 ? policy_->fixed_k : kMaxDepth, limit, room - 1});
+  if (k <= 0 || policy_->Hopeless(1, proposer_->free_drafts())) return {Draft{}, 0};
+  plan->emplace(policy_->NewPlan(1, {kSeq}));
+  int64_t before = proposer_->forwards();
+  Draft draft;
   try {
-    return proposer_->Propose(kSeq, run.history, k, *run.params, rng_, Plan{&acceptance_, kSeq, 0}, limit);
+    draft = (*plan)->Select({proposer_->Propose(kSeq, run.history, k, *run.params, rng_, Plan{&**plan, kSeq}, limit)})[0];
   } catch (const KVCacheFull&) {  // the draft's cache is full: this step verifies no drafts
-    return Draft{};
+    draft = Draft{};
   }
+  return {draft, proposer_->forwards() - before};
 }
 
 ForwardOut Session::Verify(Run& run, Draft& draft) {
@@ -371,33 +421,42 @@ void Session::Commit(Run& run, const Draft& draft, const std::vector<int32_t>& p
 }
 
 void Session::Step(Run& run) {
-  Draft draft = Propose(run);
+  double t0 = Now();
+  std::optional<StepPlan> plan;
+  auto [draft, draft_forwards] = Propose(run, &plan);
+  double t1 = Now();
   ForwardOut out = Verify(run, draft);
   auto verdict = Accept(run, draft, out.logits);
+  double t2 = Now();
   const std::vector<int32_t>& path = verdict.first;
   Commit(run, draft, path, out);
   std::vector<int32_t> tokens;
   for (int32_t j : path) tokens.push_back(draft.tokens[j]);
   tokens.push_back(verdict.second);
-  Emit(run, tokens, true);
-  if (proposer_) {
-    if (run.finish == SPC_FINISH_NONE) proposer_->OnCommit(kSeq, run.history);
-    // adaptive.py Policy.observe: every verdict teaches the calibration; a plain step relaxes it
-    if (draft.size()) {
-      if (!draft.conf.empty()) acceptance_.Observe(draft.conf, draft.ParentList(), path, kSeq, draft.source);
-    } else {
-      acceptance_.Relax(kSeq);
-    }
-  }
+  int64_t emitted = Emit(run, tokens, true);
+  if (proposer_ && run.finish == SPC_FINISH_NONE) proposer_->OnCommit(kSeq, run.history);
   if (draft.tokens.empty()) {
     spec_.plain_steps += 1;
   } else {
     spec_.RecordVerify(static_cast<int64_t>(draft.size()), static_cast<int64_t>(path.size()),
                        static_cast<int64_t>(tokens.size()));
   }
+  if (policy_) {  // engine.py: plain steps too, they keep the target's pace current
+    StepRecord record;
+    record.drafts = {&draft};
+    record.paths = {path};
+    record.emitted = {emitted};
+    record.speculative = {true};
+    record.draft_forwards = draft_forwards;
+    record.draft_seconds = t1 - t0;
+    record.target_seconds = t2 - t1;
+    record.other_seconds = Now() - t2;
+    record.seq_ids = {kSeq};
+    policy_->Observe(record, plan ? &*plan : nullptr);
+  }
 }
 
-void Session::Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode) {
+int64_t Session::Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode) {
   // runtime/sequence.py Sequence.emit: stop at a stop token, a stop string or the budget;
   // tokens past a stop are dropped, never shown.
   const auto& stop = model_->config().stop_token_ids;
@@ -433,9 +492,11 @@ void Session::Emit(Run& run, const std::vector<int32_t>& tokens, bool count_deco
   }
   if (count_decode) stats_.decode_tokens += static_cast<int64_t>(n);
   const auto& on_step = run.request->on_step;
+  if (run.finish != SPC_FINISH_NONE && policy_) policy_->ObserveOutput(static_cast<int64_t>(emitted.size()));
   if (n > 0 && on_step && on_step(emitted.data() + emitted.size() - n, n, pending) && run.finish == SPC_FINISH_NONE) {
     run.finish = SPC_FINISH_CANCELLED;
   }
+  return static_cast<int64_t>(n);
 }
 
 }  // namespace spc

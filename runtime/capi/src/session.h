@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -64,13 +65,15 @@ class Session {
   void Free();  // the sequence's KV and its proposer's state
   void Step(Run& run);
   // engine.py _propose/_forward/_accept/_commit for the session's sequence.
-  Draft Propose(Run& run);
+  // (the draft as the plan keeps it, draft forwards run); plan: the step's, when it drafted
+  std::pair<Draft, int64_t> Propose(Run& run, std::optional<StepPlan>* plan);
   ForwardOut Verify(Run& run, Draft& draft);
   std::pair<std::vector<int32_t>, int32_t> Accept(Run& run, const Draft& draft, const Tensor& logits);
   void Commit(Run& run, const Draft& draft, const std::vector<int32_t>& path, const ForwardOut& out);
   // Hand the target's features of rows `rows` of out (the proposer's kind) to the proposer.
   void Observe(int64_t position, const ForwardOut& out, const std::vector<int32_t>& rows);
-  void Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode);
+  // Returns the tokens kept (a stop, EOS or the budget may cut them).
+  int64_t Emit(Run& run, const std::vector<int32_t>& tokens, bool count_decode);
 
   Model* model_;
   spc_session_config cfg_;
@@ -78,7 +81,8 @@ class Session {
   PagedKV* kv_ = nullptr;
   std::unique_ptr<Proposer> proposer_;  // null: plain decoding
   int features_ = 0;                    // what the target's forwards return for the proposer (ForwardOutput flags)
-  AcceptanceModel acceptance_;          // adaptive.py: predicts the acceptance of tree nodes
+  std::unique_ptr<CostModel> cost_;     // with a proposer: what forwards cost here (costs.h)
+  std::unique_ptr<Policy> policy_;      // ...and how much to draft (adaptive.h)
   std::mt19937_64 rng_;
   spc_stats stats_{};
   SpecMetrics spec_;  // the current generation's speculation counts (runtime/metrics.py)

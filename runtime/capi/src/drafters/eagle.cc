@@ -2,11 +2,20 @@
 #include "eagle.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
 
+#include "../costs.h"
+
 namespace spc {
+
+namespace {
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 std::vector<int32_t> DraftTree::Add(const std::vector<int32_t>& parents, const HeadOut& out, const Plan& plan) {
   std::vector<int32_t> added;
@@ -88,7 +97,8 @@ int64_t HeadKVTokens(int64_t max_total_tokens, int64_t max_num_sequence, int64_t
 }
 
 EagleProposer::EagleProposer(Model* head, const Model& target, int64_t max_total_tokens, int tree_width, int max_nodes)
-    : head_(head, target, tree_width), target_(target), width_(tree_width), max_nodes_(max_nodes) {
+    : head_(head, target, tree_width), target_(target), width_(tree_width), max_nodes_(max_nodes),
+      coverage_(head_.vocab_ids()) {
   if (tree_width < 1) throw std::invalid_argument("--spec-tree-width must be >= 1 (1 = chain)");
   if (max_nodes < 1 || max_nodes > kMaxTreeNodes) {
     throw std::invalid_argument("--spec-tree-nodes must be in 1.." + std::to_string(kMaxTreeNodes));
@@ -98,10 +108,11 @@ EagleProposer::EagleProposer(Model* head, const Model& target, int64_t max_total
   kv_ = std::make_unique<PagedKV>(pages, head->page_size());
 }
 
-void EagleProposer::AddSequence(int64_t seq_id) {
+void EagleProposer::AddSequence(int64_t seq_id, const std::vector<int32_t>& prompt) {
   kv_->AddSequence(seq_id);
   pending_.clear();
   live_ = true;
+  coverage_.Add(prompt);
 }
 
 void EagleProposer::RemoveSequence(int64_t seq_id) {
@@ -110,7 +121,8 @@ void EagleProposer::RemoveSequence(int64_t seq_id) {
   live_ = false;
 }
 
-int64_t EagleProposer::Resume(int64_t seq_id, const std::vector<int32_t>&, int64_t keep) {
+int64_t EagleProposer::Resume(int64_t seq_id, const std::vector<int32_t>& prompt, int64_t keep) {
+  coverage_.Add(prompt);
   // The head's row j is built from the target feature of position j and token j + 1, so rows
   // before keep - 1 stay valid, and so do pending features of positions before keep.
   int64_t built = kv_->Length(seq_id);
@@ -149,19 +161,27 @@ HeadOut EagleProposer::CatchUp(int64_t seq_id, const std::vector<int32_t>& histo
     std::vector<int32_t> tokens(history.begin() + start + 1 + a, history.begin() + start + 1 + e);
     std::vector<char> feats(pending_.begin() + a * row_bytes_, pending_.begin() + e * row_bytes_);
     out = head_.CatchUp(kv_tensor_, fb, tokens, feats, {static_cast<int32_t>(e - a - 1)}, width_);
+    ++forwards_;
   }
   pending_.clear();
   return out;
 }
 
-DraftTree EagleProposer::Grow(int64_t seq_id, int64_t k, HeadOut root, const Plan& plan) {
-  // EAGLE-2: per depth the `width` likeliest frontier nodes in one head call
+DraftTree EagleProposer::Grow(int64_t seq_id, int64_t k, HeadOut root, const Plan& plan, double t0) {
+  // EAGLE-2: per depth the `width` likeliest frontier nodes in one head call, while the plan
+  // says the next call pays
   DraftTree tree;
   std::vector<int32_t> frontier = tree.Add({-1}, root, plan);
+  plan.Spent(Seconds() - t0);
+  plan.Drafted(tree.P);
   ScratchRows rows(*kv_, seq_id);
   Tensor hidden = root.feats;
   for (int64_t depth = 1; depth < k; ++depth) {
     std::vector<int32_t> expand = tree.Expand(frontier, width_);
+    std::vector<std::pair<double, double>> nodes;
+    for (int32_t e : expand) nodes.emplace_back(tree.P[e], plan.p(tree.conf[e]));
+    if (!plan.ShouldDraft(static_cast<int64_t>(nodes.size()), nodes)) break;
+    t0 = Seconds();
     std::vector<int32_t> parent_rows, new_rows, tokens, src;
     for (int32_t e : expand) {
       parent_rows.push_back(tree.par[e] >= 0 ? tree.row[tree.par[e]] : -1);
@@ -171,8 +191,13 @@ DraftTree EagleProposer::Grow(int64_t seq_id, int64_t k, HeadOut root, const Pla
     ForwardBatch fb = rows.Plan(parent_rows, &new_rows);
     for (size_t i = 0; i < expand.size(); ++i) tree.row[expand[i]] = new_rows[i];
     HeadOut out = head_.Step(kv_tensor_, fb, tokens, hidden, src, width_);
+    ++forwards_;
     hidden = out.feats;
     frontier = tree.Add(expand, out, plan);
+    plan.Spent(Seconds() - t0);
+    std::vector<double> probs;
+    for (int32_t f : frontier) probs.push_back(tree.P[f]);
+    plan.Drafted(probs);
   }
   return tree;
 }
@@ -181,9 +206,13 @@ Draft EagleProposer::Propose(int64_t seq_id, const std::vector<int32_t>& history
                              std::mt19937_64&, const Plan& plan, int64_t node_limit) {
   Draft draft;
   if (k <= 0) return draft;
+  // the catch-up builds every true row the head lacks (a prompt, a plain stretch): the plan
+  // charges part of it to this step, since it buys drafting for the steps after it too
+  if (!plan.ShouldDraft(1, {coverage_.FirstToken(history, plan.first())}, PendingRows() - 1)) return draft;
   DraftTree tree;
   try {
-    tree = Grow(seq_id, k, CatchUp(seq_id, history), plan);
+    double t0 = Seconds();
+    tree = Grow(seq_id, k, CatchUp(seq_id, history), plan, t0);
   } catch (...) {
     kv_->PopN(seq_id, 0);  // free the pages the scratch tree rows took
     throw;
@@ -197,6 +226,55 @@ Draft EagleProposer::Propose(int64_t seq_id, const std::vector<int32_t>& history
   }
   if (width_ > 1) draft.parents = selected.second;
   return draft;
+}
+
+std::pair<std::map<int64_t, double>, double> EagleProposer::Measure(const std::vector<int64_t>& rows) {
+  int64_t most = *std::max_element(rows.begin(), rows.end());
+  std::vector<int64_t> scratch;
+  for (int64_t i = 0; i < most; ++i) scratch.push_back(-1 - i);
+  Model* head = head_.model();
+  size_t esz = DTypeBytes(head->dtype());
+  std::vector<char> zeros(static_cast<size_t>(most * head->hidden_size()) * esz, 0);
+  Tensor hidden = head->Upload(zeros.data(), {most, head->hidden_size()}, head->dtype());
+  std::vector<char> truth(static_cast<size_t>(32 * head_.feature_width()) * esz, 0);
+  for (int64_t s : scratch) kv_->AddSequence(s);
+  std::map<int64_t, double> table;
+  double per_row = 0.0;
+  auto step = [&](int64_t r) {  // one root row on each of r scratch sequences: a depth of r rows
+    std::vector<int64_t> ids(scratch.begin(), scratch.begin() + r);
+    kv_->Reserve(ids, std::vector<int64_t>(r, 1));
+    ForwardBatch fb;
+    fb.counts.assign(r, 1);
+    for (int64_t i = 0; i < r; ++i) {
+      int32_t slot = kv_->Slot(ids[i], 0);
+      fb.positions.push_back(0);
+      fb.write_slots.push_back(slot);
+      fb.token_seq.push_back(static_cast<int32_t>(i));
+      fb.token_prefix.push_back(0);
+      fb.extra_slots.push_back(slot);
+      fb.extra_len.push_back(1);
+    }
+    kv_->PageTable(ids, &fb);
+    std::vector<int32_t> src(r);
+    for (int64_t i = 0; i < r; ++i) src[i] = static_cast<int32_t>(i);
+    head_.Step(kv_tensor_, fb, std::vector<int32_t>(r, 0), hidden, src, width_);
+    for (int64_t s : ids) kv_->PopN(s, 0);
+  };
+  auto catch_up = [&](int64_t n) {
+    ForwardBatch fb = kv_->PlanChain({scratch[0]}, {n});
+    std::vector<char> feats(truth.begin(), truth.begin() + static_cast<int64_t>(n * head_.feature_width() * esz));
+    head_.CatchUp(kv_tensor_, fb, std::vector<int32_t>(n, 0), feats, {static_cast<int32_t>(n - 1)}, width_);
+    kv_->PopN(scratch[0], n);
+  };
+  try {
+    for (int64_t r : rows) table[r] = TimeMin([&] { step(r); });
+    per_row = std::max(TimeMin([&] { catch_up(32); }) - TimeMin([&] { catch_up(1); }), 0.0) / 31;
+  } catch (...) {
+    for (int64_t s : scratch) kv_->RemoveSequence(s);
+    throw;
+  }
+  for (int64_t s : scratch) kv_->RemoveSequence(s);
+  return {table, per_row};
 }
 
 }  // namespace spc

@@ -59,7 +59,7 @@ class EagleProposer : public Proposer {
  public:
   // The head must outlive the proposer; max_total_tokens: the target's KV capacity.
   EagleProposer(Model* head, const Model& target, int64_t max_total_tokens, int tree_width, int max_nodes);
-  void AddSequence(int64_t seq_id) override;
+  void AddSequence(int64_t seq_id, const std::vector<int32_t>& prompt) override;
   void RemoveSequence(int64_t seq_id) override;
   int64_t Resume(int64_t seq_id, const std::vector<int32_t>& prompt, int64_t keep) override;
   void Prefill(int64_t, const std::vector<int32_t>&, int64_t) override {}
@@ -68,10 +68,14 @@ class EagleProposer : public Proposer {
   std::string features() const override { return head_.features(); }
   void ObserveHidden(int64_t seq_id, int64_t position, const char* rows, int64_t n, size_t row_bytes) override;
   bool supports_trees() const override { return true; }
+  int64_t forwards() const override { return forwards_; }
+  // eagle.py measure: one draft depth over r scratch rows (one per scratch sequence), and what
+  // one more true-feature row costs in a catch-up (32 rows against one).
+  std::pair<std::map<int64_t, double>, double> Measure(const std::vector<int64_t>& rows) override;
 
  private:
   HeadOut CatchUp(int64_t seq_id, const std::vector<int32_t>& history);
-  DraftTree Grow(int64_t seq_id, int64_t depth, HeadOut root, const Plan& plan);
+  DraftTree Grow(int64_t seq_id, int64_t depth, HeadOut root, const Plan& plan, double t0);
   int64_t PendingRows() const { return row_bytes_ ? static_cast<int64_t>(pending_.size() / row_bytes_) : 0; }
 
   EagleHead head_;
@@ -82,6 +86,8 @@ class EagleProposer : public Proposer {
   std::vector<char> pending_;  // true features not yet in the head's cache, row after row
   size_t row_bytes_ = 0;
   bool live_ = false;  // the sequence was added
+  VocabCoverage coverage_;
+  int64_t forwards_ = 0;
 };
 
 // eagle.py head_kv_tokens: the committed rows plus each sequence's scratch tree rows.

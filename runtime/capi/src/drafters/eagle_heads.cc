@@ -21,6 +21,28 @@ std::string MetaText(const fj::Object& meta, const char* key) {
 }
 }  // namespace
 
+VocabCoverage::VocabCoverage(const std::vector<int64_t>& vocab_ids) {
+  if (vocab_ids.empty()) return;
+  mask_.assign(static_cast<size_t>(*std::max_element(vocab_ids.begin(), vocab_ids.end())) + 2, false);
+  for (int64_t id : vocab_ids) mask_[id] = true;
+}
+
+double VocabCoverage::Update(const std::vector<int32_t>& history) {
+  if (!mask_.empty()) {
+    for (size_t i = std::min(seen_, history.size()); i < history.size(); ++i) {
+      size_t t = std::min<size_t>(static_cast<size_t>(std::max(history[i], 0)), mask_.size() - 1);  // the last entry is False
+      rate_ = kDecay * rate_ + (1.0 - kDecay) * (mask_[t] ? 1.0 : 0.0);
+    }
+  }
+  seen_ = history.size();
+  return rate_;
+}
+
+std::pair<double, double> VocabCoverage::FirstToken(const std::vector<int32_t>& history, double first) {
+  double rate = Update(history);
+  return {1.0, first * (mask_.empty() ? 1.0 : rate)};
+}
+
 void CheckHead(const Model& head, const Model& target, const std::vector<std::string>& kinds, const std::string& mode) {
   const std::string& kind = head.kind();
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
@@ -66,7 +88,7 @@ std::vector<int64_t> DraftVocabIds(const Model& head, int64_t target_vocab, cons
 EagleHead::EagleHead(Model* head, const Model& target, int width) : head_(head), target_(target) {
   CheckHead(*head, target, {"eagle", "eagle3"}, "eagle");
   const fj::Object& hm = head->meta();
-  DraftVocabIds(*head, target.vocab_size(), "EAGLE");  // refuses a d2t that does not fit the target
+  vocab_ids_ = DraftVocabIds(*head, target.vocab_size(), "EAGLE");  // refuses a d2t that does not fit the target
   if (head->kind() == "eagle3") {  // eagle_heads.py Eagle3HeadModel.check_target
     std::vector<int64_t> want = json::GetIntList(hm, "feature_layers");
     const std::vector<int64_t>& have = target.feature_layers();

@@ -36,6 +36,28 @@ struct HeadOut {
   int64_t rows = 0, width = 0;
 };
 
+// eagle_heads.py VocabCoverage, for one sequence: how often its recent tokens lay in a head's
+// reduced draft vocabulary (a head can only be right on tokens its vocabulary holds); a plan's
+// first-token estimate is scaled by it before a catch-up or a head call is paid for.
+class VocabCoverage {
+ public:
+  static constexpr double kDecay = 0.9;  // COVERAGE_DECAY
+  explicit VocabCoverage(const std::vector<int64_t>& vocab_ids);
+  void Add(const std::vector<int32_t>& prompt) {
+    rate_ = 1.0;
+    seen_ = prompt.size();
+  }
+  // The coverage after counting the tokens committed since the last call.
+  double Update(const std::vector<int32_t>& history);
+  // The expansion a plan's first ShouldDraft weighs: (1, first-token estimate times coverage).
+  std::pair<double, double> FirstToken(const std::vector<int32_t>& history, double first);
+
+ private:
+  std::vector<bool> mask_;  // token id -> in the draft vocabulary (empty: the full vocabulary)
+  double rate_ = 1.0;
+  size_t seen_ = 0;
+};
+
 class EagleHead {
  public:
   // Checks the head against the target and binds the target's embedding tensors (eagle_heads.py
@@ -45,6 +67,7 @@ class EagleHead {
   const std::string& features() const { return features_; }
   int64_t feature_width() const { return feature_width_; }
   Model* model() const { return head_; }
+  const std::vector<int64_t>& vocab_ids() const { return vocab_ids_; }
   // Head rows built from the target's features feats [n, feature_width] (host bytes) paired with
   // tokens [n]; the top-k at rows `last` of the call.
   HeadOut CatchUp(const Tensor& kv_tensor, const ForwardBatch& fb, const std::vector<int32_t>& tokens,
@@ -61,6 +84,7 @@ class EagleHead {
   const Model& target_;
   std::string features_;
   int64_t feature_width_ = 0, top_k_ = 0;
+  std::vector<int64_t> vocab_ids_;
   tvm::ffi::Array<Tensor> target_embed_;
 };
 

@@ -2,16 +2,24 @@
 #include "medusa.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <queue>
 #include <stdexcept>
 
+#include "../costs.h"
 #include "../json_util.h"
 #include "eagle.h"
 #include "eagle_heads.h"
 
 namespace spc {
+
+namespace {
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 std::pair<std::vector<int64_t>, std::vector<double>> TopTokens(const float* row, int64_t n, int width) {
   std::vector<int64_t> idx;
@@ -34,13 +42,14 @@ std::pair<std::vector<int64_t>, std::vector<double>> TopTokens(const float* row,
 }
 
 MedusaProposer::MedusaProposer(Model* heads, const Model& target, int tree_width, int max_nodes, double prior_hits)
-    : heads_(heads), width_(tree_width), max_nodes_(max_nodes) {
+    : heads_(heads), width_(tree_width), max_nodes_(max_nodes), coverage_({}) {
   if (tree_width < 1) throw std::invalid_argument("--spec-tree-width must be >= 1 (1 = chain)");
   if (max_nodes < 1 || max_nodes > kMaxTreeNodes) {
     throw std::invalid_argument("--spec-tree-nodes must be in 1.." + std::to_string(kMaxTreeNodes));
   }
   CheckHead(*heads, target, {"medusa"}, "medusa");
   vocab_ids_ = DraftVocabIds(*heads, target.vocab_size(), "Medusa");
+  coverage_ = VocabCoverage(vocab_ids_);
   num_heads_ = static_cast<int>(json::GetInt(heads->meta(), "medusa_num_heads"));
   // a prior that decays with depth and rank seeds the tree before any data
   tries_.assign(num_heads_, prior_hits * 4);
@@ -51,9 +60,10 @@ MedusaProposer::MedusaProposer(Model* heads, const Model& target, int tree_width
   }
 }
 
-void MedusaProposer::AddSequence(int64_t) {
+void MedusaProposer::AddSequence(int64_t, const std::vector<int32_t>& prompt) {
   proposed_.clear();
   live_ = true;
+  coverage_.Add(prompt);
 }
 
 void MedusaProposer::RemoveSequence(int64_t) {
@@ -63,10 +73,10 @@ void MedusaProposer::RemoveSequence(int64_t) {
   live_ = false;
 }
 
-int64_t MedusaProposer::Resume(int64_t seq_id, const std::vector<int32_t>&, int64_t keep) {
+int64_t MedusaProposer::Resume(int64_t seq_id, const std::vector<int32_t>& prompt, int64_t keep) {
   // the heads read the last committed token's feature, which the prefill of the prompt's tail sends again
   RemoveSequence(seq_id);
-  AddSequence(seq_id);
+  AddSequence(seq_id, prompt);
   return keep;
 }
 
@@ -133,16 +143,19 @@ const std::vector<std::vector<int>>& MedusaProposer::Tree(int depth, int budget)
 }
 
 Draft MedusaProposer::Propose(int64_t, const std::vector<int32_t>& history, int64_t k, const spc_generate_params&,
-                              std::mt19937_64&, const Plan&, int64_t node_limit) {
+                              std::mt19937_64&, const Plan& plan, int64_t node_limit) {
   Draft draft;
   if (k <= 0 || last_pos_ < 0) return draft;
+  if (!plan.ShouldDraft(1, {coverage_.FirstToken(history, plan.first())})) return draft;
   if (last_pos_ != static_cast<int64_t>(history.size()) - 2) {
     throw std::runtime_error("Medusa: the last feature is at position " + std::to_string(last_pos_) + ", " +
                              std::to_string(history.size() - 2) + " expected");
   }
+  double t0 = Seconds();
   int64_t hidden = heads_->hidden_size();
   Tensor feats = heads_->Upload(last_.data(), {1, hidden}, heads_->dtype());
   Tensor logits = heads_->Fn("medusa_heads")(feats, heads_->params()).cast<Tensor>();  // [K, 1, vocab]
+  ++forwards_;
   const DLTensor* t = logits.GetDLTensorPtr();
   int64_t vocab = t->shape[2];
   std::vector<char> raw = Model::ToHost(logits);
@@ -174,7 +187,26 @@ Draft MedusaProposer::Propose(int64_t, const std::vector<int32_t>& history, int6
   }
   if (width_ > 1) draft.parents = parents;
   proposed_.emplace_back(static_cast<int64_t>(history.size()), tops);  // head j proposed position len + j
+  plan.Spent(Seconds() - t0);
   return draft;
+}
+
+std::pair<std::map<int64_t, double>, double> MedusaProposer::Measure(const std::vector<int64_t>& rows) {
+  int64_t most = *std::max_element(rows.begin(), rows.end()), hidden = heads_->hidden_size();
+  std::vector<char> zeros(static_cast<size_t>(most * hidden) * DTypeBytes(heads_->dtype()), 0);
+  std::map<int64_t, double> table;
+  for (int64_t r : rows) {
+    table[r] = TimeMin([&] {
+      Tensor feats = heads_->Upload(zeros.data(), {r, hidden}, heads_->dtype());
+      Tensor logits = heads_->Fn("medusa_heads")(feats, heads_->params()).cast<Tensor>();  // [K, r, vocab]
+      int64_t vocab = logits.GetDLTensorPtr()->shape[2];
+      std::vector<char> raw = Model::ToHost(logits);
+      const float* all = reinterpret_cast<const float*>(raw.data());
+      for (int64_t j = 0; j < num_heads_; ++j)
+        for (int64_t row = 0; row < r; ++row) TopTokens(all + (j * r + row) * vocab, vocab, width_);
+    });
+  }
+  return {table, 0.0};
 }
 
 }  // namespace spc

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "eagle_heads.h"
 #include "proposers.h"
 
 namespace spc {
@@ -22,7 +23,7 @@ class MedusaProposer : public Proposer {
  public:
   // The heads must outlive the proposer.
   MedusaProposer(Model* heads, const Model& target, int tree_width, int max_nodes, double prior_hits = 2.0);
-  void AddSequence(int64_t) override;
+  void AddSequence(int64_t, const std::vector<int32_t>& prompt) override;
   void RemoveSequence(int64_t) override;
   int64_t Resume(int64_t seq_id, const std::vector<int32_t>& prompt, int64_t keep) override;
   void Prefill(int64_t, const std::vector<int32_t>&, int64_t) override {}
@@ -32,6 +33,9 @@ class MedusaProposer : public Proposer {
   void ObserveHidden(int64_t seq_id, int64_t position, const char* rows, int64_t n, size_t row_bytes) override;
   void OnCommit(int64_t seq_id, const std::vector<int32_t>& history) override;
   bool supports_trees() const override { return true; }
+  int64_t forwards() const override { return forwards_; }
+  // medusa.py measure: all K heads over r features, plus each head's top-width search.
+  std::pair<std::map<int64_t, double>, double> Measure(const std::vector<int64_t>& rows) override;
 
  private:
   // medusa.py tree: the `budget` likeliest rank paths up to `depth`, parents before children.
@@ -49,6 +53,8 @@ class MedusaProposer : public Proposer {
   std::vector<std::pair<int64_t, std::vector<std::vector<int64_t>>>> proposed_;
   std::vector<double> tree_key_;  // the cached tree's (depth, budget, rounded accuracies)
   std::vector<std::vector<int>> tree_;
+  VocabCoverage coverage_;
+  int64_t forwards_ = 0;
 };
 
 }  // namespace spc

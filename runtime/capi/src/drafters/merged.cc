@@ -2,11 +2,18 @@
 #include "merged.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <utility>
 
 namespace spc {
+
+namespace {
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 namespace {
 // merged.py _tagged: every node's source, and a confidence (1.0 where the proposer gave none).
@@ -76,15 +83,23 @@ Draft Merge(Draft own, Draft other, int64_t budget, const std::function<double(d
 Draft MergedProposer::Propose(int64_t seq_id, const std::vector<int32_t>& history, int64_t k,
                               const spc_generate_params& sampling, std::mt19937_64& rng, const Plan& plan,
                               int64_t node_limit) {
+  double t0 = Seconds();
   Draft own = index_->Propose(seq_id, history, k, sampling, rng, plan, node_limit);
+  // the index's nodes join the step's plan; what its depth-1 nodes cover of the next token
+  // lowers what the drafter's first forward can add
+  auto pd = NodeProbs(own.ParentList(), own.conf, own.source, [&](double c, int) { return plan.step->p(c, seq_id, kIndexSource); });
+  plan.Drafted(pd.first);
+  double covered = 0.0;
+  for (size_t j = 0; j < pd.first.size(); ++j)
+    if (pd.second[j] == 1) covered += pd.first[j];
+  plan.Spent(Seconds() - t0);
   Plan drafter_plan = plan;
   drafter_plan.source = kDrafterSource;  // merged.py SourcePlan: its nodes priced by its own calibration
+  drafter_plan.covered = std::min(1.0, covered);
   Draft other = drafter_->Propose(seq_id, history, k, sampling, rng, drafter_plan, node_limit);
   int64_t budget = std::min<int64_t>(index_->max_nodes(), node_limit > 0 ? node_limit : index_->max_nodes());
-  AcceptanceModel* acceptance = plan.acceptance;
-  int64_t seq = plan.seq;
-  return Merge(std::move(own), std::move(other), budget,
-               [acceptance, seq](double c, int src) { return acceptance->Predict(c, seq, src); });
+  StepPlan* step = plan.step;
+  return Merge(std::move(own), std::move(other), budget, [step, seq_id](double c, int src) { return step->p(c, seq_id, src); });
 }
 
 }  // namespace spc

@@ -27,9 +27,9 @@ class MergedProposer : public Proposer {
  public:
   MergedProposer(std::unique_ptr<SuffixProposer> index, std::unique_ptr<Proposer> drafter)
       : index_(std::move(index)), drafter_(std::move(drafter)) {}
-  void AddSequence(int64_t seq_id) override {
-    index_->AddSequence(seq_id);
-    drafter_->AddSequence(seq_id);
+  void AddSequence(int64_t seq_id, const std::vector<int32_t>& prompt) override {
+    index_->AddSequence(seq_id, prompt);
+    drafter_->AddSequence(seq_id, prompt);
   }
   void RemoveSequence(int64_t seq_id) override {
     index_->RemoveSequence(seq_id);
@@ -52,6 +52,13 @@ class MergedProposer : public Proposer {
     drafter_->OnCommit(seq_id, history);
   }
   bool supports_trees() const override { return true; }
+  bool free_drafts() const override { return true; }  // the index's
+  int64_t forwards() const override { return drafter_->forwards(); }
+  // The drafter's forwards are what a plan prices per draft forward; the index's host time
+  // (microseconds) is charged to each step as it is spent.
+  std::pair<std::map<int64_t, double>, double> Measure(const std::vector<int64_t>& rows) override {
+    return drafter_->Measure(rows);
+  }
 
  private:
   std::unique_ptr<SuffixProposer> index_;

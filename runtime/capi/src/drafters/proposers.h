@@ -12,7 +12,9 @@
 #include <random>
 #include <vector>
 
+#include <map>
 #include <string>
+#include <utility>
 
 #include "../adaptive.h"
 #include "../kv_cache.h"
@@ -45,7 +47,8 @@ struct Draft {
 class Proposer {
  public:
   virtual ~Proposer() = default;
-  virtual void AddSequence(int64_t seq_id) = 0;
+  // A new sequence whose prompt is `prompt`.
+  virtual void AddSequence(int64_t seq_id, const std::vector<int32_t>& prompt) = 0;
   virtual void RemoveSequence(int64_t seq_id) = 0;
   // The prefix cache took a kept sequence over: roll back to `keep` tokens of `prompt`;
   // returns how many of them this proposer's state still covers.
@@ -66,25 +69,33 @@ class Proposer {
   virtual void OnCommit(int64_t, const std::vector<int32_t>&) {}
   // Whether it drafts token trees (then a tree of one branch is sent as a chain).
   virtual bool supports_trees() const { return false; }
+  // Whether some of its drafts cost no forward (an index's): only verify rows can make it hopeless.
+  virtual bool free_drafts() const { return false; }
+  // Draft forwards run so far (the step counts its own from the difference).
+  virtual int64_t forwards() const { return 0; }
+  // What its drafting costs (costs.py's proposer.measure): seconds of one draft forward over r
+  // rows for each r, and of one more committed token it must catch up on.
+  virtual std::pair<std::map<int64_t, double>, double> Measure(const std::vector<int64_t>& rows) = 0;
 };
 
 // runtime/drafters/proposers.py NGramProposer.lookup: the latest earlier occurrence of the longest
-// suffix n-gram (max_n down to min_n) of `history`; the tokens that followed it.
-std::vector<int32_t> NGramLookup(const std::vector<int32_t>& history, int min_n, int max_n, int64_t k);
+// suffix n-gram (max_n down to min_n) of `history`; the tokens that followed it, each with its
+// confidence (how often the suffix was followed by the first of them, smoothed, discounted by
+// the match length the token rests on).
+Draft NGramLookup(const std::vector<int32_t>& history, int min_n, int max_n, int64_t k);
 
 class NGramProposer : public Proposer {
  public:
   NGramProposer(int min_n, int max_n) : min_n_(min_n), max_n_(max_n) {}
-  void AddSequence(int64_t) override {}
+  void AddSequence(int64_t, const std::vector<int32_t>&) override {}
   void RemoveSequence(int64_t) override {}
   int64_t Resume(int64_t, const std::vector<int32_t>&, int64_t keep) override { return keep; }
   void Prefill(int64_t, const std::vector<int32_t>&, int64_t) override {}
   Draft Propose(int64_t, const std::vector<int32_t>& history, int64_t k, const spc_generate_params&,
                 std::mt19937_64&, const Plan&, int64_t) override {
-    Draft d;
-    d.tokens = NGramLookup(history, min_n_, max_n_, k);
-    return d;
+    return NGramLookup(history, min_n_, max_n_, k);
   }
+  std::pair<std::map<int64_t, double>, double> Measure(const std::vector<int64_t>& rows) override;
 
  private:
   int min_n_, max_n_;
@@ -99,12 +110,14 @@ class SmallDraftProposer : public Proposer {
 
   // `draft` must outlive the proposer; its vocabulary must be the target's.
   SmallDraftProposer(Model* draft, const Model& target, int64_t max_total_tokens);
-  void AddSequence(int64_t seq_id) override;
+  void AddSequence(int64_t seq_id, const std::vector<int32_t>& prompt) override;
   void RemoveSequence(int64_t seq_id) override;
   int64_t Resume(int64_t seq_id, const std::vector<int32_t>& prompt, int64_t keep) override;
   void Prefill(int64_t seq_id, const std::vector<int32_t>& chunk, int64_t start) override;
   Draft Propose(int64_t seq_id, const std::vector<int32_t>& history, int64_t k, const spc_generate_params& sampling,
                 std::mt19937_64& rng, const Plan& plan, int64_t node_limit) override;
+  int64_t forwards() const override { return forwards_; }
+  std::pair<std::map<int64_t, double>, double> Measure(const std::vector<int64_t>& rows) override;
 
  private:
   // Keep the longest prefix of the draft's cache that agrees with the committed history.
@@ -114,6 +127,7 @@ class SmallDraftProposer : public Proposer {
   Tensor kv_tensor_;
   std::unique_ptr<PagedKV> kv_;
   std::vector<int32_t> cached_;  // tokens in the draft's KV cache (the session has one sequence)
+  int64_t forwards_ = 0;
 };
 
 }  // namespace spc

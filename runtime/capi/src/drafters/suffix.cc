@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../costs.h"
+
 namespace spc {
 
 uint64_t SuffixIndex::Key(const int32_t* context, size_t n) {
@@ -51,8 +53,9 @@ double SuffixConfidence(int64_t count, int64_t total, int n) {
   return static_cast<double>(count + 1) / static_cast<double>(total + 2) * (1.0 - std::pow(0.5, n));
 }
 
-std::vector<std::pair<int32_t, double>> SuffixProposer::Continuations(const std::vector<int32_t>& context) const {
-  auto match = index_.Match(context);
+std::vector<std::pair<int32_t, double>> SuffixProposer::Continuations(const SuffixIndex& index,
+                                                                      const std::vector<int32_t>& context) const {
+  auto match = index.Match(context);
   if (!match.second) return {};
   const auto& succ = *match.second;
   int64_t total = 0;
@@ -70,12 +73,27 @@ std::vector<std::pair<int32_t, double>> SuffixProposer::Continuations(const std:
 
 Draft SuffixProposer::Propose(int64_t, const std::vector<int32_t>& history, int64_t k, const spc_generate_params&,
                               std::mt19937_64&, const Plan&, int64_t node_limit) {
+  if (history.size() > index_.size()) index_.Extend(history.data() + index_.size(), history.size() - index_.size());
+  return Tree(index_, history, k, std::min<int64_t>(max_nodes_, node_limit > 0 ? node_limit : max_nodes_));
+}
+
+std::pair<std::map<int64_t, double>, double> SuffixProposer::Measure(const std::vector<int64_t>& rows) {
+  SuffixIndex seq;
+  std::vector<int32_t> text(512);
+  for (int64_t i = 0; i < 512; ++i) text[i] = static_cast<int32_t>(i * 7919 % 211);
+  seq.Extend(text.data(), text.size());
+  double one = TimeMin([&] { Tree(seq, text, 8, 64); }, 3);
+  std::map<int64_t, double> table;
+  for (int64_t r : rows) table[r] = static_cast<double>(r) * one;
+  return {table, 0.0};
+}
+
+Draft SuffixProposer::Tree(const SuffixIndex& index, const std::vector<int32_t>& history, int64_t k,
+                           int64_t budget) const {
   // suffix.py _tree: best-first by path confidence; the candidate with the highest product of
   // confidences along its path joins next (ties: the earlier candidate), then its own
   // continuations become candidates, up to depth k and the node budget
   Draft draft;
-  if (history.size() > index_.size()) index_.Extend(history.data() + index_.size(), history.size() - index_.size());
-  int64_t budget = std::min<int64_t>(max_nodes_, node_limit > 0 ? node_limit : max_nodes_);
   if (k <= 0 || budget <= 0) return draft;
   std::vector<int32_t> tail(history.end() - std::min<size_t>(history.size(), SuffixIndex::kMaxMatch), history.end());
   struct Candidate {
@@ -93,7 +111,7 @@ Draft SuffixProposer::Propose(int64_t, const std::vector<int32_t>& history, int6
     std::vector<int32_t> context = tail;
     context.insert(context.end(), path.begin(), path.end());
     if (context.size() > SuffixIndex::kMaxMatch) context.erase(context.begin(), context.end() - SuffixIndex::kMaxMatch);
-    for (const auto& tc : Continuations(context)) {
+    for (const auto& tc : Continuations(index, context)) {
       heap.push_back(Candidate{-p * tc.second, order++, parent, path, tc.first, tc.second});
       std::push_heap(heap.begin(), heap.end(), later);
     }

@@ -43,7 +43,7 @@ double SuffixConfidence(int64_t count, int64_t total, int n);
 class SuffixProposer : public Proposer {
  public:
   explicit SuffixProposer(int tree_width = 1, int max_nodes = 64) : width_(tree_width), max_nodes_(max_nodes) {}
-  void AddSequence(int64_t) override { index_ = SuffixIndex(); }
+  void AddSequence(int64_t, const std::vector<int32_t>&) override { index_ = SuffixIndex(); }
   void RemoveSequence(int64_t) override { index_ = SuffixIndex(); }
   // A new request's index over its prompt (suffix.py resume).
   int64_t Resume(int64_t, const std::vector<int32_t>& prompt, int64_t keep) override;
@@ -51,11 +51,17 @@ class SuffixProposer : public Proposer {
   Draft Propose(int64_t seq_id, const std::vector<int32_t>& history, int64_t k, const spc_generate_params&,
                 std::mt19937_64&, const Plan&, int64_t node_limit) override;
   bool supports_trees() const override { return true; }
+  bool free_drafts() const override { return true; }
+  // suffix.py measure: host seconds of drafting r sequences (a 512-token text with repeats).
+  std::pair<std::map<int64_t, double>, double> Measure(const std::vector<int64_t>& rows) override;
   int max_nodes() const { return max_nodes_; }
 
  private:
+  // suffix.py _tree over this index.
+  Draft Tree(const SuffixIndex& index, const std::vector<int32_t>& history, int64_t depth, int64_t budget) const;
   // suffix.py _continuations: the `width` likeliest next tokens after tail + path, with confidences.
-  std::vector<std::pair<int32_t, double>> Continuations(const std::vector<int32_t>& context) const;
+  std::vector<std::pair<int32_t, double>> Continuations(const SuffixIndex& index,
+                                                        const std::vector<int32_t>& context) const;
   SuffixIndex index_;
   int width_, max_nodes_;
 };
