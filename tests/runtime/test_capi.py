@@ -196,7 +196,30 @@ def tiny_opencl(build_tiny, tmp_path_factory):
     return built, build_tiny("tiny-qwen2", "q0f32", "opencl").lib
 
 
-def test_opencl_library_gives_the_python_tokens(capi_bin, tiny_opencl, opencl_device):
+@pytest.fixture(scope="module")
+def tiny_heads_opencl(tiny_opencl, tmp_path_factory):
+    """{mode: (dir, opencl lib)} of an EAGLE head (a "repeat" head over half the vocabulary plus
+    every token the target emits on OPENCL_PROMPTS, so its fused draft_step serves) and Medusa
+    heads (near-identity blocks and the target's lm_head) for tiny-qwen2."""
+    import numpy as np
+    from test_eagle_medusa import build_head, make_eagle_checkpoint, make_medusa_checkpoint
+
+    from speccompile.models.config import PRESETS
+
+    built, lib = tiny_opencl
+    root = tmp_path_factory.mktemp("openclheads")
+    t = PRESETS["tiny-qwen2"]
+    lm_head = built.weights["lm_head.weight"]
+    eng = Engine(built.model_dir, built.lib)
+    used = {tok for p in OPENCL_PROMPTS for tok in eng.generate(eng.encode_prompt(p), 24).token_ids}
+    ids = np.array(sorted(used | set(range(0, t["vocab_size"], 2))))
+    make_eagle_checkpoint(root / "eagle-hf", t, layers=1, repeat=0.5, draft_vocab=(ids, lm_head[ids]))
+    make_medusa_checkpoint(root / "medusa-hf", t["hidden_size"], t["vocab_size"], heads=3, lm_head=lm_head, noise=0.2)
+    return {mode: build_head(mode, root / f"{mode}-hf", built.hf_dir, "q0f32", root / mode, device="opencl")
+            for mode in ("eagle", "medusa")}
+
+
+def test_opencl_library_gives_the_python_tokens(capi_bin, tiny_opencl, tiny_heads_opencl, opencl_device):
     """The C API loads the OpenCL runtime, puts the weights and KV cache on the device and
     generates the Python Engine's greedy tokens on the same library, which are also the
     llvm build's. (The Engine runs first: PoCL compiles the kernels once, ~15 s, and caches
@@ -217,9 +240,23 @@ def test_opencl_library_gives_the_python_tokens(capi_bin, tiny_opencl, opencl_de
             == ref.token_ids
         for mode in (["suffix"], ["small_draft", "--additional-models", f"{built.model_dir},{lib}"]):
             # every mode of the C runtime on the device (the model drafting for itself: all accepted)
-            out = generate_c(capi_bin, built.model_dir, lib, ids, 24, "--speculative-mode", *mode)
+            out = generate_c(capi_bin, built.model_dir, lib, ids, 24, "--speculative-mode", *mode,
+                             "--spec-draft-length", "4")
             assert out["token_ids"] == ref.token_ids, mode
             assert mode[0] != "small_draft" or out["stats"]["accepted_tokens"] == out["stats"]["draft_tokens"] > 0
+        for mode, width in (("eagle", 2), ("medusa", 1), ("suffix", 2)):
+            # the heads on the device, a tree and a chain, and the default merging the index with one:
+            # Python's drafts, node for node (the counts), and its tokens
+            head = tiny_heads_opencl["medusa" if mode == "medusa" else "eagle"]
+            flags = ["--speculative-mode", mode, "--additional-models", ",".join(head), "--spec-draft-length", "3",
+                     "--spec-tree-width", str(width)]
+            out = generate_c(capi_bin, built.model_dir, lib, ids, 24, *flags)
+            py = Engine(built.model_dir, lib, speculative_mode=mode, additional_models=[head], spec_draft_length=3,
+                        spec_tree_width=width).generate(ids, 24).to_dict()
+            assert out["token_ids"] == py["token_ids"] == ref.token_ids, mode
+            counts = ("draft_tokens", "accepted_tokens", "verify_steps")
+            assert [out["stats"][n] for n in counts] == [py["stats"][n] for n in counts], mode
+            assert out["stats"]["draft_tokens"] > 0
         assert generate_c(capi_bin, built.model_dir, built.lib, ids, 24)["token_ids"] == ref.token_ids
     missing = len(opencl_device)
     proc = run_c(capi_bin, built.model_dir, lib, [1, 2, 3], 4, "--device", f"opencl:{missing}")

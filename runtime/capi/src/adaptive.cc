@@ -5,7 +5,6 @@
 #include <cmath>
 #include <numeric>
 
-#include "drafters/proposers.h"
 #include "json_util.h"
 
 namespace spc {

@@ -23,11 +23,10 @@
 #include <utility>
 #include <vector>
 
+#include "acceptance.h"
 #include "costs.h"
 
 namespace spc {
-
-struct Draft;
 
 constexpr int kBins = 10;           // adaptive.py BINS
 constexpr int kSources = 2;         // SOURCES: a merged draft's index nodes (0) and its drafter's (1)

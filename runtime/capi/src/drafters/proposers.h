@@ -16,33 +16,13 @@
 #include <string>
 #include <utility>
 
+#include "../acceptance.h"
 #include "../adaptive.h"
 #include "../kv_cache.h"
 #include "../model.h"
 #include "speccompile.h"
 
 namespace spc {
-
-// runtime/acceptance.py Draft: the tokens; their local parents (empty: a chain); per token the
-// draft's distribution q when it sampled them (empty: deterministic, q one-hot at its token);
-// the proposer's confidence in each (empty: none given) and which source drafted it
-// (adaptive.py SOURCES; empty: all 0).
-struct Draft {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<double>> probs;
-  std::vector<int32_t> parents;
-  std::vector<double> conf;
-  std::vector<int32_t> source;
-
-  size_t size() const { return tokens.size(); }
-  bool is_tree() const { return !parents.empty(); }
-  // Every node's parent (-1: a child of the last committed token), for a chain too.
-  std::vector<int32_t> ParentList() const;
-  // The draft restricted to `nodes` (parent-closed, ascending), renumbered in order.
-  Draft Subset(const std::vector<int32_t>& nodes) const;
-  // Parents for the verify forward of [last] + nodes (node j -> row j + 1).
-  std::vector<int32_t> VerifyParents() const;
-};
 
 class Proposer {
  public:
