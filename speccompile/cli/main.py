@@ -364,7 +364,8 @@ def serve_cmd(model_dir, model_lib, spec, sizes, host, port, api_key, prefill_to
 @click.option("--capi", "capi_exe", type=click.Path(path_type=Path), default=None, metavar="SPC_GENERATE",
               help="A/B the C runtime against the Python one: per prompt, fresh `speccompile generate` and "
                    "SPC_GENERATE (the C API's example, e.g. build/capi/spc_generate) processes, python/C/C/python, in "
-                   "the same --speculative-mode (disable or ngram, with --spec-draft-length)")
+                   "the same speculative settings (any --speculative-mode, --additional-models, a fixed or the "
+                   "adaptive --spec-draft-length)")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="with --one-shot: plain/spec/spec/plain quartets per prompt (fresh processes swing ~10%%)")
 @click.option("--llama-spec-mode", "llama_modes", multiple=True, type=click.Choice(["small_draft", "ngram"]),

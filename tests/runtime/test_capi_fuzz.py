@@ -106,6 +106,42 @@ def test_generation_settings_give_text_or_an_error(capi, smol, max_tokens, tempe
         assert capi.lib.spc_last_error()
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mode=st.integers(-1, 6), draft_length=st.integers(-1, 9), width=st.sampled_from([0, 1, 2, 99]),
+       nodes=st.sampled_from([0, 1, 64, 257]), additional=st.sampled_from([None, "eagle", "medusa", "target", "freed"]),
+       recycling=st.integers(-1, 2))
+def test_session_configs_give_a_session_or_an_error(capi, smol, smollm2_heads, mode, draft_length, width, nodes,
+                                                    additional, recycling):
+    """Every speculative setting, with a head, a draft model, the target itself or a freed handle as
+    the additional model: a session that generates, or SPC_ERR_INVALID_ARGUMENT /
+    SPC_ERR_INCOMPATIBLE with a message."""
+    from capi_ctypes import SPC_ERR_INCOMPATIBLE, SessionConfig
+
+    model = smol[0]
+    handles = {"eagle": capi.model(*smollm2_heads[0]), "medusa": capi.model(*smollm2_heads[1])}
+    handles["freed"] = capi.model(*smollm2_heads[1])
+    capi.lib.spc_model_free(handles["freed"])
+    cfg = SessionConfig()
+    capi.lib.spc_session_config_default(C.byref(cfg))
+    cfg.speculative_mode, cfg.draft_length, cfg.spec_tree_width, cfg.spec_tree_nodes = mode, draft_length, width, nodes
+    cfg.prefix_cache_max_num_recycling_seqs = recycling
+    cfg.draft_model = model.value if additional == "target" else handles[additional].value if additional else None
+    session = C.c_void_p()
+    try:
+        rc = capi.lib.spc_session_create(model, C.byref(cfg), C.byref(session))
+        if rc == SPC_OK:
+            p = Params(4, 0.0, 1.0, 0, 1, 0, None, 0)
+            n = C.c_size_t()
+            capi.check(capi.lib.spc_generate_text(session, b"Name a fruit.", 0, C.byref(p), None, None, None,
+                                                  C.c_size_t(0), C.byref(n)))
+            capi.lib.spc_session_free(session)
+        else:
+            assert rc in (SPC_ERR_INVALID_ARGUMENT, SPC_ERR_INCOMPATIBLE) and capi.lib.spc_last_error(), rc
+    finally:
+        for name in ("eagle", "medusa"):
+            capi.lib.spc_model_free(handles[name])
+
+
 def test_null_and_freed_handles_are_errors_not_crashes(capi_build, smollm2_q4):
     """Run in a child process: if a call crashed, this test fails instead of the test run."""
     model_dir, lib = smollm2_q4
