@@ -376,6 +376,31 @@ def test_lossless_chain_and_tree_at_batch_1_and_4(e3):
     assert mean_len[3] > mean_len[1], mean_len  # other branches than the top-1 get accepted
 
 
+@pytest.mark.parametrize("mode, width", [("eagle", 1), ("eagle", 3), ("suffix", 2)])
+def test_c_runtime_drafts_what_python_drafts(e3, capi_build, mode, width):
+    """The C runtime (runtime/capi/src/drafters/eagle.cc) with the EAGLE-3 head: catch-up from
+    the target's layer features through fc, trees from the head's own outputs, alone and merged
+    with the suffix index, at a fixed k -- Python's tokens and every draft and acceptance count."""
+    from capi_ctypes import run_example
+
+    from speccompile.runtime.engine import Engine
+
+    built, head, _, _, prompts, expected, _ = e3
+    for i in (0, 3):
+        py = Engine(built.model_dir, built.lib, speculative_mode=mode, additional_models=[head], spec_draft_length=3,
+                    spec_tree_width=width).generate(prompts[i], NEW_TOKENS, ignore_eos=True).to_dict()
+        proc = run_example(capi_build / "spc_generate", built.model_dir, built.lib, "--prompt-ids",
+                           ",".join(map(str, prompts[i])), "--max-tokens", str(NEW_TOKENS), "--ignore-eos", "--json",
+                           "--speculative-mode", mode, "--additional-models", ",".join(head),
+                           "--spec-draft-length", "3", "--spec-tree-width", str(width))
+        assert proc.returncode == 0, proc.stderr
+        c = json.loads(proc.stdout)
+        assert c["token_ids"] == py["token_ids"] == expected[i]
+        counts = ("draft_tokens", "accepted_tokens", "verify_steps", "plain_steps")
+        assert [c["stats"][n] for n in counts] == [py["stats"][n] for n in counts]
+        assert c["stats"]["accepted_tokens"] > 0
+
+
 @pytest.mark.parametrize("width", [1, 2])
 def test_draft_tree_rows_compute_what_their_paths_compute_as_chains(e3, width):
     """Every row an EAGLE-3 head drafts in a step -- fed its parent's own output, without fc --
