@@ -5,8 +5,8 @@ by name (``ffi.Module.load_from_bytes.<kind>``), and its buffers come from a dev
 (``device_api.<kind>``). Those live in separate shared libraries that something must load
 first: TVM's full import loads ``libtvm_runtime_cuda.so`` when it can, but the runtime-only
 import that ``generate``, ``chat`` and ``serve`` use (runtime/tvm_import.py) does not, and
-the wheel has no OpenCL runtime at all -- speccompile builds its own
-(runtime/opencl, ``libspeccompile_opencl.so``). So the runtime loads the piece a library
+the wheel has no OpenCL or Vulkan runtime at all -- speccompile builds its own
+(runtime/opencl, ``libspeccompile_opencl.so``; runtime/vulkan, ``libspeccompile_vulkan.so``). So the runtime loads the piece a library
 was built for, whatever imported TVM, and names what is missing when it cannot.
 
 The C API does the same in C++ (runtime/capi/src/device_runtime.cc), from the same file
@@ -25,6 +25,8 @@ CUDA_RUNTIME = "libtvm_runtime_cuda.so"
 OPENCL_RUNTIME = "libspeccompile_opencl.so"
 CUDART = "libcudart.so.13"  # what the wheel's libtvm_runtime_cuda.so was linked against
 OPENCL_RUNTIME_ENV = "SPECCOMPILE_OPENCL_RUNTIME"
+VULKAN_RUNTIME = "libspeccompile_vulkan.so"
+VULKAN_RUNTIME_ENV = "SPECCOMPILE_VULKAN_RUNTIME"
 
 
 class DeviceRuntimeError(RuntimeError):
@@ -80,14 +82,19 @@ def _ensure_cudart() -> None:
         "LD_LIBRARY_PATH (CUDA_HOME is searched too)")
 
 
-def opencl_runtime_candidates() -> list[Path]:
-    """Our OpenCL runtime: $SPECCOMPILE_OPENCL_RUNTIME alone when set; else beside this
-    package (an installed build), or where `make install` builds it in a checkout (build/opencl/)."""
+def runtime_candidates(kind: str) -> list[Path]:
+    """Our OpenCL or Vulkan runtime: $SPECCOMPILE_<KIND>_RUNTIME alone when set; else beside this
+    package (an installed build), or where `make install` builds it in a checkout (build/<kind>/)."""
+    name, var = (OPENCL_RUNTIME, OPENCL_RUNTIME_ENV) if kind == "opencl" else (VULKAN_RUNTIME, VULKAN_RUNTIME_ENV)
     here = Path(__file__).resolve().parent
-    env = os.environ.get(OPENCL_RUNTIME_ENV)
+    env = os.environ.get(var)
     if env:  # strict: a wrong path is reported, not quietly replaced by another build (the C API agrees)
         return [Path(env)]
-    return [here / "lib" / OPENCL_RUNTIME, here.parent / "build" / "opencl" / OPENCL_RUNTIME]
+    return [here / "lib" / name, here.parent / "build" / kind / name]
+
+
+def opencl_runtime_candidates() -> list[Path]:
+    return runtime_candidates("opencl")
 
 
 def ensure_device_runtime(kind: str) -> None:
@@ -112,13 +119,14 @@ def ensure_device_runtime(kind: str) -> None:
             _load_global(str(lib))
         except OSError as err:
             raise DeviceRuntimeError(f"cannot load TVM's CUDA runtime {lib}: {err}") from None
-    elif kind == "opencl":
-        paths = opencl_runtime_candidates()
+    elif kind in ("opencl", "vulkan"):
+        paths = runtime_candidates(kind)
+        name = OPENCL_RUNTIME if kind == "opencl" else VULKAN_RUNTIME
         lib = next((p for p in paths if p.exists()), None)
         if lib is None:
             raise DeviceRuntimeError(
-                f"an opencl library needs speccompile's OpenCL runtime ({OPENCL_RUNTIME}), not built here: run "
-                f"`make install` (or `make opencl`), or set {OPENCL_RUNTIME_ENV}; looked in "
+                f"an {kind} library needs speccompile's {kind} runtime ({name}), not built here: run "
+                f"`make install` (or `make {kind}`), or set SPECCOMPILE_{kind.upper()}_RUNTIME; looked in "
                 + ", ".join(str(p) for p in paths))
         try:
             _load_global(str(lib))
@@ -128,7 +136,7 @@ def ensure_device_runtime(kind: str) -> None:
             raise DeviceRuntimeError(f"cannot load {lib}: {err}{hint}") from None
     else:
         raise DeviceRuntimeError(f"speccompile has no {kind} device runtime: libraries built for {kind} cannot "
-                                 "run through it (compile for llvm, cuda or opencl)")
+                                 "run through it (compile for llvm, cuda, opencl or vulkan)")
     if not _registered(f"ffi.Module.load_from_bytes.{kind}"):
         raise DeviceRuntimeError(f"the {kind} runtime loaded but registered no {kind} module loader")
 
@@ -148,3 +156,21 @@ def opencl_has_fp16(index: int) -> bool:
     import tvm_ffi
 
     return "cl_khr_fp16" in str(tvm_ffi.get_global_func("speccompile.opencl.device_extensions")(index)).split()
+
+
+def vulkan_device_names() -> list[str]:
+    """The Vulkan devices our runtime sees, in the order vulkan:0, vulkan:1, ... name them."""
+    ensure_device_runtime("vulkan")
+    import tvm_ffi
+
+    return [str(n) for n in tvm_ffi.get_global_func("speccompile.vulkan.device_names")()]
+
+
+def vulkan_device_info(index: int) -> dict:
+    """What vulkan:<index> supports (features and limits), as our runtime reads them."""
+    import json
+
+    ensure_device_runtime("vulkan")
+    import tvm_ffi
+
+    return json.loads(str(tvm_ffi.get_global_func("speccompile.vulkan.device_info")(index)))

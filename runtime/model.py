@@ -25,7 +25,7 @@ from .contract import (FORWARD_META, KV_PAGE_SIZE, TARGET, ContractError, baked_
 from .cuda_graph import CudaGraphs
 from .cpu import CPUFeatureError, check_cpu_features
 from .device import DeviceError, parse_device
-from .device_runtime import DeviceRuntimeError, ensure_device_runtime, opencl_has_fp16
+from .device_runtime import DeviceRuntimeError, ensure_device_runtime, opencl_has_fp16, vulkan_device_info
 from .kv_cache import ForwardBatch, PagedKV, split_forwards
 from .params_image import image_path, map_image, wanted, write_image
 from .tensor_cache import TensorCacheError, load_params, read_index
@@ -113,12 +113,19 @@ def resolve_device(meta: dict, requested: str, lib_path: Path):
     if not dev.exist:
         which = f"{kind}:{spec.index}" if spec.index else kind
         hint = {"opencl": " (install an OpenCL driver for it; PoCL gives a CPU device: apt-get install pocl-opencl-icd)",
+                "vulkan": " (install a Vulkan driver for it; Mesa's lavapipe gives a CPU device: apt-get install "
+                          "mesa-vulkan-drivers)",
                 "cuda": " (check nvidia-smi and CUDA_VISIBLE_DEVICES)"}.get(kind, "")
         raise ModelLoadError(f"{lib_path} was built for {_device_hint(meta)}, but no {which} device is visible "
                              f"on this machine{hint}")
     if kind == "opencl" and "f16" in meta.get("quantization", "") and not opencl_has_fp16(spec.index or 0):
         raise ModelLoadError(f"{lib_path} computes in fp16 ({meta['quantization']}), which {dev.device_name} "
                              "(opencl) does not support (no cl_khr_fp16): compile the model with q4f32_1 or q0f32 "
+                             "for this device")
+    if kind == "vulkan" and "f16" in meta.get("quantization", "") and \
+            not vulkan_device_info(spec.index or 0).get("shaderFloat16"):
+        raise ModelLoadError(f"{lib_path} computes in fp16 ({meta['quantization']}), which {dev.device_name} "
+                             "(vulkan) does not support (no shaderFloat16): compile the model with q4f32_1 or q0f32 "
                              "for this device")
     return dev
 

@@ -73,7 +73,7 @@ def build_capi(root: Path, python: str = sys.executable) -> Path:
         shutil.rmtree(d, ignore_errors=True)
     # SPC_OPENCL_RUNTIME empty: no path of this checkout baked in (the payload has no OpenCL runtime)
     steps = [["cmake", "-S", str(CAPI_SRC), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-              f"-DPython_EXECUTABLE={python}", "-DSPC_OPENCL_RUNTIME=", "-DSPC_BUILD_EXAMPLE=ON"],
+              f"-DPython_EXECUTABLE={python}", "-DSPC_OPENCL_RUNTIME=", "-DSPC_VULKAN_RUNTIME=", "-DSPC_BUILD_EXAMPLE=ON"],
              ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
              ["cmake", "--install", str(build), "--prefix", str(tmp), "--strip"]]
     for cmd in steps:

@@ -1,5 +1,5 @@
 // See device_runtime.h. Mirrors runtime/device_runtime.py (ensure_device_runtime,
-// cudart_candidates, opencl_runtime_candidates) and runtime/model.py (baked_metadata,
+// cudart_candidates, runtime_candidates) and runtime/model.py (baked_metadata,
 // _device_hint); keep the file names, the order and the messages in step with them.
 #include "device_runtime.h"
 
@@ -18,13 +18,16 @@
 #include "json_util.h"
 
 // Baked in by CMakeLists.txt: the folder of the libtvm_runtime this library was linked
-// against (where the wheel keeps libtvm_runtime_cuda.so), and the OpenCL runtime that
-// `make opencl` builds in this checkout (empty: none; cross builds turn it off).
+// against (where the wheel keeps libtvm_runtime_cuda.so), and the OpenCL and Vulkan runtimes
+// that `make install` builds in this checkout (empty: none; cross builds turn them off).
 #ifndef SPC_TVM_LIB_DIR
 #define SPC_TVM_LIB_DIR ""
 #endif
 #ifndef SPC_OPENCL_RUNTIME_PATH
 #define SPC_OPENCL_RUNTIME_PATH ""
+#endif
+#ifndef SPC_VULKAN_RUNTIME_PATH
+#define SPC_VULKAN_RUNTIME_PATH ""
 #endif
 
 namespace spc {
@@ -114,7 +117,24 @@ void EnsureCuda() {
   }
 }
 
-[[noreturn]] void OpenCLLoadFailed(const std::string& lib, const std::string& err) {
+// Our own device runtimes (runtime/opencl, runtime/vulkan): the file, the variable that
+// overrides where it is, the path baked in for this checkout, and how `make` builds it.
+struct OwnRuntime {
+  const char* kind;
+  const char* file;
+  const char* env;
+  const char* baked;
+  const char* what;
+};
+
+const OwnRuntime& Own(const std::string& kind) {
+  static const OwnRuntime kOpenCL{"opencl", kOpenCLRuntime, kOpenCLRuntimeEnv, SPC_OPENCL_RUNTIME_PATH, "OpenCL"};
+  static const OwnRuntime kVulkan{"vulkan", "libspeccompile_vulkan.so", "SPECCOMPILE_VULKAN_RUNTIME",
+                                  SPC_VULKAN_RUNTIME_PATH, "Vulkan"};
+  return kind == "opencl" ? kOpenCL : kVulkan;
+}
+
+[[noreturn]] void OwnLoadFailed(const std::string& lib, const std::string& err) {
   std::string hint = err.find("libOpenCL") != std::string::npos
                          ? " (the OpenCL ICD loader is missing: apt-get install ocl-icd-libopencl1, plus a driver such "
                            "as pocl-opencl-icd)"
@@ -122,30 +142,29 @@ void EnsureCuda() {
   throw DeviceRuntimeError("cannot load " + lib + ": " + err + hint);
 }
 
-void EnsureOpenCL() {
+void EnsureOwn(const OwnRuntime& r) {
   std::string err;
+  std::string needs = std::string("an ") + r.kind + " library needs speccompile's " + r.what + " runtime (" + r.file + ")";
   // An explicit override is taken at its word: silently falling back to another build
   // would hide the mistake (and run code other than the one asked for).
-  std::string env = Getenv(kOpenCLRuntimeEnv);
+  std::string env = Getenv(r.env);
   if (!env.empty()) {
     if (!FileExists(env)) {
-      throw DeviceRuntimeError(std::string("an opencl library needs speccompile's OpenCL runtime (") + kOpenCLRuntime +
-                               "), but " + kOpenCLRuntimeEnv + " names " + env + ", which does not exist: point it "
-                               "at the " + kOpenCLRuntime + " that `make opencl` builds (build/opencl/), or unset it");
+      throw DeviceRuntimeError(needs + ", but " + r.env + " names " + env + ", which does not exist: point it at the " +
+                               r.file + " that `make " + r.kind + "` builds (build/" + r.kind + "/), or unset it");
     }
-    if (!LoadGlobal(env, &err)) OpenCLLoadFailed(env, err);
+    if (!LoadGlobal(env, &err)) OwnLoadFailed(env, err);
     return;
   }
-  std::string baked = SPC_OPENCL_RUNTIME_PATH;
+  std::string baked = r.baked;
   if (FileExists(baked)) {
-    if (!LoadGlobal(baked, &err)) OpenCLLoadFailed(baked, err);
+    if (!LoadGlobal(baked, &err)) OwnLoadFailed(baked, err);
     return;
   }
-  if (LoadGlobal(kOpenCLRuntime, &err)) return;  // an installed copy on the library path
-  if (!NotFound(kOpenCLRuntime, err)) OpenCLLoadFailed(kOpenCLRuntime, err);
-  std::string looked = (baked.empty() ? std::string() : baked + ", ") + kOpenCLRuntime + " on the library path";
-  throw DeviceRuntimeError(std::string("an opencl library needs speccompile's OpenCL runtime (") + kOpenCLRuntime +
-                           "), not built here: run `make install` (or `make opencl`), or set " + kOpenCLRuntimeEnv +
+  if (LoadGlobal(r.file, &err)) return;  // an installed copy on the library path
+  if (!NotFound(r.file, err)) OwnLoadFailed(r.file, err);
+  std::string looked = (baked.empty() ? std::string() : baked + ", ") + r.file + " on the library path";
+  throw DeviceRuntimeError(needs + ", not built here: run `make install` (or `make " + r.kind + "`), or set " + r.env +
                            "; looked in " + looked);
 }
 
@@ -207,11 +226,11 @@ void EnsureDeviceRuntime(const std::string& kind) {
   if (Registered("ffi.Module.load_from_bytes." + kind) && Registered("device_api." + kind)) return;
   if (kind == "cuda") {
     EnsureCuda();
-  } else if (kind == "opencl") {
-    EnsureOpenCL();
+  } else if (kind == "opencl" || kind == "vulkan") {
+    EnsureOwn(Own(kind));
   } else {
     throw DeviceRuntimeError("speccompile has no " + kind + " device runtime: libraries built for " + kind +
-                             " cannot run through it (compile for llvm, cuda or opencl)");
+                             " cannot run through it (compile for llvm, cuda, opencl or vulkan)");
   }
   if (!Registered("ffi.Module.load_from_bytes." + kind)) {
     throw DeviceRuntimeError("the " + kind + " runtime loaded but registered no " + kind + " module loader");
