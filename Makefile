@@ -3,20 +3,20 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test test-durations test-fast demo bench heads clean opencl opencl-system docs
+.PHONY: install test test-durations test-fast demo bench heads clean opencl opencl-system vulkan vulkan-system docs
 
-install: opencl-system
+install: opencl-system vulkan-system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	$(MAKE) opencl
+	$(BIN)/pip install -q -e '.[test,vulkan]'
+	$(MAKE) opencl vulkan
 	@echo "installed into $(VENV)/ -- run 'make test'"
 
-# `make test` runs the OpenCL tests on the CPU OpenCL device `make install` sets up: they fail, not
-# skip, when it is missing (SPECCOMPILE_REQUIRE_OPENCL=1). One worker per CPU, a test file per worker
+# `make test` runs the OpenCL and Vulkan tests on the CPU devices `make install` sets up (PoCL,
+# lavapipe): they fail, not skip, when one is missing (SPECCOMPILE_REQUIRE_OPENCL=1, _VULKAN=1). One worker per CPU, a test file per worker
 # at a time (its module fixtures built once), longest file first by tests/durations.json (xdist would
 # otherwise reorder files by their number of tests); tests/conftest.py gives each worker its share of cores.
-PYTEST_RUN := SPECCOMPILE_REQUIRE_OPENCL=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+PYTEST_RUN := SPECCOMPILE_REQUIRE_OPENCL=1 SPECCOMPILE_REQUIRE_VULKAN=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 test:
 	$(PYTEST_RUN) --durations=15
 
@@ -46,6 +46,26 @@ opencl:
 	cmake -S runtime/opencl -B build/opencl -DPython_EXECUTABLE=$(abspath $(BIN)/python) >/dev/null
 	cmake --build build/opencl -j2 >/dev/null
 	@echo "built build/opencl/libspeccompile_opencl.so"
+
+# The system pieces Vulkan libraries need to build and run here: the Vulkan loader and headers (to
+# build our Vulkan runtime) and Mesa's lavapipe, a CPU Vulkan device, for the tests.
+VULKAN_PACKAGES := libvulkan-dev mesa-vulkan-drivers
+vulkan-system:
+	@if [ -e /usr/include/vulkan/vulkan.h ] && ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 \
+	    && ldconfig -p | grep -q 'libvulkan.so.1 '; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	  echo "install the Vulkan loader + headers and a Vulkan driver (Mesa lavapipe for a CPU device), then rerun"; exit 1; fi; \
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	echo "apt-get install $(VULKAN_PACKAGES)"; \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(VULKAN_PACKAGES) >/dev/null \
+	  || { $$SUDO apt-get update -q >/dev/null && \
+	       DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(VULKAN_PACKAGES) >/dev/null; }
+
+# speccompile's Vulkan device runtime (runtime/vulkan) -> build/vulkan/libspeccompile_vulkan.so.
+vulkan:
+	cmake -S runtime/vulkan -B build/vulkan -DPython_EXECUTABLE=$(abspath $(BIN)/python) >/dev/null
+	cmake --build build/vulkan -j2 >/dev/null
+	@echo "built build/vulkan/libspeccompile_vulkan.so"
 
 # The unit tier alone (no TVM build, no model; tests/conftest.py gives each test its tier).
 test-fast:

