@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from tvm import ir, tirx
 from tvm.sym.analyzer import Analyzer
 
-from speccompile.compiler.glsl_expr import (DT, HELPER_DEPS, HELPERS, ExprEmitter, VulkanCodegenError, _strip,
+from speccompile.compiler.glsl_expr import (DT, HELPER_DEPS, HELPERS, ExprEmitter, VulkanCodegenError, strip_parens,
                                             dtype_of, glsl_type, literal, parse_dtype, ref_type, storage_dt)
 
 __all__ = ["KernelGLSL", "VulkanCodegenError", "emit_kernel", "PUSH_CONSTANT_LIMIT"]
@@ -128,7 +128,7 @@ class KernelEmitter(ExprEmitter):
     def evaluate(self, e, lane=None) -> str:
         """An expression at statement level: its hoisted lines go out first."""
         self.pre, self.cond, self.loads = [], 0, False
-        text = _strip(self.expr(e, lane))
+        text = strip_parens(self.expr(e, lane))
         for p in self.pre:
             self.line(p)
         self.pre = []
@@ -160,23 +160,23 @@ class KernelEmitter(ExprEmitter):
         if idt.kind not in ("int", "uint"):
             self.fail(f"index of {buf.name} has type {idt}")
         if buf.scope != "global":
-            i = _strip(self.sub(index, lane))
+            i = strip_parens(self.sub(index, lane))
             return f"{buf.name}[{i if idt == DT('int', 32) else f'int({i})'}]"
         if idt.bits <= 32:
-            i = _strip(self.sub(index, lane))
+            i = strip_parens(self.sub(index, lane))
             return f"{buf.name}.d[{i if idt.bits == 32 else f'int({i})'}]"
         ref, size = ref_type(buf.dt), storage_dt(buf.dt).bytes
         if lane is None:
             try:
                 bound = self.ana.const_int_bound(index)
                 if bound.min_value >= 0 and bound.max_value < 2 ** 31:
-                    return f"{buf.name}.d[int({_strip(self.expr(index))})]"
+                    return f"{buf.name}.d[int({strip_parens(self.expr(index))})]"
             except Exception:  # noqa: BLE001
                 pass
         # a 64-bit index: GLSL indexes with 32 bits, so step the address instead
         ramp = isinstance(index, tirx.Ramp) and isinstance(index.stride, tirx.IntImm) and lane is not None
         outer, self.loads = self.loads, False
-        i = _strip(self.expr(index.base) if ramp else self.sub(index, lane))
+        i = strip_parens(self.expr(index.base) if ramp else self.sub(index, lane))
         reads, self.loads = self.loads, outer | self.loads
         ptr = f"{ref}(uint64_t({buf.name}) + uint64_t({i}) * {size}ul)"
         if not reads or not self.cond:  # an address reading memory is computed where TIR reads it
@@ -350,7 +350,7 @@ class KernelEmitter(ExprEmitter):
     def evaluate_deferred(self, e):
         """(hoisted lines, text) of an expression whose lines must not go out yet."""
         self.pre, self.cond, self.loads = [], 0, False
-        text = _strip(self.expr(e))
+        text = strip_parens(self.expr(e))
         pre, self.pre = self.pre, []
         return pre, text
 
@@ -382,7 +382,7 @@ class KernelEmitter(ExprEmitter):
         temps = []
         direct = self.reads_only_others(value, buf)
         for i in range(lanes):
-            text = _strip(self.expr(value, i))
+            text = strip_parens(self.expr(value, i))
             if direct:
                 temps.append(text)
                 continue

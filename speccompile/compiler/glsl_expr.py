@@ -204,7 +204,7 @@ _OP_BINOPS = {"tirx.shift_left": "<<", "tirx.shift_right": ">>", "tirx.bitwise_a
               "tirx.bitwise_or": "|", "tirx.bitwise_xor": "^"}
 
 
-def _strip(text: str) -> str:
+def strip_parens(text: str) -> str:
     """Drop one pair of enclosing parentheses (when they match each other)."""
     if not (text.startswith("(") and text.endswith(")")):
         return text
@@ -351,10 +351,10 @@ class ExprEmitter:
         return self._division(e, lane, "FloorMod")
 
     def e_Min(self, e, lane):
-        return f"min({_strip(self.sub(e.a, lane))}, {_strip(self.sub(e.b, lane))})"
+        return f"min({strip_parens(self.sub(e.a, lane))}, {strip_parens(self.sub(e.b, lane))})"
 
     def e_Max(self, e, lane):
-        return f"max({_strip(self.sub(e.a, lane))}, {_strip(self.sub(e.b, lane))})"
+        return f"max({strip_parens(self.sub(e.a, lane))}, {strip_parens(self.sub(e.b, lane))})"
 
     def e_Not(self, e, lane):
         return f"(!{self.sub(e.a, lane)})"
@@ -375,7 +375,7 @@ class ExprEmitter:
             return f"({v} != {literal(frm, 0)})"
         if frm.kind == "bool":
             return f"({v} ? {literal(to, 1)} : {literal(to, 0)})"
-        return f"{glsl_type(to)}({_strip(v)})"
+        return f"{glsl_type(to)}({strip_parens(v)})"
 
     # -- vectors
     def e_Ramp(self, e, lane):
@@ -419,9 +419,9 @@ class ExprEmitter:
         key = e.var.__chandle__()
         saved = self.names.get(key)
         if self.cond and reads:
-            self.names[key] = (f"({_strip(value)})", True)
+            self.names[key] = (f"({strip_parens(value)})", True)
         else:
-            self.names[key] = self.hoist(glsl_type(dtype_of(e.var)), _strip(value), e.var.name, cache=not reads)
+            self.names[key] = self.hoist(glsl_type(dtype_of(e.var)), strip_parens(value), e.var.name, cache=not reads)
         try:
             return self.sub(e.body, lane)
         finally:
@@ -467,7 +467,7 @@ class ExprEmitter:
             dt = dtype_of(args[0]).scalar
             if dt.bits != 32:
                 self.fail(f"clz of {dt} is not supported")
-            return f"{glsl_type(dtype_of(e).scalar)}(31 - findMSB(uint({_strip(self.sub(args[0], lane))})))"
+            return f"{glsl_type(dtype_of(e).scalar)}(31 - findMSB(uint({strip_parens(self.sub(args[0], lane))})))"
         if op.startswith("tirx."):
             return self.math(e, op[5:], args, lane, f"intrinsic {op}")
         self.fail(f"cannot translate call to {op}: {e}")
@@ -476,7 +476,7 @@ class ExprEmitter:
         dt = dtype_of(arg).scalar
         if dt.bits != 32:
             self.fail(f"{fn} of {dt} is not supported")
-        return f"{glsl_type(dtype_of(e).scalar)}({fn}({_strip(self.sub(arg, lane))}))"
+        return f"{glsl_type(dtype_of(e).scalar)}({fn}({strip_parens(self.sub(arg, lane))}))"
 
     def math(self, e, name, args, lane, what):
         key = _math_key(name)
@@ -485,7 +485,7 @@ class ExprEmitter:
             self.fail(f"cannot translate {what} ({e})")
         if key in ("isnan", "isinf", "isfinite"):
             adt = dtype_of(args[0]).scalar
-            x = _strip(self.sub(args[0], lane))
+            x = strip_parens(self.sub(args[0], lane))
             if adt.kind != "float":
                 return "false" if key != "isfinite" else "true"
             self.helpers.add("fpclass")
@@ -494,7 +494,7 @@ class ExprEmitter:
             return f"spc_{key}({x})"
         if dt.kind != "float":
             self.fail(f"{what} on {dt} values is not supported")
-        xs = [_strip(self.sub(a, lane)) for a in args]
+        xs = [strip_parens(self.sub(a, lane)) for a in args]
         if key == "log10":
             return f"(log2({xs[0]}) * {literal(dt, 0.30102999566398120)})"
         if key == "exp10":
@@ -515,7 +515,7 @@ class ExprEmitter:
         if to.lanes != frm.lanes:
             self.fail(f"reinterpret between {frm} and {to} (different lane counts) is not supported")
         to, frm = to.scalar, frm.scalar
-        x = _strip(self.sub(arg, lane))
+        x = strip_parens(self.sub(arg, lane))
         if to.bits != frm.bits:
             self.fail(f"reinterpret from {frm} to {to} (different sizes)")
         if to == frm:
