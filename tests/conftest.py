@@ -121,40 +121,32 @@ def unit_builds_nothing(request, monkeypatch):
     monkeypatch.setattr(fetch, "fetch", refuse)
 
 
-def opencl_missing() -> str | None:
-    """Why the OpenCL tests cannot run here, or None when a device is there. Under ``make test``
-    (SPECCOMPILE_REQUIRE_OPENCL=1, where make install set PoCL up) a missing runtime or device
-    is an error, not a skip."""
+def device_missing(kind: str) -> str | None:
+    """Why the OpenCL or Vulkan tests cannot run here, or None when a device is there. Under
+    ``make test`` (SPECCOMPILE_REQUIRE_OPENCL=1 / _VULKAN=1, where make install set PoCL and
+    lavapipe up) a missing runtime or device is an error, not a skip."""
     import os
 
-    from speccompile.runtime.device_runtime import DeviceRuntimeError, opencl_device_names
+    from speccompile.runtime import device_runtime
 
+    name, driver = {"opencl": ("OpenCL", "PoCL gives a CPU one: apt-get install pocl-opencl-icd"),
+                    "vulkan": ("Vulkan", "Mesa's lavapipe gives a CPU one: apt-get install mesa-vulkan-drivers")}[kind]
     try:
-        why = None if opencl_device_names() else \
-            "no OpenCL device on this machine (PoCL gives a CPU one: apt-get install pocl-opencl-icd)"
-    except DeviceRuntimeError as err:
-        why = f"no OpenCL runtime to test with: {err}"
-    if why and os.environ.get("SPECCOMPILE_REQUIRE_OPENCL") == "1":
-        raise RuntimeError(f"SPECCOMPILE_REQUIRE_OPENCL=1 but the OpenCL tests cannot run: {why}")
+        why = None if getattr(device_runtime, f"{kind}_device_names")() else f"no {name} device on this machine ({driver})"
+    except RuntimeError as err:  # DeviceRuntimeError, or the runtime's own
+        why = f"no {name} runtime to test with: {err}"
+    variable = f"SPECCOMPILE_REQUIRE_{kind.upper()}"
+    if why and os.environ.get(variable) == "1":
+        raise RuntimeError(f"{variable}=1 but the {name} tests cannot run: {why}")
     return why
+
+
+def opencl_missing() -> str | None:
+    return device_missing("opencl")
 
 
 def vulkan_missing() -> str | None:
-    """Why the Vulkan tests cannot run here, or None when a device is there. Under ``make test``
-    (SPECCOMPILE_REQUIRE_VULKAN=1, where make install set lavapipe up) a missing runtime or device
-    is an error, not a skip."""
-    import os
-
-    from speccompile.runtime.device_runtime import DeviceRuntimeError, vulkan_device_names
-
-    try:
-        why = None if vulkan_device_names() else \
-            "no Vulkan device on this machine (Mesa's lavapipe gives a CPU one: apt-get install mesa-vulkan-drivers)"
-    except (DeviceRuntimeError, RuntimeError) as err:
-        why = f"no Vulkan runtime to test with: {err}"
-    if why and os.environ.get("SPECCOMPILE_REQUIRE_VULKAN") == "1":
-        raise RuntimeError(f"SPECCOMPILE_REQUIRE_VULKAN=1 but the Vulkan tests cannot run: {why}")
-    return why
+    return device_missing("vulkan")
 
 
 def make_byte_tokenizer(path: Path) -> None:

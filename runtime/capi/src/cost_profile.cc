@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "costs.h"
+#include "json_util.h"
 #include "params_image.h"
 #include "threads.h"
 
@@ -20,13 +21,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IoError("cannot read " + path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 }  // namespace
 
 double TimeMin(const std::function<void()>& fn, int repeat, double budget) {
@@ -115,8 +109,8 @@ std::string WeightsKey(const std::vector<std::string>& model_dirs) {
   for (const std::string& d : model_dirs) {
     std::string index = d + "/tensor-cache.json";
     try {
-      all += ReadAll(index);
-    } catch (const IoError&) {
+      all += json::ReadFile(index);
+    } catch (const std::runtime_error&) {
       char resolved[4096];
       all += ::realpath(d.c_str(), resolved) ? std::string(resolved) : d;
     }
@@ -127,7 +121,7 @@ std::string WeightsKey(const std::vector<std::string>& model_dirs) {
 std::string ProfilePath(const std::vector<std::string>& libraries, const std::string& mode, const std::string& extra) {
   std::string all;
   for (const std::string& lib : libraries) {
-    std::string bytes = ReadAll(lib);
+    std::string bytes = json::ReadFile(lib);
     all += Sha256Hex(std::to_string(bytes.size()) + bytes);  // costs.py _file_digest
   }
   all += mode + "|" + extra + "|" + HostFingerprint() + "|v" + std::to_string(kProfileFormat);

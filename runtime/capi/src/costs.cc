@@ -44,13 +44,6 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IoError("cannot read " + path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::map<int64_t, double> TableOf(const fj::Object& o) {
   std::map<int64_t, double> out;
@@ -208,7 +201,7 @@ void CostModel::Save() const {
 
 std::optional<CostModel> CostModel::Load(const std::string& path) {
   try {
-    fj::Object data = json::AsObject(json::Parse(ReadAll(path), path), path);
+    fj::Object data = json::AsObject(json::Parse(json::ReadFile(path), path), path);
     double per_token = json::Has(data, "catch_up_per_token") ? json::Get(data, "catch_up_per_token").cast<double>() : 0.0;
     CostModel cost(CostTable(TableOf(json::GetObject(data, "target"))), CostTable(TableOf(json::GetObject(data, "draft"))),
                    per_token, path);
