@@ -13,6 +13,7 @@ import tvm
 from tvm import tirx
 
 from speccompile.kernels import cpu_matmul as K
+from speccompile.kernels.cpu_matmul_int8 import q4_matmul_int8
 from speccompile.passes.tagged_kernels import kernel_tag, param_dtype, param_shape, replace_tagged
 
 
@@ -31,7 +32,7 @@ def select_kernel(func: tirx.PrimFunc, int8_isa: str | None = None) -> tirx.Prim
         if not K.q4_is_tiled(n):
             return None
         if int8_isa:
-            return K.q4_matmul_vnni(n, kw * 8, param_dtype(func, 2), int8_isa)
+            return q4_matmul_int8(n, kw * 8, param_dtype(func, 2), int8_isa)
         return K.q4_matmul_tiled(n, kw * 8, param_dtype(func, 2))
     if kind == "q4_take":
         v, kw = param_shape(func, 0)
@@ -41,8 +42,8 @@ def select_kernel(func: tirx.PrimFunc, int8_isa: str | None = None) -> tirx.Prim
 
 @tvm.transform.module_pass(opt_level=0, name="DispatchCPUKernels")
 class DispatchCPUKernels:
-    """``int8_isa``: ``"avx512vnni"`` or ``"avx2"`` selects the int8-activation q4 kernel for
-    that instruction set (see ``kernels/cpu_matmul.q4_matmul_vnni``); None keeps the float one."""
+    """``int8_isa`` (``kernels/cpu_matmul_int8.INT8_ISAS``) selects the int8-activation q4 kernel
+    for that instruction set (``q4_matmul_int8``); None keeps the float one."""
 
     def __init__(self, int8_isa: str | None = None):
         self.int8_isa = int8_isa

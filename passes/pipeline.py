@@ -30,7 +30,7 @@ from tvm import relax
 
 from speccompile.passes.bind_gpu_threads import BindGPUThreads
 from speccompile.passes.dispatch_cpu_kernels import DispatchCPUKernels
-from speccompile.kernels.cpu_matmul import int8_dot_isa
+from speccompile.kernels.cpu_matmul_int8 import int8_dot_isa
 from speccompile.passes.dispatch_gpu_kernels import DispatchGPUKernels
 
 
@@ -76,7 +76,46 @@ def _finalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     if target.kind.name == "cuda":
         at = next(i for i, p in enumerate(passes) if p.info.name == "StaticPlanBlockMemory")
         passes.insert(at + 1, relax.transform.RewriteCUDAGraph())
-    return passes
+    return _named_symbols(passes)
+
+
+def _cpu_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """TVM's default CPU pipeline (relax/backend/cpu_generic), after our kernels."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    return [DispatchCPUKernels(int8_dot_isa(target)), *cpu.library_dispatch_passes(target),
+            *cpu.legalize_passes(target), *cpu.dataflow_lower_passes(target),
+            *_named_symbols(cpu.finalize_passes(target))]
+
+
+def _named_symbols(passes: list[tvm.transform.Pass]) -> list[tvm.transform.Pass]:
+    at = next(i for i, p in enumerate(passes) if p.info.name == "AttachGlobalSymbol")
+    return [*passes[:at], PrefixSystemLibSymbols(), *passes[at:]]
+
+
+def PrefixSystemLibSymbols() -> tvm.transform.Pass:
+    """A system library (``.tar``, ``system_lib_prefix`` set) names each kernel's symbol
+    ``<prefix><name>`` up front.
+
+    Why: TVM's AttachGlobalSymbol would otherwise rename the kernels' GlobalVars and rewrite
+    every function to the new ones, and that rewrite fails on a kernel that views one of its
+    parameters through a second buffer (``T.decl_buffer(data=w.data)``, as the tiled CPU
+    kernels do): "Cannot treat type ir.Call as type ir.Expr". Named here, the symbol is
+    already what that pass would give, so it renames nothing."""
+    return tvm.transform.module_pass(_prefix_symbols, opt_level=0, name="speccompile.PrefixSystemLibSymbols")
+
+
+def _prefix_symbols(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    prefix = mod.attrs.get("system_lib_prefix") if mod.attrs is not None else None
+    if not prefix:
+        return mod
+    updates = {}
+    for gvar, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and (func.attrs is None or "global_symbol" not in func.attrs):
+            updates[gvar] = func.with_attr("global_symbol", str(prefix) + gvar.name_hint)
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod
 
 
 def build_pipeline(target: tvm.target.Target, projections: str = "portable") -> tvm.transform.Pass:
@@ -88,7 +127,7 @@ def build_pipeline(target: tvm.target.Target, projections: str = "portable") -> 
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
             if kind == "llvm":
-                passes = [DispatchCPUKernels(int8_dot_isa(target)), relax.pipeline.get_default_pipeline(target)]
+                passes = _cpu_passes(target)
             else:
                 passes = _gpu_passes(target, projections)
             mod = tvm.transform.Sequential(passes)(mod)

@@ -124,26 +124,31 @@ def gen_config_cmd(src, quantization, output, conv_template, fields, model_type,
               help="CPU to build for (--device llvm): any LLVM CPU name, e.g. x86-64-v3, znver3, skylake-avx512, "
                    "sapphirerapids; default: this machine's CPU. The library refuses to load on a CPU without "
                    "the features it implies")
-@click.option("--host", default=None, help="host LLVM triple, e.g. aarch64-linux-gnu (cross builds produce a .tar)")
+@click.option("--host", default=None,
+              help="host LLVM triple to cross-build for, e.g. aarch64-linux-gnu (Raspberry Pi, Jetson), "
+                   "aarch64-linux-android, arm64-apple-ios; a .so is linked by <triple>-g++ (or --cc), a .tar is not linked")
+@click.option("--cc", default=None,
+              help="the C++ compiler that links the .so (default for --host T: T-g++ on PATH), e.g. an NDK's "
+                   "aarch64-linux-android24-clang++")
 @click.option("--cuda-arch", "cuda_arch", default=None,
               help="comma-separated sm_XX list for the embedded fatbin (default sm_75,sm_80,sm_86,sm_89,sm_90)")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
-              help="LIB.so, or LIB.tar for metal/iphone/android and cross-compiled hosts")
+              help="LIB.so, or LIB.tar: a system library of objects the app links (metal/iphone/android, CPU too)")
 @click.option("--dump-source", type=click.Path(path_type=Path), default=None,
               help="also write the generated GPU kernel source (CUDA, OpenCL C or Metal) to this file")
 @click.option("--gpu-projections", default="auto", show_default=True,
               type=click.Choice(["auto", "tensor-core", "portable"]),
               help="GPU projections: tensor-core (mma.sync; cuda with every --cuda-arch sm_80+, fp16 activations: "
                    "q4f16_1, q0f16) or portable (any GPU); auto takes tensor-core where it can be built")
-def compile_cmd(config: Path, device: str, mcpu: str | None, host: str | None, cuda_arch: str | None, output: Path,
-                dump_source: Path | None, gpu_projections: str) -> None:
+def compile_cmd(config: Path, device: str, mcpu: str | None, host: str | None, cc: str | None, cuda_arch: str | None,
+                output: Path, dump_source: Path | None, gpu_projections: str) -> None:
     """Compile a model config into a library for a device."""
     from speccompile.compiler.compile import compile_model
 
     archs = [a.strip() for a in cuda_arch.split(",") if a.strip()] if cuda_arch else None
     try:
         compile_model(config, device, output, host=host, cuda_archs=archs, dump_source=dump_source, mcpu=mcpu,
-                      gpu_projections=gpu_projections)
+                      gpu_projections=gpu_projections, cc=cc)
     except USER_ERRORS as err:
         fail(err)
 

@@ -23,7 +23,8 @@ from tvm.target import codegen
 from speccompile import __version__
 from speccompile.models import LlamaConfig, build_model, config_from_dict, get_quantization
 from speccompile.models.exports import signatures
-from speccompile.kernels.cpu_matmul import TILE, int8_dot_isa, is_tiled_param
+from speccompile.kernels.cpu_matmul import TILE, is_tiled_param
+from speccompile.kernels.cpu_matmul_int8 import int8_dot_isa
 from speccompile.passes.memory_plan import MemoryPlanRecorder, attach_upper_bounds
 from speccompile.passes.pipeline import build_pipeline
 from speccompile.runtime.contract import (KV_PAGE_SIZE, ContractError, model_config_path, read_model_config,
@@ -159,13 +160,14 @@ def check_memory_plan(plan: dict[str, dict] | None) -> dict[str, int]:
 
 def compile_model(config_path: Path, device: str, output: Path, verbose: bool = True,
                   host: str | None = None, cuda_archs: list[str] | None = None,
-                  dump_source: Path | None = None, mcpu: str | None = None, gpu_projections: str = "auto") -> dict:
+                  dump_source: Path | None = None, mcpu: str | None = None, gpu_projections: str = "auto",
+                  cc: str | None = None) -> dict:
     """Build the library; returns its metadata plus a ``build`` report (time, size, kernels)."""
     conf = read_config(Path(config_path))
     cfg = config_from_dict(conf["model_type"], conf["model_config"])  # a target or a draft head
     quant = get_quantization(conf["quantization"])
     output = Path(output)
-    plan = plan_target(device, output, host, cuda_archs, mcpu)
+    plan = plan_target(device, output, host, cuda_archs, mcpu, cc)
     target = plan.target
     projections = resolve_projections(gpu_projections, target, quant.name)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -191,10 +193,14 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
         ex = tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target, projections or "portable"))
     report: dict[str, Any] = {"memory_plan": check_memory_plan(recorder.plan)}
     tmp = output.with_name(output.stem + ".tmp" + output.suffix)
+    export: dict[str, Any] = {}
     if plan.nvcc:
-        ex.export_library(str(tmp), fpack_imports=fatbin_packer(plan.nvcc, plan.cuda_archs, report))
-    else:
-        ex.export_library(str(tmp))
+        export["fpack_imports"] = fatbin_packer(plan.nvcc, plan.cuda_archs, report)
+    if plan.cc:  # a cross build's .so, linked by the triple's compiler
+        from tvm.support import cc as tvm_cc
+
+        export["fcompile"] = tvm_cc.cross_compiler(plan.cc)
+    ex.export_library(str(tmp), **export)
     tmp.replace(output)
     device_mod = find_device_module(ex.mod)
     if dump_source is not None and device_mod is not None:
@@ -210,6 +216,8 @@ def compile_model(config_path: Path, device: str, output: Path, verbose: bool = 
             if quant.is_q4:
                 isa = metadata["q4_int8_isa"]
                 where += f", q4 kernels: {'int8 activations on ' + isa if isa else 'float activations'}"
+        if plan.cc:
+            where += f", {metadata['mtriple']}, linked by {Path(plan.cc).name}"
         print(f"compiled {cfg.model_type} {quant.name} for {plan.device} ({target.kind.name} {where}) "
               f"in {report['seconds']}s -> {output} ({report['bytes'] / 1e6:.1f} MB)")
         mem = report["memory_plan"]

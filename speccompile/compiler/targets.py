@@ -4,8 +4,9 @@
 
 | --device        | TVM target                      | artifact                                    |
 |-----------------|---------------------------------|---------------------------------------------|
-| llvm, cpu       | --mcpu, default the build host  | .so                                         |
-| "llvm -mcpu=X"  | the same, as a target string    | .so                                         |
+| llvm, cpu       | --mcpu, default the build host  | .so, or .tar (a system library)             |
+| "llvm -mcpu=X"  | the same, as a target string    | .so, or .tar                                |
+| llvm --host T   | a CPU of triple T (cross build) | .so linked by ``T-g++`` (or --cc), or .tar  |
 | cuda            | cuda, arch = lowest --cuda-arch | .so; fatbin for every arch if nvcc is found, |
 |                 |                                 | else CUDA source compiled at load time      |
 | opencl          | opencl                          | .so with the OpenCL C kernels               |
@@ -14,6 +15,11 @@
 | iphone          | metal, host arm64-apple-ios     | .tar                                        |
 | vulkan          | vulkan (GLSL -> SPIR-V, ours)   | .so with the SPIR-V kernels                 |
 | auto            | cuda if a CUDA GPU is visible, else the host CPU                              |
+
+A cross build (``--host aarch64-linux-gnu``: Raspberry Pi, Jetson, ARM servers) is linked
+into a ``.so`` by the triple's cross compiler, found as ``<triple>-g++`` on PATH or named
+with ``--cc``; a ``.tar`` (objects of a TVM system library) needs no linker here: the app
+links it (Android and iOS apps, which link their CPU code statically).
 
 A CPU library runs only where its -mcpu's instructions exist: the features it implies are
 recorded in ``_metadata`` (``cpu_features``, runtime/cpu.py) and checked at load.
@@ -50,6 +56,7 @@ class TargetPlan:
     output_format: str  # "so" or "tar"
     cuda_archs: list[str] = field(default_factory=list)
     nvcc: str | None = None  # set when CUDA kernels are compiled ahead of time
+    cc: str | None = None  # the linker of a cross-built .so (--cc, or <triple>-g++ on PATH)
 
     @property
     def cuda_binary(self) -> str | None:
@@ -66,6 +73,24 @@ def find_nvcc() -> str | None:
         if root and Path(root, "bin", "nvcc").exists():
             return str(Path(root, "bin", "nvcc"))
     return None
+
+
+def find_cross_cc(host: str, cc: str | None) -> str:
+    """The C++ compiler that links a .so for ``host``: ``cc`` when given, else the first of
+    ``<host>-g++``, ``<host>-c++``, ``<host>-clang++`` on PATH."""
+    if cc is not None:
+        found = shutil.which(cc)
+        if not found:
+            raise CompileError(f"--cc {cc}: no such compiler (give a path, or a name on PATH)")
+        return found
+    for name in (f"{host}-g++", f"{host}-c++", f"{host}-clang++"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise CompileError(
+        f"linking a .so for {host} needs its cross compiler, and {host}-g++ is not on PATH: install it "
+        f"(Debian/Ubuntu: apt-get install g++-{host}; `make arm-system` does it for aarch64-linux-gnu), "
+        f"name one with --cc, or write a .tar (-o x.tar) and link it on the device")
 
 
 def _check_archs(archs: list[str]) -> list[str]:
@@ -137,7 +162,7 @@ def _merge(option: str, given, attr, device: str):
 
 
 def plan_target(device: str, output: Path, host: str | None = None, cuda_archs: list[str] | None = None,
-                mcpu: str | None = None) -> TargetPlan:
+                mcpu: str | None = None, cc: str | None = None) -> TargetPlan:
     """Resolve --device/--mcpu/--host/--cuda-arch, refusing what cannot be built before any work."""
     try:
         parsed = parse_device(device, for_compile=True)
@@ -182,16 +207,21 @@ def plan_target(device: str, output: Path, host: str | None = None, cuda_archs: 
         spec = {"kind": "vulkan", "host": host_target}
     else:  # metal, iphone
         spec = {"kind": "metal", "host": host_target}
-    foreign_host = bool(host) and not host.startswith(platform.machine())
-    needs_tar = device in ("metal", "iphone", "android") or foreign_host
+    foreign_host = bool(host) and cpu_arch(host) != cpu_arch(platform.machine())
+    # Apple's Mach-O and an app's own link (iOS, Android) happen outside this machine
+    needs_tar = device in ("metal", "iphone", "android") or (bool(host) and "apple" in host)
     suffix = output.suffix.lower()
     if needs_tar and suffix != ".tar":
         raise CompileError(
             f"--device {device} (host {host}) cannot be linked into a shared library on this machine: "
             f"use -o {output.with_suffix('.tar').name}; the app links the objects in the archive (see runtime/capi/README.md)")
-    if not needs_tar and suffix not in (".so", ".tar"):
+    if suffix not in (".so", ".tar"):
         raise CompileError(f"output {output} should end in .so (or .tar for an archive of objects)")
-    plan = TargetPlan(device, tvm.target.Target(spec), "tar" if suffix == ".tar" else "so", list(cuda_archs or []))
+    if cc is not None and suffix == ".tar":
+        raise CompileError(f"--cc links a .so; {output.name} is an archive of objects that is not linked here")
+    linker = find_cross_cc(host or "", cc) if suffix == ".so" and (foreign_host or cc is not None) else None
+    plan = TargetPlan(device, tvm.target.Target(spec), "tar" if suffix == ".tar" else "so", list(cuda_archs or []),
+                      cc=linker)
     if plan.target.kind.name == "cuda":
         plan.nvcc = find_nvcc()
     return plan

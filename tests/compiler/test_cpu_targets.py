@@ -14,7 +14,7 @@ import pytest
 import tvm
 
 from speccompile.compiler.compile import CompileError
-from speccompile.kernels.cpu_matmul import int8_dot_isa
+from speccompile.kernels.cpu_matmul_int8 import int8_dot_isa
 from speccompile.runtime import cpu
 from speccompile.runtime.cpu import CPUFeatureError, check_cpu_features, host_cpu_features, suggest_mcpu
 from speccompile.runtime.device import DeviceError, parse_device

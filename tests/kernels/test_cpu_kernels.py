@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 
-from speccompile.kernels import cpu_matmul as K
+from speccompile.kernels import cpu_matmul_int8 as K
 from speccompile.runtime import cpu
 from speccompile.compiler.targets import cpu_target
 
@@ -27,9 +27,10 @@ N, KDIM = 48, 96  # three 16-row tiles, three 32-wide groups
 def _build(isa: str):
     target = tvm.target.Target(cpu_target(None, None))
     have = K.int8_dot_isa(target)
-    if have is None or (isa == "avx512vnni" and have != "avx512vnni"):
+    # "neon" is plain integer TIR (no intrinsics): it builds and runs on any CPU
+    if isa != "neon" and (have is None or (isa == "avx512vnni" and have != "avx512vnni")):
         pytest.skip(f"this host cannot run the {isa} kernel (it has {have})")
-    func = K.q4_matmul_vnni(N, KDIM, "float32", isa).with_attr("global_symbol", "main")
+    func = K.q4_matmul_int8(N, KDIM, "float32", isa).with_attr("global_symbol", "main")
     return tvm.compile(tvm.IRModule({"main": func}), target=target)["main"]
 
 
@@ -43,7 +44,7 @@ def _tiled_weights(rng):
     return tile(qw).reshape(N, -1), tile(qs).reshape(N, -1), w
 
 
-@pytest.mark.parametrize("isa", ["avx512vnni", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512vnni", "avx2", "neon"])
 def test_q4_int8_matmul_rows_are_bit_identical_at_every_row_count(isa):
     fn = _build(isa)
     rng = np.random.default_rng(3)
@@ -63,3 +64,26 @@ def test_q4_int8_matmul_rows_are_bit_identical_at_every_row_count(isa):
     for m in range(2, len(x) + 1):
         got = run(x[:m])
         assert np.array_equal(got, alone[:m]), f"{m} rows: some row differs from that row computed alone"
+
+
+def test_q4_int8_isas_give_the_same_bits():
+    """The promise that makes tokens equal across CPUs: every ISA's kernel computes the same
+    exact integer sums and the same float epilogue, so the outputs are equal bit for bit.
+    Here the ISAs this host runs; aarch64's sdot kernel is held to x86 by
+    tests/runtime/test_arm.py under qemu."""
+    have = K.int8_dot_isa(tvm.target.Target(cpu_target(None, None)))
+    isas = {"avx512vnni": ["avx512vnni", "avx2", "neon"], "avx2": ["avx2", "neon"]}.get(have)
+    if isas is None:
+        pytest.skip(f"this host runs no x86 int8 kernel (it has {have})")
+    rng = np.random.default_rng(5)
+    qw, qs, _ = _tiled_weights(rng)
+    dev = tvm.cpu()
+    x = rng.standard_normal((11, KDIM)).astype(np.float32) * rng.uniform(0.1, 10, (11, 1)).astype(np.float32)
+    outs = {}
+    for isa in isas:
+        fn = _build(isa)
+        y = tvm.runtime.empty((len(x), N), "float32", dev)
+        fn(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(qw, dev), tvm.runtime.tensor(qs, dev), y)
+        outs[isa] = y.numpy()
+    for isa in isas[1:]:
+        assert np.array_equal(outs[isa], outs[isas[0]]), f"{isa} differs from {isas[0]}"

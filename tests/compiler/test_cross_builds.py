@@ -1,0 +1,91 @@
+"""Libraries for other machines, built here: a cross-linked aarch64 ``.so`` (``--host
+aarch64-linux-gnu``) and CPU system libraries (``.tar``) for x86, aarch64 Linux, Android
+and iOS, each compiled and inspected (format, architecture, prefixed symbols, the ISA of its
+q4 kernel). tests/runtime/test_arm.py runs the aarch64 builds under qemu.
+"""
+from __future__ import annotations
+
+import platform
+import shutil
+import struct
+import tarfile
+
+import pytest
+
+from speccompile.compiler.compile import CompileError, compile_model
+from speccompile.compiler.targets import plan_target
+from speccompile.kernels.cpu_matmul_int8 import int8_dot_isa
+from speccompile.runtime import cpu
+from speccompile.runtime.model import baked_metadata
+
+ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
+MACHO_ARM64 = 0x0100000C
+needs_cross_gxx = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
+                                     reason="aarch64-linux-gnu-g++ is not installed (make install sets it up)")
+
+
+def _elf_machine(data: bytes) -> tuple[int, int]:
+    """(e_type, e_machine) of an ELF file: 1 relocatable object, 3 shared object."""
+    assert data[:4] == b"\x7fELF", "not an ELF file"
+    return struct.unpack_from("<HH", data, 16)
+
+
+@pytest.mark.parametrize("mcpu, isa", [("cortex-a76", "dotprod"), ("apple-m1", "dotprod"), ("neoverse-n1", "dotprod"),
+                                       ("cortex-a72", "neon"), ("cortex-a53", "neon"), (None, "neon")])
+def test_arm_q4_kernel_follows_the_cpu(tmp_path, mcpu, isa):
+    """sdot where the CPU has the dot-product extension, else the NEON integer kernel: both
+    int8 activations, so ARM gives x86's numbers (never the float kernel)."""
+    plan = plan_target("llvm", tmp_path / "m.tar", host="aarch64-linux-gnu", mcpu=mcpu)
+    assert int8_dot_isa(plan.target) == isa
+
+
+@needs_cross_gxx
+def test_aarch64_so_is_cross_linked(build_tiny, tmp_path):
+    built = build_tiny("tiny-llama", "q4f32_1")
+    lib = tmp_path / "tiny-a76.so"
+    meta = compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False,
+                         host="aarch64-linux-gnu", mcpu="cortex-a76")
+    assert _elf_machine(lib.read_bytes()) == (3, ELF_MACHINE["aarch64"])
+    baked = baked_metadata(lib)
+    assert baked["mtriple"] == "aarch64-linux-gnu" and baked["q4_int8_isa"] == "dotprod" == meta["q4_int8_isa"]
+    assert {"asimd", "asimddp"} <= set(baked["cpu_features"]) and baked["q4_activations"] == "int8"
+    if cpu.cpu_arch(platform.machine()) != "aarch64":  # refused here by name, before it is opened
+        from speccompile.runtime.model import Model, ModelLoadError
+
+        with pytest.raises(ModelLoadError, match="was built for aarch64 CPUs"):
+            Model(built.model_dir, lib)
+
+
+@pytest.mark.parametrize("host, arch", [(None, platform.machine()), ("aarch64-linux-gnu", "aarch64"),
+                                        ("aarch64-linux-android", "aarch64"), ("arm64-apple-ios", "macho")])
+def test_cpu_system_library_archives(build_tiny, tmp_path, host, arch):
+    """A .tar of objects an app links statically (TVM system library, symbols prefixed by the
+    output's stem), for every CPU an app is built for."""
+    built = build_tiny("tiny-llama", "q4f32_1")
+    lib = tmp_path / "tiny-cpu.tar"
+    meta = compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False, host=host)
+    assert meta["system_lib_prefix"] == "tiny_cpu_" and meta["q4_activations"] == "int8"
+    with tarfile.open(lib) as tar:
+        objs = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".o")}
+    assert "lib0.o" in objs and any(n.endswith("devc.o") for n in objs)
+    code = objs["lib0.o"]
+    if arch == "macho":
+        assert struct.unpack_from("<II", code, 0) == (0xFEEDFACF, MACHO_ARM64)
+    else:
+        assert _elf_machine(code) == (1, ELF_MACHINE[cpu.cpu_arch(arch)])
+    # the kernels' symbols carry the prefix (what the app's system:// load looks up)
+    assert b"tiny_cpu_q4_take" in code and b"tiny_cpu_q4_matmul" in code and b"tiny_cpu_attention" in code
+
+
+def test_cross_link_refusals(build_tiny, tmp_path, monkeypatch):
+    config = build_tiny("tiny-llama", "q4f32_1").model_dir / "speccompile-config.json"
+    with pytest.raises(CompileError, match="--cc /nowhere/g\\+\\+: no such compiler"):
+        compile_model(config, "llvm", tmp_path / "a.so", verbose=False, host="aarch64-linux-gnu", cc="/nowhere/g++")
+    with pytest.raises(CompileError, match="--cc links a .so"):
+        compile_model(config, "llvm", tmp_path / "a.tar", verbose=False, host="aarch64-linux-gnu", cc="g++")
+    with pytest.raises(CompileError, match="cannot be linked into a shared library on this machine: use -o a.tar"):
+        compile_model(config, "llvm", tmp_path / "a.so", verbose=False, host="arm64-apple-ios")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(CompileError, match="aarch64-linux-gnu-g\\+\\+ is not on PATH: install it .*g\\+\\+-aarch64-linux-gnu"):
+        compile_model(config, "llvm", tmp_path / "a.so", verbose=False, host="aarch64-linux-gnu")
+    assert not list(tmp_path.iterdir())  # refused before any work
