@@ -5,18 +5,21 @@ BIN := $(VENV)/bin
 
 .PHONY: install test test-durations test-fast demo bench heads clean opencl opencl-system vulkan vulkan-system docs
 
-install: opencl-system vulkan-system
+install: opencl-system vulkan-system arm-system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,vulkan]'
 	$(MAKE) opencl vulkan
+	$(MAKE) capi HOST=aarch64-linux-gnu >/dev/null
+	@echo "built build/capi-aarch64-linux-gnu (the C API for aarch64, run under qemu-aarch64 by make test)"
 	@echo "installed into $(VENV)/ -- run 'make test'"
 
 # `make test` runs the OpenCL and Vulkan tests on the CPU devices `make install` sets up (PoCL,
-# lavapipe): they fail, not skip, when one is missing (SPECCOMPILE_REQUIRE_OPENCL=1, _VULKAN=1). One worker per CPU, a test file per worker
+# lavapipe), and aarch64 builds under qemu-aarch64 with the cross-built C API: they fail, not skip,
+# when one is missing (SPECCOMPILE_REQUIRE_OPENCL=1, _VULKAN=1, _ARM=1). One worker per CPU, a test file per worker
 # at a time (its module fixtures built once), longest file first by tests/durations.json (xdist would
 # otherwise reorder files by their number of tests); tests/conftest.py gives each worker its share of cores.
-PYTEST_RUN := SPECCOMPILE_REQUIRE_OPENCL=1 SPECCOMPILE_REQUIRE_VULKAN=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+PYTEST_RUN := SPECCOMPILE_REQUIRE_OPENCL=1 SPECCOMPILE_REQUIRE_VULKAN=1 SPECCOMPILE_REQUIRE_ARM=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 test:
 	$(PYTEST_RUN) --durations=15
 
@@ -109,11 +112,53 @@ head-prompts:
 		--num-prompts $(TRAIN_PROMPTS) --held-out $(HELD_OUT_PROMPTS) --data-dir heads/data/$(MODEL)-$(QUANT)
 
 # The C API for embedding (runtime/capi): libspeccompile_capi.so + build/capi/spc_generate and spc_chat,
-# built with CMake against the TVM runtime in the venv's wheel.
+# built with CMake against the TVM runtime in the venv's wheel. `make capi HOST=<triple>`: a cross build
+# (capi-cross below). Only a HOST given on the command line counts: some shells export HOST=<hostname>.
+ifeq ($(origin HOST),environment)
+HOST :=
+endif
 .PHONY: capi
 capi:
+ifeq ($(HOST),)
 	cmake -S runtime/capi -B build/capi -DPython_EXECUTABLE=$(abspath $(BIN)/python)
 	cmake --build build/capi -j2
+else
+	$(MAKE) capi-cross HOST=$(HOST)
+endif
+
+# ---- The C API for ARM Linux boards (Raspberry Pi, Jetson): `make capi HOST=aarch64-linux-gnu` ----
+# Cross-compiled here with Debian's aarch64 gcc (`make arm-system` installs it and qemu-user) against
+# the TVM runtime of the aarch64 wheels of exactly the apache-tvm / apache-tvm-ffi versions in the venv
+# (downloaded once into build/wheels/<triple>/, the runtime libraries and tvm-ffi headers unpacked
+# into its root/: runtime/capi/tools/fetch_tvm_runtime.py), configured with
+# runtime/capi/cmake/aarch64-linux-gnu.cmake. Output: build/capi-<triple>/ with libspeccompile_capi.so,
+# spc_generate, spc_chat, spc_policy_replay, spc_forward_logits and copies of libtvm_runtime.so and
+# libtvm_ffi.so, found through $ORIGIN: copy the folder to the board. Run here with
+# `qemu-aarch64 -L /usr/aarch64-linux-gnu build/capi-aarch64-linux-gnu/spc_generate ...` (runtime/capi/README.md).
+# runtime/capi/cmake/<triple>.cmake where there is one, else the aarch64 file with the triple swapped
+CROSS_TOOLCHAIN = $(or $(wildcard runtime/capi/cmake/$(HOST).cmake),runtime/capi/cmake/aarch64-linux-gnu.cmake)
+.PHONY: capi-cross arm-system
+capi-cross:
+	@test -n "$(HOST)" || { echo "usage: make capi HOST=aarch64-linux-gnu"; exit 1; }
+	@command -v $(HOST)-g++ >/dev/null || { echo "no $(HOST)-g++: run 'make arm-system' (or install a cross compiler for $(HOST))"; exit 1; }
+	@roots=$$($(BIN)/python runtime/capi/tools/fetch_tvm_runtime.py $(HOST) build/wheels/$(HOST)) || exit 1; \
+	cmd="cmake -S runtime/capi -B build/capi-$(HOST) -DCMAKE_TOOLCHAIN_FILE=$(abspath $(CROSS_TOOLCHAIN)) \
+	  -DSPC_CROSS_TRIPLE=$(HOST) $$roots"; echo $$cmd; $$cmd
+	cmake --build build/capi-$(HOST) -j2
+
+# The cross compiler and the emulator for `make capi HOST=aarch64-linux-gnu` and for running its programs
+# here. Debian/Ubuntu via apt (as root, or with sudo).
+ARM_PACKAGES := g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+arm-system:
+	@if command -v aarch64-linux-gnu-g++ >/dev/null && [ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ] \
+	    && command -v qemu-aarch64 >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	  echo "install an aarch64-linux-gnu cross g++ with its libc, and qemu-user (qemu-aarch64), then rerun"; exit 1; fi; \
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	echo "apt-get install $(ARM_PACKAGES)"; \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(ARM_PACKAGES) >/dev/null \
+	  || { $$SUDO apt-get update -q >/dev/null && \
+	       DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(ARM_PACKAGES) >/dev/null; }
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -155,11 +155,13 @@ def compiler_hash() -> str:
     return h.hexdigest()[:10]
 
 
-def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None = None) -> tuple[Path, Path]:
+def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None = None,
+            host: str | None = None) -> tuple[Path, Path]:
     """Fetch, convert, gen_config and compile once; returns (model_dir, model_lib).
 
     ``mcpu``: the CPU to compile for (an LLVM CPU name, e.g. x86-64-v3); default this
-    machine's. The library's file name carries it, so builds for several CPUs coexist."""
+    machine's. ``host``: a triple to cross-build for (aarch64-linux-gnu: a .so linked by its
+    cross compiler). The library's file name carries both, so builds for several CPUs coexist."""
     from speccompile.compiler.compile import compile_model
     from speccompile.compiler.convert_weight import convert_weight
     from speccompile.compiler.gen_config import gen_config
@@ -175,10 +177,11 @@ def prepare(name: str, quantization: str, quiet: bool = False, mcpu: str | None 
         config = model_dir / MODEL_CONFIG_FILE
         if not config.exists() or "chat_format" not in json.loads(config.read_text()):
             gen_config(gguf, quantization, model_dir)  # (again, for a folder converted before chat formats)
-        cpu = mcpu if mcpu not in (None, "native") else tvm.target.codegen.llvm_get_system_cpu()
-        lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{cpu}-{compiler_hash()}.so"
+        cpu = mcpu if mcpu not in (None, "native") or host else tvm.target.codegen.llvm_get_system_cpu()
+        where = f"{host}-{cpu or 'generic'}" if host else cpu
+        lib = cache_root() / "libs" / f"{name}-{quantization}-llvm-{where}-{compiler_hash()}.so"
         if not lib.exists():
-            compile_model(model_dir / MODEL_CONFIG_FILE, "llvm", lib, verbose=not quiet, mcpu=mcpu)
+            compile_model(model_dir / MODEL_CONFIG_FILE, "llvm", lib, verbose=not quiet, mcpu=mcpu, host=host)
     return model_dir, lib
 
 

@@ -121,6 +121,10 @@ std::string WeightsKey(const std::vector<std::string>& model_dirs) {
 std::string ProfilePath(const std::vector<std::string>& libraries, const std::string& mode, const std::string& extra) {
   std::string all;
   for (const std::string& lib : libraries) {
+    if (lib.compare(0, 9, "system://") == 0) {  // linked into the app: no file; the caller's
+      all += Sha256Hex(lib);                      // text names it (prefix + _metadata)
+      continue;
+    }
     std::string bytes = json::ReadFile(lib);
     all += Sha256Hex(std::to_string(bytes.size()) + bytes);  // costs.py _file_digest
   }

@@ -133,9 +133,13 @@ Session::Session(Model* model, const spc_session_config& cfg, Model* additional)
   // engine.py: the costs, read from the profile this host keeps (the Python runtime's too) or
   // measured now on scratch sequences; what earlier processes learned of the acceptance, when
   // they ran these very weights; then a fixed draft length or the adaptive one
-  std::vector<std::string> libs{model->lib_path()}, dirs{model->model_dir()};
+  // a library linked into the app (system://prefix) has no file to digest: its _metadata names it
+  auto identity = [](const Model& m) {
+    return m.lib_path().compare(0, 9, "system://") == 0 ? m.lib_path() + "\n" + m.metadata_json() : m.lib_path();
+  };
+  std::vector<std::string> libs{identity(*model)}, dirs{model->model_dir()};
   if (additional) {
-    libs.push_back(additional->lib_path());
+    libs.push_back(identity(*additional));
     dirs.push_back(additional->model_dir());
   }
   int64_t max_rows = model->config().prefill_chunk_size;
