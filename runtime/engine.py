@@ -31,11 +31,13 @@ from .contract import read_model_config
 from .costs import load_or_measure, weights_key
 from .device import DeviceError, parse_device
 from .generation import GenerationAPI
-from .grammar import Grammars, apply_masks, constrain_drafts, mask_rows
+from .grammar import Grammars, constrain_drafts
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics, StepRecord, record_step
 from .model import Model
 from .options import EngineConfig, configs_from
+from .penalties import adjust_first, adjust_step, check_ids
+from .prediction import check_prediction
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, sample, token_logprobs
 from .sequence import GenerationError, GenerationResult, Sequence, Stats
@@ -111,23 +113,16 @@ class Engine(GenerationAPI):
             acceptance = AcceptanceModel().restore(self.cost.acceptance) if not k else AcceptanceModel()
             self.policy = Policy(self.cost, acceptance, fixed_k=k or None)
 
-    def check_prompt(self, ids: list[int]) -> None:
-        if not ids:
-            raise GenerationError("the prompt is empty")
-        if len(ids) >= self.context_window:
-            raise GenerationError(
-                f"the prompt has {len(ids)} tokens but the context window is {self.context_window}; "
-                "shorten it or rebuild with gen_config --context-window-size")
-        self.model.check_token_ids(np.asarray(ids))
-
     # ------------------------------------------------------ step primitives
     def new_sequence(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, ignore_eos: bool = False, max_len: int | None = None,
-                     speculative: bool = True, grammar=None, top_logprobs: int | None = None, tenant=None) -> Sequence:
+                     speculative: bool = True, grammar=None, top_logprobs: int | None = None, tenant=None,
+                     prediction: list[int] | None = None) -> Sequence:
         """A validated sequence, not yet holding KV pages. ``max_len`` caps prompt + output
         (a server passes its KV capacity so that one sequence alone always fits); ``grammar``:
         its own ``self.grammars.constraint(response_format)``, which every token obeys;
-        ``top_logprobs``: 0..20 alternatives per token; ``tenant``: whose requests may draft for it."""
+        ``top_logprobs``: 0..20 alternatives per token; ``tenant``: whose requests may draft for it;
+        ``prediction``: the client's guess at the answer's tokens, a draft source (runtime/prediction.py)."""
         if max_tokens <= 0:
             raise GenerationError("max_tokens must be positive")
         if top_logprobs is not None and not 0 <= top_logprobs <= 20:
@@ -138,10 +133,13 @@ class Engine(GenerationAPI):
             raise GenerationError(f"the prompt has {len(prompt_ids)} tokens but at most {limit - 1} fit "
                                   "(context window and KV cache capacity)")
         sp = sampling or SamplingParams()
+        check_ids(sp, self.model.vocab_size)
+        check_prediction(self, prediction)
         seq = Sequence(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
                        np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
                        GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer), speculative=speculative,
-                       grammar=grammar, top_logprobs=top_logprobs, tenant=tenant)
+                       grammar=grammar, top_logprobs=top_logprobs, tenant=tenant, prediction=prediction or None)
+        seq.result.prediction = seq.prediction
         if top_logprobs is not None:
             seq.result.logprobs = []
         seq.result.stats.spec = SpecMetrics() if self.proposer and speculative else None
@@ -159,13 +157,15 @@ class Engine(GenerationAPI):
             seq.result.stats.cached_prompt_tokens = cached
             self.totals.cached_prompt_tokens += cached
             seq.to_prefill = list(seq.history[cached:])
-            return
-        self.kv.add_sequence(seq.seq_id)
-        if self.proposer:
-            self.proposer.add_sequence(seq.seq_id, seq.history, seq.tenant)
-            if self.policy is not None:
-                self.policy.acceptance.new_prompt(seq.seq_id)
-        seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
+        else:
+            self.kv.add_sequence(seq.seq_id)
+            if self.proposer:
+                self.proposer.add_sequence(seq.seq_id, seq.history, seq.tenant)
+                if self.policy is not None:
+                    self.policy.acceptance.new_prompt(seq.seq_id)
+            seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
+        if seq.prediction and seq.speculative:  # the proposer's id for it is final now
+            self.proposer.predict(seq.seq_id, seq.prediction)
 
     def detach(self, seq: Sequence, keep: bool = False) -> None:
         """Free the sequence's KV pages (target and draft); safe to call twice. ``keep``: a
@@ -225,8 +225,7 @@ class Engine(GenerationAPI):
             if not s.to_prefill:
                 done.append(s)
                 if not s.result.token_ids:
-                    row_logits = logits[row] if s.grammar is None else apply_masks(
-                        logits[row: row + 1].copy(), s.grammar.root_mask()[None])[0]
+                    row_logits = adjust_first(logits[row], s)  # penalties, bias, grammar, min-p
                     self._emit(s, [sample(row_logits, s.sampling, s.rng)], row_logits[None])
         self.totals.prefill_tokens += total
         self.totals.prefill_seconds += dt
@@ -242,11 +241,12 @@ class Engine(GenerationAPI):
         t1 = time.perf_counter()
         drafts, masks = constrain_drafts(active, drafts)  # what a grammar forbids is not verified
         drafts, logits, hidden = self._forward(active, drafts)
-        host = None  # [rows, vocab] on the host, for grammar masks and logprobs
-        if masks is not None or any(s.top_logprobs is not None for s in active):
+        host = None  # [rows, vocab] on the host, for grammar masks, penalties and logprobs
+        adjust = masks is not None or any(s.sampling.adjusts_logits for s in active)
+        if adjust or any(s.top_logprobs is not None for s in active):
             host = logits.numpy()
-        if masks is not None:
-            logits = self.model.uploads.put("grammar.logits", mask_rows(host, active, drafts, masks))
+        if adjust:  # each row as of its own prefix (runtime/penalties.py)
+            logits = self.model.uploads.put("grammar.logits", adjust_step(host, active, drafts, masks))
         verdicts = self._accept(active, drafts, logits)
         t2 = time.perf_counter()
         self._commit(active, drafts, verdicts, hidden)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
+
 from .kv_cache import KVCacheFull
 from .metrics import SpecMetrics
 from .sampling import SamplingParams
@@ -19,6 +21,15 @@ from .tokenizer import render_messages
 
 class GenerationAPI:
     """Mixed into ``Engine``: the methods applications call."""
+
+    def check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise GenerationError("the prompt is empty")
+        if len(ids) >= self.context_window:
+            raise GenerationError(
+                f"the prompt has {len(ids)} tokens but the context window is {self.context_window}; "
+                "shorten it or rebuild with gen_config --context-window-size")
+        self.model.check_token_ids(np.asarray(ids))
 
     def warm_up(self) -> None:
         """A short greedy generation without and with speculation, then fresh acceptance
@@ -82,38 +93,46 @@ class GenerationAPI:
     # --------------------------------------------------------------- generate
     def generate(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, ignore_eos: bool = False, response_format: dict | None = None,
-                 top_logprobs: int | None = None) -> GenerationResult:
+                 top_logprobs: int | None = None, prediction: list[int] | None = None) -> GenerationResult:
+        """``prediction``: token ids the answer is expected to repeat (Predicted Outputs)."""
         return self.generate_batch([prompt_ids], max_tokens, sampling, stop, ignore_eos, response_format,
-                                   top_logprobs)[0]
+                                   top_logprobs, None if prediction is None else [prediction])[0]
 
     def generate_stream(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                         stop: list[str] | None = None, ignore_eos: bool = False, response_format: dict | None = None,
-                        top_logprobs: int | None = None) -> Iterator[tuple[str, GenerationResult]]:
+                        top_logprobs: int | None = None,
+                        prediction: list[int] | None = None) -> Iterator[tuple[str, GenerationResult]]:
         """Yields (text delta, result so far); the last result is final."""
         for deltas, results in self._run([prompt_ids], max_tokens, [sampling or SamplingParams()], stop, ignore_eos,
-                                         response_format, top_logprobs):
+                                         response_format, top_logprobs, None if prediction is None else [prediction]):
             yield deltas[0], results[0]
 
     def generate_batch(self, prompts: list[list[int]], max_tokens: int = 128,
                        sampling: list[SamplingParams] | SamplingParams | None = None,
                        stop: list[str] | None = None, ignore_eos: bool = False,
-                       response_format: dict | None = None, top_logprobs: int | None = None) -> list[GenerationResult]:
+                       response_format: dict | None = None, top_logprobs: int | None = None,
+                       predictions: list[list[int] | None] | None = None) -> list[GenerationResult]:
         """Decode several sequences together (one target forward per step for all).
         ``response_format``: OpenAI's (``json_object``, ``json_schema``), for every sequence;
-        ``top_logprobs``: report each token's log-probability and this many alternatives."""
+        ``top_logprobs``: report each token's log-probability and this many alternatives;
+        ``predictions``: each sequence's prediction of its answer (runtime/prediction.py), or None."""
         if len(prompts) > self.max_num_sequence:
             raise GenerationError(f"{len(prompts)} sequences exceed max_num_sequence={self.max_num_sequence}")
         if not isinstance(sampling, list):
             sampling = [sampling or SamplingParams()] * len(prompts)
         results = None
-        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos, response_format, top_logprobs):
+        for _, results in self._run(prompts, max_tokens, sampling, stop, ignore_eos, response_format, top_logprobs,
+                                    predictions):
             pass
         return results
 
-    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos, response_format=None, top_logprobs=None):
+    def _run(self, prompts, max_tokens, samplings, stop, ignore_eos, response_format=None, top_logprobs=None,
+             predictions=None):
         """Prefill every prompt, then step until all are done, yielding (deltas, results)."""
+        predictions = predictions or [None] * len(prompts)
         seqs = [self.new_sequence(ids, max_tokens, sp, stop, ignore_eos, grammar=self.grammars.constraint(response_format),
-                                  top_logprobs=top_logprobs) for ids, sp in zip(prompts, samplings)]
+                                  top_logprobs=top_logprobs, prediction=pred)
+                for ids, sp, pred in zip(prompts, samplings, predictions)]
         finished = False
         try:
             for seq in seqs:

@@ -161,3 +161,15 @@ class SpecMetrics:
                 self.position_accepted.append(0)
             self.position_proposed[i] += p
             self.position_accepted[i] += a
+
+
+def prediction_usage(prediction: list[int], output: list[int]) -> dict[str, int]:
+    """OpenAI's ``completion_tokens_details`` for Predicted Outputs (runtime/prediction.py):
+    ``accepted_prediction_tokens``, the prediction's tokens that appear in the answer (an
+    alignment of the two token lists: difflib's matching blocks), and
+    ``rejected_prediction_tokens``, the rest of the prediction."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(None, prediction, output, autojunk=False)
+    accepted = sum(block.size for block in matcher.get_matching_blocks())
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": len(prediction) - accepted}

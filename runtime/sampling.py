@@ -2,6 +2,7 @@
 
 ``probs_from_logits`` is the one place that turns logits into the distribution that is
 sampled from; speculative verification applies the same function to target and draft.
+Penalties, logit biases and min-p change the logits first, row by row (runtime/penalties.py).
 """
 from __future__ import annotations
 
@@ -26,13 +27,62 @@ class SamplingParams:
     top_k: int = option(0, "sample among the k likeliest tokens; 0 = all", low=0, override=False, commands=SAMPLED)
     seed: int | None = option(None, "seed of the request's random numbers (default: fresh)", kind=int, override=False,
                               commands=SAMPLED)
+    min_p: float = option(0.0, "drop tokens less likely than min_p times the likeliest one; 0 = off", low=0.0,
+                          high=1.0, override=False, commands=SAMPLED)
+    frequency_penalty: float = option(0.0, "subtract this times a token's count in the output so far (OpenAI's)",
+                                      low=-2.0, high=2.0, override=False, commands=SAMPLED)
+    presence_penalty: float = option(0.0, "subtract this from every token already in the output (OpenAI's)",
+                                     low=-2.0, high=2.0, override=False, commands=SAMPLED)
+    repetition_penalty: float = option(1.0, "divide positive logits (multiply negative ones) of tokens in the prompt "
+                                       "or output by this (HF's and llama.cpp's); 1 = off", low=0.0, high=10.0,
+                                       open_low=True, override=False, commands=SAMPLED)
+    # ((token id, bias), ...); the CLI form is "ID:BIAS,ID:BIAS", the API's {"ID": BIAS}
+    logit_bias: tuple[tuple[int, float], ...] = option((), "add BIAS to token ID's logit, -100..100 (-100 bans it): "
+                                                       "ID:BIAS,ID:BIAS", kind=str, override=False, commands=SAMPLED)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
         check_options(self)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether this request changes the target's logits before sampling (runtime/penalties.py)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or (self.min_p and not self.greedy))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def parse_logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """``"ID:BIAS,..."`` (the CLI), ``{"ID": BIAS}`` (OpenAI's JSON) or pairs -> sorted (id, bias)
+    pairs; a key that is not a token id or a bias outside -100..100 raises ValueError naming it."""
+    if not value:
+        return ()
+    if isinstance(value, str):
+        pairs = []
+        for item in (p for p in value.split(",") if p.strip()):
+            key, sep, bias = item.partition(":")
+            if not sep:
+                raise ValueError(f"logit_bias item {item!r}: write TOKEN_ID:BIAS, e.g. 1234:-100")
+            pairs.append((key.strip(), bias.strip()))
+    else:
+        pairs = list(value.items()) if isinstance(value, dict) else list(value)
+    out = {}
+    for key, bias in pairs:
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias key {key!r} is not a token id (an integer)") from None
+        try:
+            b = float(bias)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias[{key}] = {bias!r} is not a number") from None
+        if token < 0 or not -100.0 <= b <= 100.0:
+            raise ValueError(f"logit_bias[{key}] = {bias}: token ids are >= 0 and biases within -100..100")
+        out[token] = b
+    return tuple(sorted(out.items()))
 
 
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -112,7 +112,8 @@ class Scheduler:
     def submit(self, prompt_ids: list[int], max_tokens: int | None, sampling: SamplingParams,
                stop: list[str] | None, callback: Callable[[Request, Event], None],
                ignore_eos: bool = False, speculative: bool = True, grammar=None,
-               top_logprobs: int | None = None, tenant: str | None = None) -> Request:
+               top_logprobs: int | None = None, tenant: str | None = None,
+               prediction: list[int] | None = None) -> Request:
         """Validate and enqueue; raises GenerationError for a request that can never run
         (empty or over-long prompt, bad token ids, a prompt larger than the KV cache) and
         QueueFull when too many requests wait."""
@@ -120,7 +121,7 @@ class Scheduler:
         budget = max_tokens if max_tokens is not None else max(1, limit - len(prompt_ids))
         seq = self.engine.new_sequence(prompt_ids, budget, sampling, stop, ignore_eos, max_len=self.capacity_tokens,
                                        speculative=speculative, grammar=grammar, top_logprobs=top_logprobs,
-                                       tenant=tenant)
+                                       tenant=tenant, prediction=prediction)
         req = Request(next(self._ids), seq, callback)
         with self._wake:
             if len(self._inbox) + len(self.waiting) >= self.max_queue:

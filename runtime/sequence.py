@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import SpecMetrics
+from .metrics import SpecMetrics, prediction_usage
 from .sampling import SamplingParams
 from .tokenizer import StreamDecoder
 
@@ -59,10 +59,13 @@ class GenerationResult:
     finish_reason: str | None = None
     stats: Stats = field(default_factory=Stats)
     logprobs: list | None = None  # per token: (id, logprob, [(id, logprob)] of the top ones), when asked for
+    prediction: list[int] | None = None  # the request's prediction (Predicted Outputs), if any
 
     def to_dict(self) -> dict:
         out = {"prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids, "text": self.text,
                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        if self.prediction is not None:
+            out["completion_tokens_details"] = prediction_usage(self.prediction, self.token_ids)
         if self.logprobs is not None:
             out["logprobs"] = [{"token_id": t, "logprob": lp, "top_logprobs": [{"token_id": i, "logprob": v}
                                                                                 for i, v in top]}
@@ -89,6 +92,7 @@ class Sequence:
     grammar: Any = None  # runtime/grammar.py Constraint: the structure every token obeys, or None
     top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20); None: none
     tenant: str | None = None  # whose earlier requests may draft for this one (a server's API key); None: none
+    prediction: list[int] | None = None  # the client's prediction of the answer (runtime/prediction.py)
 
     @property
     def done(self) -> bool:

@@ -21,6 +21,15 @@ def run_example(exe: Path, model_dir, lib, *args: str, env_extra: dict | None = 
                           text=True, errors="replace", env=env, timeout=600)
 
 
+class GenerateParams(C.Structure):
+    """spc_generate_params, field for field (include/speccompile.h)."""
+    _fields_ = [("max_tokens", C.c_int32), ("temperature", C.c_float), ("top_p", C.c_float), ("top_k", C.c_int32),
+                ("seed", C.c_uint64), ("ignore_eos", C.c_int), ("stop", C.POINTER(C.c_char_p)), ("n_stop", C.c_size_t),
+                ("min_p", C.c_float), ("frequency_penalty", C.c_float), ("presence_penalty", C.c_float),
+                ("repetition_penalty", C.c_float), ("logit_bias_tokens", C.POINTER(C.c_int32)),
+                ("logit_bias", C.POINTER(C.c_float)), ("n_logit_bias", C.c_size_t)]
+
+
 class ChatMessage(C.Structure):
     _fields_ = [("role", C.c_char_p), ("content", C.c_char_p)]
 

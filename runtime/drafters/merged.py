@@ -89,6 +89,10 @@ class MergedProposer:
         self.index.on_finish(seq_id)
         self.drafter.on_finish(seq_id)
 
+    def predict(self, seq_id: int, prediction: list[int]) -> None:
+        """Predicted Outputs: the client's draft text is one more source of the index."""
+        self.index.predict(seq_id, prediction)
+
     def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
         return min(self.index.resume(seq_id, prompt, keep, tenant), self.drafter.resume(seq_id, prompt, keep, tenant))
 

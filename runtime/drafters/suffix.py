@@ -14,8 +14,8 @@ branched (a token tree, best-first by frequency), and says how sure it is.
   API key a request came with: one tenant's text never drafts for another's), bounded in
   tokens; the oldest request is forgotten first (its counts subtracted).
 - ``SuffixProposer`` (``--speculative-mode suffix``): per step, a tree grown best-first from
-  the sequence's own index and its tenant's store -- at each node the source whose context
-  matches longer -- up to the draft depth, ``spec_tree_width`` children per node and the
+  the sequence's own index, the index of the client's prediction (runtime/prediction.py), and
+  its tenant's store -- at each node the source whose context matches longest -- up to the draft depth, ``spec_tree_width`` children per node and the
   node budget; the plan (runtime/adaptive.py) keeps the nodes worth their rows. A node's
   confidence is its continuation's smoothed frequency, discounted by how short the matched
   context is; the acceptance model calibrates it like any proposer's.
@@ -183,13 +183,14 @@ class SuffixProposer:
         self.store = store if store is not None else SuffixStore()
         self.seqs: dict[int, SuffixIndex] = {}
         self.tenant: dict[int, str | None] = {}
+        self.predicted: dict[int, SuffixIndex] = {}  # a sequence's prediction (Predicted Outputs)
         self.forwards = 0  # it runs none
 
     def measure(self, rows: list[int]) -> tuple[dict[int, float], float]:
         """Host seconds of drafting ``r`` sequences (a 512-token text with repeats)."""
         seq = SuffixIndex()
         seq.extend((np.arange(512) * 7919 % 211).tolist())
-        one = time_min(lambda: self._tree(seq, None, seq.tokens, 8), 3)
+        one = time_min(lambda: self._tree(seq, [], seq.tokens, 8), 3)
         return {r: r * one for r in rows}, 0.0
 
     def add_sequence(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
@@ -197,8 +198,15 @@ class SuffixProposer:
         index.extend(prompt)
         self.seqs[seq_id], self.tenant[seq_id] = index, tenant
 
+    def predict(self, seq_id: int, prediction: list[int]) -> None:
+        """The client's prediction of the answer becomes a source for this sequence."""
+        index = SuffixIndex()
+        index.extend(prediction)
+        self.predicted[seq_id] = index
+
     def remove_sequence(self, seq_id: int) -> None:
         """The sequence's text joins its tenant's store (if it has one)."""
+        self.predicted.pop(seq_id, None)
         index, tenant = self.seqs.pop(seq_id, None), self.tenant.pop(seq_id, None)
         if index is not None and tenant is not None:
             self.store.add(tenant, seq_id, index.tokens)
@@ -212,7 +220,8 @@ class SuffixProposer:
 
     def resume(self, seq_id: int, prompt: list[int], keep: int, tenant: str | None = None) -> int:
         """A new request's index over its prompt (what was kept is the earlier request's text:
-        it does not join the store, the new prompt holds it)."""
+        it does not join the store, the new prompt holds it; nor does its prediction carry over)."""
+        self.predicted.pop(seq_id, None)
         self.add_sequence(seq_id, prompt, tenant)
         return keep
 
@@ -232,10 +241,11 @@ class SuffixProposer:
         for sid, history, k in zip(seq_ids, histories, ks):
             index = self.seqs[sid]
             index.extend(history[len(index):])  # committed tokens the engine has not reported yet
-            drafts.append(self._tree(index, self.store.index(self.tenant.get(sid)), history, k, budget))
+            others = [self.predicted.get(sid), self.store.index(self.tenant.get(sid))]
+            drafts.append(self._tree(index, [o for o in others if o is not None], history, k, budget))
         return drafts
 
-    def _tree(self, own: SuffixIndex, shared: SuffixIndex | None, history: list[int], depth: int,
+    def _tree(self, own: SuffixIndex, others: list[SuffixIndex], history: list[int], depth: int,
               budget: int = 64) -> Draft:
         """Best-first by path frequency: the candidate node with the highest product of
         confidences along its path joins next, then its own continuations become candidates."""
@@ -250,7 +260,7 @@ class SuffixProposer:
 
         def push(parent: int, path: tuple[int, ...], p: float) -> None:
             nonlocal order
-            for tok, c in self._continuations(own, shared, tail, path):
+            for tok, c in self._continuations(own, others, tail, path):
                 heapq.heappush(heap, (-p * c, order, parent, path, tok, c))
                 order += 1
 
@@ -267,14 +277,15 @@ class SuffixProposer:
         chain = all(p == i - 1 for i, p in enumerate(parents))
         return Draft(tokens, None if chain else parents, conf=conf)
 
-    def _continuations(self, own: SuffixIndex, shared: SuffixIndex | None, tail: list[int],
+    def _continuations(self, own: SuffixIndex, others: list[SuffixIndex], tail: list[int],
                        path: tuple[int, ...]) -> list[tuple[int, float]]:
         """The ``width`` likeliest next tokens after ``tail + path``, with their confidences:
-        from the source whose context matches longer (the sequence's own on a tie)."""
+        from the source whose context matches longest (the first, the sequence's own, on a tie;
+        then the prediction, then the tenant's store)."""
         context = (tail + list(path))[-MAX_MATCH:]
         n, succ = own.match(context)
-        if shared is not None:
-            n2, succ2 = shared.match(context)
+        for other in others:
+            n2, succ2 = other.match(context)
             if n2 > n:
                 n, succ = n2, succ2
         if not succ:

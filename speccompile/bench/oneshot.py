@@ -51,8 +51,9 @@ def generate_process(model_dir: Path, model_lib: Path, prompt: str, max_tokens: 
         cmd += ["--response-format", str(path)]
     if overrides:
         cmd += ["--overrides", overrides]
+    defaults = vars(SamplingParams())
     for key, value in {**(spec or {}), **(sampling or {})}.items():
-        if value is not None:
+        if value is not None and not (key in defaults and value == defaults[key]):
             cmd += [f"--{key.replace('_', '-')}", str(value)]
     return run_json_process(cmd, "generate")
 
@@ -194,7 +195,8 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
 
     categories_out = {c: summarize(g) for c, g in by_cat.items()}
     report = {"mode": "one-shot", "model_dir": str(model_dir), "model_lib": str(model_lib), "spec": spec,
-              "sampling": {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "seed")},
+              "sampling": {k: v for k, v in vars(params).items()  # the classic four, and any other set
+                           if k in ("temperature", "top_p", "top_k", "seed") or v != vars(SamplingParams())[k]},
               "max_tokens": max_tokens, "repeat": repeat, "host": host_description(), "overall": summarize(rows),
               "mean_of_categories": statistics.fmean(c["speedup"] for c in categories_out.values()),
               "categories": categories_out, "prompts": rows}

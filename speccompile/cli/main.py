@@ -194,11 +194,14 @@ def _response_format(value: str | None) -> dict | None:
 @click.option("--response-format", "response_format", default=None,
               help="structured output: 'json' (any JSON object) or a JSON schema file (or an OpenAI "
                    "response_format object in a file); every token obeys it, speculation included")
+@click.option("--prediction", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="a file of text the answer is expected to repeat (Predicted Outputs: the file being edited); "
+                   "the suffix index drafts from it, the output is the same without it")
 @click.option("--overrides", default=None, help=OVERRIDES_HELP)
 @click.option("--device", default="auto", show_default=True,
               help="where to run: auto (the library's device), cpu, cuda, cuda:1, opencl, metal, vulkan, ...")
 def generate_cmd(model_dir, model_lib, prompt, max_tokens, sampling, spec, sizes, raw, as_json, stop, response_format,
-                 overrides, device):
+                 prediction, overrides, device):
     """Generate a completion for one prompt (optionally with speculative decoding)."""
     import_runtime_only()  # a one-off process: TVM without its compiler (runtime/tvm_import.py)
     try:
@@ -207,15 +210,18 @@ def generate_cmd(model_dir, model_lib, prompt, max_tokens, sampling, spec, sizes
         kwargs, _, _ = _runtime_settings("generate", overrides, None, model_dir, model_lib, spec, sizes)
         from speccompile.runtime.engine import Engine
 
+        text = prediction.read_text(encoding="utf-8", errors="replace") if prediction else None
         engine = Engine(model_dir, model_lib, device=device, **kwargs)
         ids = engine.encode_prompt(prompt, raw=raw)
+        predicted = engine.tokenizer.encode(text, add_special_tokens=False).ids if text else None
         if as_json:
-            res = engine.generate(ids, max_tokens, sampling, list(stop), response_format=fmt)
+            res = engine.generate(ids, max_tokens, sampling, list(stop), response_format=fmt, prediction=predicted)
             graphs = engine.model.graphs  # cuda: whether the steps replayed CUDA graphs, and if not, why
             click.echo(json.dumps({**res.to_dict(), **({"cuda_graph": graphs.stats()} if graphs else {})}))
             return
         res = None
-        for delta, res in engine.generate_stream(ids, max_tokens, sampling, list(stop), response_format=fmt):
+        for delta, res in engine.generate_stream(ids, max_tokens, sampling, list(stop), response_format=fmt,
+                                                 prediction=predicted):
             click.echo(delta, nl=False)
         click.echo()
     except USER_ERRORS as err:

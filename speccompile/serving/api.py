@@ -5,7 +5,7 @@ Bodies are validated in pydantic *strict* JSON mode: ``"max_tokens": "5"`` or
 type has a bug it should hear about. Fields that change nothing in the answer (``user``,
 ``store``, ``metadata``, ``service_tier``, ...) are ignored; every OpenAI field that would
 change it and that the engine cannot honour with its non-default value (``n > 1``,
-penalties, ``logit_bias``, ``tools``, ``audio``, ``echo``, ...) is refused with a 400
+``prediction``, ``audio``, ``echo``, ...) is refused with a 400
 naming the field -- an application that asked for a tool call or a bias and got plain
 text would never know.
 """
@@ -56,7 +56,7 @@ def validation_error(err: ValidationError) -> APIError:
 
 
 # field -> the values of it that ask for nothing (an empty bias, no tools, text only)
-UNHONOURED: dict[str, list] = {"logit_bias": [{}], "functions": [[]], "function_call": ["none"], "prediction": [],
+UNHONOURED: dict[str, list] = {"functions": [[]], "function_call": ["none"],
                                "audio": [], "modalities": [["text"]], "web_search_options": [], "reasoning_effort": []}
 
 
@@ -121,6 +121,11 @@ class _Common(_Strict):
     n: int | None = Field(None, ge=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="extension (vLLM's, HF's): 1 = off")
+    min_p: float | None = Field(None, ge=0, le=1, description="extension (vLLM's): 0 = off")
+    logit_bias: dict | None = Field(None, description='{"TOKEN_ID": BIAS}, -100..100')
+    prediction: dict | None = Field(None, description='Predicted Outputs: {"type": "content", "content": text or '
+                                    '[{"type": "text", "text": ...}]}, text the answer is expected to repeat')
     user: str | None = None
     ignore_eos: bool = False
     speculative: bool = Field(True, description="extension: false decodes this request without "
@@ -128,10 +133,8 @@ class _Common(_Strict):
     response_format: dict | None = Field(None, description="{'type': 'text' | 'json_object' | 'json_schema', "
                                          "'json_schema': {'name', 'schema', 'strict'}}: every token obeys it")
     # OpenAI fields that change the answer and are not honoured: refused when set (UNHONOURED)
-    logit_bias: dict | None = None
     functions: list | None = None
     function_call: str | dict | None = None
-    prediction: dict | None = None
     audio: dict | None = None
     modalities: list | None = None
     web_search_options: dict | None = None
@@ -153,21 +156,41 @@ class _Common(_Strict):
                                code="unsupported_value")
         if self.n not in (None, 1):
             raise APIError(400, "only n = 1 is supported", param="n", code="unsupported_value")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise APIError(400, f"'{name}' is not supported (only 0)", param=name, code="unsupported_value")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options",
                            code="invalid_value")
 
     def sampling_values(self, defaults: dict) -> dict:
-        """temperature/top_p/top_k/seed with the model's defaults filled in."""
+        """SamplingParams' fields: temperature/top_p/top_k with the model's defaults filled in,
+        seed, min_p, the penalties and the logit bias."""
         t = self.temperature if self.temperature is not None else float(defaults.get("temperature", 1.0))
         top_k = self.top_k if self.top_k is not None else int(defaults.get("top_k", 0))
         return {"temperature": 0.0 if t < GREEDY_EPS else t,
                 "top_p": self.top_p if self.top_p is not None else float(defaults.get("top_p", 1.0)),
                 "top_k": max(0, top_k),
-                "seed": None if self.seed is None else self.seed % (1 << 64)}
+                "seed": None if self.seed is None else self.seed % (1 << 64),
+                "min_p": self.min_p or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
+                "presence_penalty": self.presence_penalty or 0.0,
+                "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                "logit_bias": self.logit_bias or ()}
+
+    def prediction_text(self) -> str | None:
+        """The text of ``prediction`` (OpenAI's ``{"type": "content", "content": ...}``), or None."""
+        if self.prediction is None:
+            return None
+        content = self.prediction.get("content")
+        if self.prediction.get("type") != "content" or content is None:
+            raise APIError(400, "'prediction' must be {\"type\": \"content\", \"content\": text or text parts}",
+                           param="prediction", code="invalid_value")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise APIError(400, "'prediction.content' parts must be {\"type\": \"text\", \"text\": ...}",
+                               param="prediction.content", code="invalid_value")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise APIError(400, "'prediction.content' must be a string or a list of text parts",
+                           param="prediction.content", code="invalid_value")
+        return content
 
     @property
     def include_usage(self) -> bool:

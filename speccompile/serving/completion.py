@@ -25,8 +25,12 @@ from pydantic import ValidationError
 
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.grammar import GrammarError, schema_of
+from speccompile.runtime.penalties import check_ids
+from speccompile.runtime.metrics import prediction_usage
+from speccompile.runtime.prediction import check_prediction
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.scheduler import Event, QueueFull
+from speccompile.runtime.sequence import GenerationError
 from speccompile.runtime.tools import call_grammar, check_tools, held_back, parse_calls, template_messages
 from speccompile.serving.api import (APIError, ChatCompletionRequest, CompletionRequest, chat_logprobs,
                                     completion_logprobs, error_body, error_response, validation_error)
@@ -64,6 +68,7 @@ class _Job:
     ids: list[int]  # the prompt's tokens
     grammar: object  # the answer's constraint (engine.grammars), or None
     top: int | None  # how many top logprobs each token reports; None: no logprobs asked
+    prediction: list[int] | None = None  # Predicted Outputs: the prediction's tokens (runtime/prediction.py)
 
 
 async def _prepare(server: ServingState, request: Request, chat: bool) -> _Job:
@@ -80,10 +85,13 @@ async def _prepare(server: ServingState, request: Request, chat: bool) -> _Job:
         raise APIError(404, f"The model '{req.model}' does not exist", param="model", code="model_not_found")
     req.check_supported()
     stop = req.stop_list()
+    values = req.sampling_values(engine.config)
     try:
-        sampling = SamplingParams(**req.sampling_values(engine.config))
-    except ValueError as err:
-        raise APIError(400, str(err), code="invalid_value") from err
+        sampling = SamplingParams(**values)
+        check_ids(sampling, engine.model.vocab_size)
+    except ValueError as err:  # the field the message names (logit_bias, a penalty ...)
+        param = next((k for k in values if k in str(err)), None)
+        raise APIError(400, str(err), param=param, code="invalid_value") from err
     try:
         functions = check_tools(req.tools, req.tool_choice) if chat else []
         offered = functions if chat and req.tool_choice != "none" else []
@@ -98,7 +106,13 @@ async def _prepare(server: ServingState, request: Request, chat: bool) -> _Job:
     top = req.logprob_count()
     if top is not None:  # token texts come from the byte-level tokenizer, built once
         await asyncio.to_thread(engine.grammars.tokenizer)
-    return _Job(req, stop, sampling, offered, ids, grammar, top)
+    text = req.prediction_text()
+    predicted = engine.tokenizer.encode(text, add_special_tokens=False).ids if text else None
+    try:
+        check_prediction(engine, predicted)
+    except GenerationError as err:
+        raise APIError(400, str(err), param="prediction", code="invalid_value") from err
+    return _Job(req, stop, sampling, offered, ids, grammar, top, predicted)
 
 
 def prompt_ids(engine: Engine, limit: int, req, chat: bool, functions: list[dict]) -> list[int]:
@@ -160,7 +174,7 @@ class CompletionRun:
             return self.server.scheduler.submit(job.ids, job.req.token_limit(), job.sampling, job.stop, self._deliver,
                                                 ignore_eos=job.req.ignore_eos, speculative=job.req.speculative,
                                                 grammar=job.grammar, top_logprobs=job.top,
-                                                tenant=self.server.tenant(self.request))
+                                                tenant=self.server.tenant(self.request), prediction=job.prediction)
         except QueueFull as err:
             raise APIError(429, f"the server is busy: {err}; retry later", "rate_limit_error",
                            code="queue_full") from err
@@ -201,9 +215,12 @@ class CompletionRun:
 
     def _usage(self, event: Event) -> dict:
         prompt = len(self.job.ids)
-        return {"prompt_tokens": prompt, "completion_tokens": event.completion_tokens,
-                "total_tokens": prompt + event.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
+        usage = {"prompt_tokens": prompt, "completion_tokens": event.completion_tokens,
+                 "total_tokens": prompt + event.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
+        if self.job.prediction and event.finished:  # the result is the engine thread's until the end
+            usage["completion_tokens_details"] = prediction_usage(self.job.prediction, self.handle.seq.result.token_ids)
+        return usage
 
     def _logprobs(self, entries: list | None, offset: int) -> dict | None:
         """The OpenAI ``logprobs`` of these entries (``offset``: where their text starts)."""

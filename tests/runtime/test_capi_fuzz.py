@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from capi_ctypes import SPC_ERR_INVALID_ARGUMENT, SPC_OK, Capi
+from capi_ctypes import SPC_ERR_INVALID_ARGUMENT, SPC_OK, Capi, GenerateParams
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
@@ -21,9 +21,7 @@ pytestmark = pytest.mark.real_model
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-class Params(C.Structure):
-    _fields_ = [("max_tokens", C.c_int32), ("temperature", C.c_float), ("top_p", C.c_float), ("top_k", C.c_int32),
-                ("seed", C.c_uint64), ("ignore_eos", C.c_int), ("stop", C.POINTER(C.c_char_p)), ("n_stop", C.c_size_t)]
+Params = GenerateParams  # include/speccompile.h's spc_generate_params
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from capi_ctypes import Capi, Stats
+from capi_ctypes import Capi, Stats, GenerateParams
 
 from speccompile.runtime.model import Model
 from speccompile.runtime.sampling import SamplingParams, probs_from_logits
@@ -24,9 +24,7 @@ RUNS = 500
 CRITICAL = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}  # chi-square, p = 0.001
 
 
-class Params(C.Structure):
-    _fields_ = [("max_tokens", C.c_int32), ("temperature", C.c_float), ("top_p", C.c_float), ("top_k", C.c_int32),
-                ("seed", C.c_uint64), ("ignore_eos", C.c_int), ("stop", C.c_void_p), ("n_stop", C.c_size_t)]
+Params = GenerateParams  # include/speccompile.h's spc_generate_params
 
 
 def chi2_ok(counts: Counter, probs: np.ndarray) -> tuple[bool, float, int]:

@@ -81,7 +81,7 @@ class FakeEngine:
         self._next = 0
 
     def new_sequence(self, prompt_ids, max_tokens, sampling=None, stop=None, ignore_eos=False, max_len=None,
-                     speculative=True, grammar=None, top_logprobs=None, tenant=None) -> Sequence:
+                     speculative=True, grammar=None, top_logprobs=None, tenant=None, prediction=None) -> Sequence:
         if not prompt_ids or max_tokens <= 0:
             raise GenerationError("empty prompt or no tokens asked for")
         limit = min(self.context_window, max_len or self.context_window)

@@ -71,7 +71,12 @@ def test_json_object_on_the_completions_endpoint(app):
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": "json"}, "response_format"),
     ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),  # the deprecated form
-    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"logit_bias": {"a42": 5}}, "logit_bias"),  # a key that is not a token id
+    ({"logit_bias": {"49152": -100}}, "logit_bias"),  # past SmolLM2's vocabulary
+    ({"logit_bias": {"42": 101}}, "logit_bias"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
     ({"modalities": ["text", "audio"]}, "modalities"),
 ])
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(app, extra, param):
@@ -214,3 +219,64 @@ def test_tools_render_through_a_template_with_a_tools_section():
                                  '\n</tool_call>\n<tool_call>\nnot json\n</tool_call>', [fn])
     assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Oslo"}]
     assert content.startswith("Let me check.") and "not json" in content
+
+
+def test_sampling_controls_through_the_official_client(app, smollm2_q4):
+    """Penalties, logit_bias and min_p are accepted and change the answer; greedy answers are the
+    same with and without speculation; a -100 bias keeps its token out."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(smollm2_q4[0] / "tokenizer.json"))
+    free = _ask(app).choices[0].message.content
+    banned = tok.encode(free, add_special_tokens=False).ids[0]
+    for kw in ({"frequency_penalty": 1.0}, {"presence_penalty": 1.5}, {"logit_bias": {str(banned): -100}},
+               {"extra_body": {"repetition_penalty": 1.4}}):
+        spec = _ask(app, **kw).choices[0].message.content
+        plain = _ask(app, **{**kw, "extra_body": {**kw.get("extra_body", {}), "speculative": False}})
+        assert spec == plain.choices[0].message.content, kw
+        assert spec != free, kw
+    r = _ask(app, logit_bias={str(banned): -100}, logprobs=True)
+    assert tok.id_to_token(banned) not in [c.token for c in r.choices[0].logprobs.content]
+    sampled = app.openai().chat.completions.create(model=app.name, messages=[{"role": "user", "content": PROMPT}],
+                                                   max_tokens=16, temperature=1.0, seed=3,
+                                                   extra_body={"min_p": 0.2})
+    assert sampled.choices[0].message.content
+
+
+@pytest.fixture(scope="module")
+def suffix_app(smollm2_q4):
+    yield from serve_in_process(smollm2_q4, "suffix", 4, 64)
+
+
+def test_predicted_outputs_through_the_official_client(suffix_app, app):
+    """``prediction`` drafts, the answer is the one without it, and usage reports the
+    prediction's tokens; a server that does not speculate through the index says so."""
+    messages = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+
+    def ask(target, **kw):
+        return target.openai().chat.completions.create(model=target.name, messages=messages, max_tokens=64,
+                                                       temperature=0, **kw)
+
+    plain = ask(suffix_app, extra_body={"speculative": False})
+    text = plain.choices[0].message.content
+    r = ask(suffix_app, prediction={"type": "content", "content": text})
+    assert r.choices[0].message.content == text
+    details = r.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens >= 0.9 * r.usage.completion_tokens
+    assert details.rejected_prediction_tokens <= 0.1 * r.usage.completion_tokens
+    parts = ask(suffix_app, prediction={"type": "content", "content": [{"type": "text", "text": text}]})
+    assert parts.choices[0].message.content == text
+    chunks = list(ask(suffix_app, prediction={"type": "content", "content": text}, stream=True,
+                      stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens == details.accepted_prediction_tokens
+    for bad, param in (({"type": "file", "content": "x"}, "prediction"),
+                       ({"type": "content", "content": [{"type": "image"}]}, "prediction.content"),
+                       ({"type": "content", "content": "word " * 9000}, "prediction")):
+        resp = suffix_app.post("/v1/chat/completions", {"model": suffix_app.name, "messages": messages,
+                                                         "max_tokens": 4, "prediction": bad})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+    resp = app.post("/v1/chat/completions", {"model": app.name, "messages": messages, "max_tokens": 4,
+                                             "prediction": {"type": "content", "content": text}})
+    assert resp.status_code == 400 and "--speculative-mode suffix" in resp.json()["error"]["message"]
+    assert ask(suffix_app).choices[0].message.content == text  # and it keeps serving

@@ -3,6 +3,8 @@
  *
  *   spc_generate MODEL_DIR --model-lib LIB --prompt TEXT [--raw] [--max-tokens N]
  *                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]...
+ *                [--min-p P] [--frequency-penalty F] [--presence-penalty F] [--repetition-penalty R]
+ *                [--logit-bias ID:BIAS,ID:BIAS,...]
  *                [--speculative-mode disable|ngram|suffix|small_draft|eagle|medusa]
  *                [--additional-models DIR,LIB] [--spec-draft-length K]
  *                [--spec-tree-width W] [--spec-tree-nodes N]
@@ -27,6 +29,7 @@
 #include <string.h>
 
 #define MAX_STOP 16
+#define MAX_BIAS 256
 
 /* The text as it is generated: to stdout, or to stderr beside --json (user: the FILE*). */
 static int on_text(const char* delta, size_t n, void* user) {
@@ -65,6 +68,8 @@ static int usage(const char* argv0, const char* why) {
   fprintf(stderr,
           "usage: %s MODEL_DIR --model-lib LIB (--prompt TEXT [--raw] | --prompt-ids I,J,...) [--max-tokens N] "
           "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT]... "
+          "[--min-p P] [--frequency-penalty F] [--presence-penalty F] [--repetition-penalty R] "
+          "[--logit-bias ID:BIAS,...] "
           "[--speculative-mode disable|ngram|suffix|small_draft|eagle|medusa] [--additional-models DIR,LIB] "
           "[--spec-draft-length K] [--spec-tree-width W] [--spec-tree-nodes N] [--ngram-min N] [--ngram-max N] "
           "[--max-total-tokens N] [--device D] "
@@ -97,6 +102,8 @@ int main(int argc, char** argv) {
   const char *model_dir = argv[1], *lib = NULL, *prompt = NULL, *prompt_ids = NULL, *device = "auto";
   char* additional = NULL; /* DRAFT_DIR,DRAFT_LIB */
   const char* stop[MAX_STOP];
+  int32_t bias_ids[MAX_BIAS];
+  float biases[MAX_BIAS];
   int raw = 0, stream = 0, as_json = 0;
   spc_session_config cfg;
   spc_generate_params params;
@@ -119,6 +126,27 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--top-p")) params.top_p = (float)atof(argv[++i]);
     else if (!strcmp(a, "--top-k")) params.top_k = atoi(argv[++i]);
     else if (!strcmp(a, "--seed")) params.seed = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(a, "--min-p")) params.min_p = (float)atof(argv[++i]);
+    else if (!strcmp(a, "--frequency-penalty")) params.frequency_penalty = (float)atof(argv[++i]);
+    else if (!strcmp(a, "--presence-penalty")) params.presence_penalty = (float)atof(argv[++i]);
+    else if (!strcmp(a, "--repetition-penalty")) params.repetition_penalty = (float)atof(argv[++i]);
+    else if (!strcmp(a, "--logit-bias")) {
+      /* ID:BIAS,ID:BIAS,... (as speccompile generate's --logit-bias) */
+      const char* at = argv[++i];
+      params.n_logit_bias = 0;
+      while (*at) {
+        char* end;
+        long id = strtol(at, &end, 10);
+        if (end == at || *end != ':' || params.n_logit_bias == MAX_BIAS) return usage(argv[0], "--logit-bias takes ID:BIAS,...");
+        bias_ids[params.n_logit_bias] = (int32_t)id;
+        at = end + 1;
+        biases[params.n_logit_bias++] = (float)strtod(at, &end);
+        if (end == at || (*end && *end != ',')) return usage(argv[0], "--logit-bias takes ID:BIAS,...");
+        at = *end ? end + 1 : end;
+      }
+      params.logit_bias_tokens = bias_ids;
+      params.logit_bias = biases;
+    }
     else if (!strcmp(a, "--device")) device = argv[++i];
     else if (!strcmp(a, "--spec-draft-length")) cfg.draft_length = atoi(argv[++i]);
     else if (!strcmp(a, "--spec-tree-width")) cfg.spec_tree_width = atoi(argv[++i]);

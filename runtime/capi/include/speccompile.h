@@ -151,6 +151,15 @@ typedef struct {
    * returned ends before it. They are matched on the text, so they need the model's tokenizer. */
   const char* const* stop;
   size_t n_stop;
+  /* Changes to the target's logits before a token is chosen, as runtime/penalties.py makes them:
+   * each verify row is adjusted as of its own prefix, so speculation stays exact. */
+  float min_p;              /* drop tokens below min_p x the likeliest one's probability; 0 = off (default) */
+  float frequency_penalty;  /* -2..2: minus this x a token's count in the output so far; 0 = off */
+  float presence_penalty;   /* -2..2: minus this for a token already in the output; 0 = off */
+  float repetition_penalty; /* (0, 10]: a prompt or output token's positive logit / it, negative x it; 1 (or 0) = off */
+  const int32_t* logit_bias_tokens; /* n_logit_bias token ids ... */
+  const float* logit_bias;          /* ... and the bias added to each, -100..100 (-100 bans it) */
+  size_t n_logit_bias;
 } spc_generate_params;
 
 SPC_API void spc_generate_params_default(spc_generate_params* params);

@@ -139,6 +139,13 @@ spc::Request MakeRequest(spc_session* session, const spc_generate_params* params
   }
   req.params.stop = nullptr;  // the copies above are what the session reads
   req.params.n_stop = 0;
+  if (req.params.n_logit_bias && (!req.params.logit_bias_tokens || !req.params.logit_bias)) {
+    throw std::invalid_argument("n_logit_bias is set but logit_bias_tokens or logit_bias is NULL");
+  }
+  req.logit_bias_tokens.assign(req.params.logit_bias_tokens, req.params.logit_bias_tokens + req.params.n_logit_bias);
+  req.logit_bias.assign(req.params.logit_bias, req.params.logit_bias + req.params.n_logit_bias);
+  req.params.logit_bias_tokens = nullptr;  // the session reads the request's own copies
+  req.params.logit_bias = nullptr;
   if (text || !req.stop.empty()) req.tokenizer = session->model->Tokenizer()->impl.get();
   return req;
 }
@@ -281,6 +288,13 @@ void spc_generate_params_default(spc_generate_params* params) {
   params->ignore_eos = 0;
   params->stop = nullptr;
   params->n_stop = 0;
+  params->min_p = 0.0f;
+  params->frequency_penalty = 0.0f;
+  params->presence_penalty = 0.0f;
+  params->repetition_penalty = 1.0f;
+  params->logit_bias_tokens = nullptr;
+  params->logit_bias = nullptr;
+  params->n_logit_bias = 0;
 }
 
 int spc_generate(spc_session* session, const int32_t* prompt, size_t n_prompt, const spc_generate_params* params,

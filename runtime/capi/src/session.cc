@@ -20,6 +20,7 @@
 #include "drafters/medusa.h"
 #include "drafters/merged.h"
 #include "drafters/suffix.h"
+#include "penalties.h"
 #include "sampling.h"
 
 namespace spc {
@@ -170,7 +171,10 @@ Session::~Session() { delete kv_; }
 
 int Session::Generate(const Request& request, Result* result) {
   const std::vector<int32_t>& prompt = request.prompt;
-  const spc_generate_params& params = request.params;
+  spc_generate_params params = request.params;
+  params.logit_bias_tokens = request.logit_bias_tokens.data();
+  params.logit_bias = request.logit_bias.data();
+  params.n_logit_bias = std::min(request.logit_bias_tokens.size(), request.logit_bias.size());
   int64_t ctx = model_->config().context_window_size;
   if (params.max_tokens <= 0) throw std::invalid_argument("max_tokens must be positive");
   if (!(params.temperature >= 0 && std::isfinite(params.temperature))) {
@@ -178,6 +182,7 @@ int Session::Generate(const Request& request, Result* result) {
   }
   if (!(params.top_p > 0 && params.top_p <= 1)) throw std::invalid_argument("top_p must be in (0, 1]");
   if (params.top_k < 0) throw std::invalid_argument("top_k must be >= 0");
+  CheckAdjustments(params, model_->vocab_size());
   if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
   if (static_cast<int64_t>(prompt.size()) >= ctx) {
     throw std::invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens but the context window is " +
@@ -230,7 +235,9 @@ int Session::Generate(const Request& request, Result* result) {
         proposer_->Prefill(kSeq, piece, static_cast<int64_t>(start));
       }
     }
-    int32_t first = Sample(model_->LogitsRow(logits, 0), params, rng_);
+    std::vector<float> row = model_->LogitsRow(logits, 0);
+    if (AdjustsLogits(params)) AdjustRows(row.data(), model_->vocab_size(), params, prompt, prompt.size(), {{}});
+    int32_t first = Sample(row, params, rng_);
     stats_.prefill_tokens = static_cast<int64_t>(prompt.size() - cached);
     stats_.cached_prompt_tokens = static_cast<int64_t>(cached);
     stats_.prefill_seconds = Now() - t0;
@@ -364,7 +371,15 @@ ForwardOut Session::Verify(Run& run, Draft& draft) {
   }
 }
 
-std::pair<std::vector<int32_t>, int32_t> Session::Accept(Run& run, const Draft& draft, const Tensor& logits) {
+std::pair<std::vector<int32_t>, int32_t> Session::Accept(Run& run, const Draft& draft, const Tensor& verified) {
+  Tensor logits = verified;
+  if (AdjustsLogits(*run.params)) {  // penalties.py adjust_step: each row as of its own prefix
+    std::vector<char> rows = Model::ToHost(verified);
+    int64_t vocab = model_->vocab_size(), n = static_cast<int64_t>(draft.size()) + 1;
+    AdjustRows(reinterpret_cast<float*>(rows.data()), vocab, *run.params, run.history,
+               run.result->prompt_token_ids.size(), NodePaths(draft, static_cast<size_t>(n)));
+    logits = model_->Upload(rows.data(), {n, vocab}, DLDataType{kDLFloat, 32, 1});
+  }
   std::vector<int32_t> tokens{run.history.back()};
   tokens.insert(tokens.end(), draft.tokens.begin(), draft.tokens.end());
   std::vector<int32_t> parents = draft.VerifyParents();

@@ -32,6 +32,8 @@ struct Request {
   std::vector<int32_t> prompt;
   spc_generate_params params{};
   std::vector<std::string> stop;          // stop strings: matched on the text, so they need a tokenizer
+  std::vector<int32_t> logit_bias_tokens;  // params' logit bias, copied (params' pointers are not kept)
+  std::vector<float> logit_bias;
   const Tokenizer* tokenizer = nullptr;   // text out (deltas and the final text); null: ids only
   // After each step: its tokens and its text delta; returning true cancels the generation.
   std::function<bool(const int32_t*, size_t, const std::string&)> on_step;
