@@ -17,6 +17,11 @@ one-time cost profile are outside both and reported apart as process seconds. Wi
 ``llama_speculative``, llama.cpp's ``llama-speculative-simple`` -- a one-shot process too --
 decodes each prompt, rendered with the same chat template, right after its quartet, in each
 peer mode.
+
+A prompt with a ``prediction`` (Predicted Outputs: ``bench/edit.jsonl``, code and documents to
+change a little) is decoded by six processes: plain / spec+prediction / spec / spec /
+spec+prediction / plain. Its ``speedup`` is the prediction's over plain decoding, and
+``prediction_over_spec`` what the prediction adds to speculation without it, in the same run.
 """
 from __future__ import annotations
 
@@ -42,9 +47,14 @@ PLAIN = {"speculative_mode": "disable"}  # generate speculates unless told not t
 
 
 def generate_process(model_dir: Path, model_lib: Path, prompt: str, max_tokens: int, spec: dict | None,
-              overrides: str | None = None, response_format: dict | None = None, sampling: dict | None = None) -> dict:
+              overrides: str | None = None, response_format: dict | None = None, sampling: dict | None = None,
+              prediction: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "speccompile.cli", "generate", str(model_dir), "--model-lib", str(model_lib),
            "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+    if prediction is not None:  # as a user would: the file being edited
+        path = Path(tempfile.mkdtemp(prefix="speccompile-pred-")) / "prediction.txt"
+        path.write_text(prediction)
+        cmd += ["--prediction", str(path)]
     if response_format:  # as a user would: the response_format object in a file
         path = Path(tempfile.mkdtemp(prefix="speccompile-rf-")) / "response_format.json"
         path.write_text(json.dumps(response_format))
@@ -100,16 +110,20 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
     for i, p in enumerate(prompts):
         plains, specs, llama = [], [], {}
         text = render_messages(config, [{"role": "user", "content": p["prompt"]}]) if peers else None
+        pred, bare = p.get("prediction"), []  # bare: speculation without the prediction
         for _ in range(repeat):
-            a, s1, s2, b = (generate_process(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"],
-                                      sampling) for sp in (PLAIN, spec, spec, PLAIN))
-            plains += [a, b]
-            specs += [s1, s2]
+            order = [(PLAIN, None), (spec, pred), (spec, None), (spec, None), (spec, pred), (PLAIN, None)] if pred \
+                else [(PLAIN, None), (spec, None), (spec, None), (PLAIN, None)]
+            out = [generate_process(model_dir, model_lib, p["prompt"], max_tokens, sp, overrides, p["response_format"],
+                                    sampling, pr) for sp, pr in order]
+            plains += [out[0], out[-1]]
+            specs += [out[1], out[-2]]
+            bare += out[2:4] if pred else []
             for mode in peers if not p["response_format"] else ():
                 llama.setdefault(mode, []).append(run_llama_prompt(
                     llama_speculative["binary"], llama_speculative["gguf"], text, max_tokens, mode,
                     llama_speculative.get("draft_gguf"), llama_speculative.get("draft_max", 3)))
-        runs = plains + specs
+        runs = plains + specs + bare
         tokens = plains[0]["stats"]["decode_tokens"]
         # per decoded token (sampled answers differ in length), then for the plain answer's length;
         # a request: its prefill (the rest of request_seconds) plus that decode
@@ -135,6 +149,11 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                "accept_rate": accept_rate(total["accepted_tokens"], total["draft_tokens"]),
                "mean_accepted_length": mean_accepted_length(emitted, total["verify_steps"]),
                **{k: v / len(specs) for k, v in total.items()}}  # per spec run
+        if bare:  # Predicted Outputs: speculation without the prediction, and the prediction's usage
+            row["spec_without_prediction_seconds"] = tokens * statistics.fmean(1.0 / r["stats"]["decode_tokens_per_s"]
+                                                                               for r in bare)
+            row["prediction_over_spec"] = row["spec_without_prediction_seconds"] / spec_s
+            row["completion_tokens_details"] = specs[0].get("completion_tokens_details")
         for mode, lruns in llama.items():  # its means over the repeats, and ours over it
             lr = {k: statistics.fmean(r[k] for r in lruns) for k in lruns[0]}
             lr["tokens_per_s"] = lr["decode_tokens"] / lr["seconds"]
@@ -158,6 +177,7 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                   f"len {row['mean_accepted_length']:.2f} drafted in {row['verify_steps']:.0f}/"
                   f"{row['verify_steps'] + row['plain_steps']:.0f} steps"
                   f"{'' if row['identical_output'] is not False else '  OUTPUT DIFFERS'}"
+                  f"{'' if not bare else ' | prediction x%.2f over spec without it' % row['prediction_over_spec']}"
                   f"{'  CUDA GRAPHS OFF: ' + '; '.join(failed) if failed else ''}"
                   + "".join(f" | llama.cpp {m} {v['tokens_per_s']:.1f} tok/s (ours x{v['ours_over']:.2f})"
                             for m, v in row.get("llama_cpp_spec", {}).items()), flush=True)
@@ -179,6 +199,10 @@ def run_one_shot(model_dir: Path, model_lib: Path, spec: dict, prompts_file: Pat
                    sum(r["mean_accepted_length"] * r["verify_steps"] for r in group), steps),
                "identical_outputs": sum(bool(r["identical_output"]) for r in group),
                "verify_steps": steps, "draft_tokens": drafted}
+        with_pred = [r for r in group if "prediction_over_spec" in r]
+        if with_pred:  # what the predictions add over speculation without them
+            out["prediction_over_spec"] = (sum(r["spec_without_prediction_seconds"] for r in with_pred)
+                                           / sum(r["spec_seconds"] for r in with_pred))
         ran = [r for r in group if "llama_cpp_spec" in r]
         if ran:  # on the prompts llama.cpp decoded: its rate per mode, ours over it and over its best
             ours = sum(r["decode_tokens"] for r in ran) / sum(r["spec_seconds"] for r in ran)

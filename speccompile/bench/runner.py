@@ -34,7 +34,8 @@ def load_prompts(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
             if text is None:
                 raise ValueError(f"{path}: each line needs 'turns' or 'prompt'")
             rows.append({"id": row.get("question_id", len(rows)), "category": row.get("category", "all"), "prompt": text,
-                         "response_format": row.get("response_format")})  # structured output, when the set asks
+                         "response_format": row.get("response_format"),  # structured output, when the set asks
+                         "prediction": row.get("prediction")})  # Predicted Outputs (bench --one-shot), when it has one
     return rows[:limit] if limit else rows
 
 

@@ -4,8 +4,8 @@ Bodies are validated in pydantic *strict* JSON mode: ``"max_tokens": "5"`` or
 ``"stream": 1`` is a 400, not a silent coercion, because a client that sends the wrong
 type has a bug it should hear about. Fields that change nothing in the answer (``user``,
 ``store``, ``metadata``, ``service_tier``, ...) are ignored; every OpenAI field that would
-change it and that the engine cannot honour with its non-default value (``n > 1``,
-``prediction``, ``audio``, ``echo``, ...) is refused with a 400
+change it and that the engine cannot honour with its non-default value (``functions``,
+``audio``, ``echo``, ...) is refused with a 400
 naming the field -- an application that asked for a tool call or a bias and got plain
 text would never know.
 """
@@ -154,8 +154,6 @@ class _Common(_Strict):
             if value is not None and value not in harmless:
                 raise APIError(400, f"'{name}' is not supported by this server", param=name,
                                code="unsupported_value")
-        if self.n not in (None, 1):
-            raise APIError(400, "only n = 1 is supported", param="n", code="unsupported_value")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options",
                            code="invalid_value")

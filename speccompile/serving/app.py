@@ -28,6 +28,7 @@ from speccompile import __version__
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.scheduler import Scheduler
 from speccompile.serving.api import APIError, error_response
+from speccompile.serving.choices import Choices
 from speccompile.serving.completion import complete
 from speccompile.serving.state import ServingState
 
@@ -103,11 +104,11 @@ def create_app(scheduler: Scheduler, model_name: str, api_key: str | None = None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(server, request, chat=True)
+        return await complete(server, request, chat=True, choices=Choices)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await complete(server, request, chat=False)
+        return await complete(server, request, chat=False, choices=Choices)
 
     return app
 

@@ -13,6 +13,7 @@ request, which frees its KV pages at the scheduler's next step boundary.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -37,23 +38,36 @@ from speccompile.serving.api import (APIError, ChatCompletionRequest, Completion
 from speccompile.serving.state import ServingState
 
 
-def _sse(obj: dict) -> str:
+def sse_line(obj: dict) -> str:
     """One Server-Sent Event carrying ``obj`` as JSON."""
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def complete(server: ServingState, request: Request, chat: bool) -> Response:
+async def complete(server: ServingState, request: Request, chat: bool, choices=None) -> Response:
     """Serve one generation request: the chat endpoint's when ``chat``, else the completions one.
-    A request refused before it reaches the engine counts as "rejected" in the metrics."""
+    A request refused before it reaches the engine counts as "rejected" in the metrics.
+    ``choices``: what answers a request for ``n`` > 1 (serving/choices.py's ``Choices``)."""
     try:
         job = await _prepare(server, request, chat)
         if not server.scheduler.alive:
             raise APIError(503, "the engine thread is not running", "server_error", code="engine_unavailable")
-        run = CompletionRun(server, request, chat, job)
+        if (job.req.n or 1) > 1 and choices is not None:  # several choices, one sequence each
+            multi = choices(server, request, chat, job)
+        else:
+            run = CompletionRun(server, request, chat, job)
     except APIError:
         server.metrics.requests.labels("chat" if chat else "completions", "rejected").inc()
         raise
+    if (job.req.n or 1) > 1 and choices is not None:
+        return await multi.respond()
     return run.stream() if job.req.stream else await run.answer()
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Returns when the client goes away: after the body, the ASGI receive channel yields
+    nothing until then."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 # ------------------------------------------------------------------ preparation
@@ -84,6 +98,10 @@ async def _prepare(server: ServingState, request: Request, chat: bool) -> _Job:
     if req.model != server.model_name:
         raise APIError(404, f"The model '{req.model}' does not exist", param="model", code="model_not_found")
     req.check_supported()
+    limit = server.scheduler.max_num_sequence
+    if (req.n or 1) > limit:
+        raise APIError(400, f"n={req.n} exceeds the {limit} sequences this server decodes at once "
+                            "(serve --max-num-sequence)", param="n", code="invalid_value")
     stop = req.stop_list()
     values = req.sampling_values(engine.config)
     try:
@@ -158,20 +176,28 @@ class CompletionRun:
     engine thread and wait in ``_queue`` for ``answer`` or ``stream`` to take them. A task
     (``_watcher``) notices the client going away, which cancels the request."""
 
-    def __init__(self, server: ServingState, request: Request, chat: bool, job: _Job):
-        self.server, self.request, self.chat, self.job = server, request, chat, job
+    def __init__(self, server: ServingState, request: Request, chat: bool, job: _Job, index: int = 0,
+                 watcher: asyncio.Future | None = None):
+        """``index``: the choice this run answers (``n`` > 1: serving/choices.py runs one per
+        choice, sharing one ``watcher`` of the client's connection)."""
+        self.server, self.request, self.chat, self.job, self.index = server, request, chat, job, index
         self.endpoint = "chat" if chat else "completions"  # the metrics' label
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.sampling = job.sampling if job.sampling.seed is None or not index else \
+            dataclasses.replace(job.sampling, seed=(job.sampling.seed + index) % (1 << 64))  # a seed per choice
         self.handle = self._submit()
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self._watcher = asyncio.ensure_future(self._wait_disconnect())
+        self._owns_watcher = watcher is None
+        self._watcher = watcher if watcher is not None else asyncio.ensure_future(self._wait_disconnect())
+        self.final: Event | None = None  # the last event, once in
+        self.closing = True  # a stream ends with the usage and [DONE] (not one choice of several)
 
     def _submit(self):
         job = self.job
         try:
-            return self.server.scheduler.submit(job.ids, job.req.token_limit(), job.sampling, job.stop, self._deliver,
+            return self.server.scheduler.submit(job.ids, job.req.token_limit(), self.sampling, job.stop, self._deliver,
                                                 ignore_eos=job.req.ignore_eos, speculative=job.req.speculative,
                                                 grammar=job.grammar, top_logprobs=job.top,
                                                 tenant=self.server.tenant(self.request), prediction=job.prediction)
@@ -187,9 +213,7 @@ class CompletionRun:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
     async def _wait_disconnect(self) -> None:
-        # after the body, the ASGI receive channel yields nothing until the client goes away
-        while (await self.request.receive())["type"] != "http.disconnect":
-            pass
+        await wait_disconnect(self.request)
 
     async def _next_event(self) -> Event | None:
         """The next engine event, or None once the client has gone away."""
@@ -235,13 +259,23 @@ class CompletionRun:
     async def answer(self) -> Response:
         """Wait for the last event and answer with the whole completion; 499 (and a
         cancelled request) when the client goes away first."""
+        event, entries = await self.collect()
+        if event is None:
+            return Response(status_code=499)
+        if event.error:
+            return error_response(500, event.error, "server_error", code="engine_error")
+        return JSONResponse(self._answer_body(event, entries))
+
+    async def collect(self) -> tuple[Event | None, list | None]:
+        """(the last event, the logprob entries if asked for); (None, _) when the client went
+        away first (the request is then cancelled)."""
         entries = [] if self.job.top is not None else None
         try:
             while True:
                 event = await self._next_event()
                 if event is None:
                     self._cancel()
-                    return Response(status_code=499)
+                    return None, entries
                 if entries is not None and event.logprobs:
                     entries += event.logprobs
                 if event.finished:
@@ -250,17 +284,16 @@ class CompletionRun:
             self._cancel()
             raise
         finally:
-            self._watcher.cancel()
+            if self._owns_watcher:
+                self._watcher.cancel()
         self._finish(event)
-        if event.error:
-            return error_response(500, event.error, "server_error", code="engine_error")
-        return JSONResponse(self._answer_body(event, entries))
+        return event, entries
 
     def _answer_body(self, event: Event, entries: list | None) -> dict:
         """The completion object of a finished request; an answer that parses as tool calls
         becomes a message with ``tool_calls`` and finish reason "tool_calls"."""
-        choice = ({"index": 0, "message": {"role": "assistant", "content": event.text}} if self.chat
-                  else {"index": 0, "text": event.text})
+        choice = ({"index": self.index, "message": {"role": "assistant", "content": event.text}} if self.chat
+                  else {"index": self.index, "text": event.text})
         reason = event.finish_reason
         offered = self.job.offered
         content, calls = parse_calls(event.text, offered) if offered else (None, [])
@@ -277,17 +310,19 @@ class CompletionRun:
         return StreamingResponse(self._events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def _events(self):
+    async def _events(self, closing: bool = True):
         """The SSE body: text as soon as it can no longer become part of a stop string, tool
-        calls whole once complete, then the finish reason, the usage (if asked) and [DONE].
-        Ends silently when the client goes away; a request it did not finish is cancelled."""
+        calls whole once complete, then the finish reason, the usage (if asked) and [DONE]
+        (without ``closing``, neither: one choice of several). Ends silently when the client
+        goes away; a request it did not finish is cancelled."""
+        self.closing = closing
         stop, offered = self.job.stop, self.job.offered
         hold = max((len(s) for s in stop), default=1) - 1  # text that may still become a stop string
         sent, done = 0, False
         pending: list = []  # logprob entries of tokens whose text is not sent yet
         try:
             if self.chat:
-                yield _sse(self._chunk("", role=True))
+                yield sse_line(self._chunk("", role=True))
             while True:
                 event = await self._next_event()
                 if event is None:
@@ -295,7 +330,7 @@ class CompletionRun:
                 if event.error:
                     done = True
                     self._finish(event)
-                    yield _sse(error_body(event.error, "server_error", code="engine_error"))
+                    yield sse_line(error_body(event.error, "server_error", code="engine_error"))
                     break
                 pending += event.logprobs or []
                 safe = len(event.text) if event.finished else max(sent, len(event.text) - hold)
@@ -312,7 +347,7 @@ class CompletionRun:
                         safe = len(event.text)
                 if safe > sent:
                     lps = self._logprobs(pending, sent) if self.job.top is not None else None
-                    yield _sse(self._chunk(event.text[sent:safe], lps=lps))
+                    yield sse_line(self._chunk(event.text[sent:safe], lps=lps))
                     sent, pending = safe, []
                 if event.finished:
                     done = True
@@ -320,24 +355,27 @@ class CompletionRun:
                     for line in self._closing_lines(event, event.finish_reason):
                         yield line
                     break
-            yield "data: [DONE]\n\n"
+            if closing:
+                yield "data: [DONE]\n\n"
         finally:
-            self._watcher.cancel()
+            if self._owns_watcher:
+                self._watcher.cancel()
             if not done:
                 self._cancel()
 
     def _tool_call_lines(self, event: Event, content: str | None, calls: list[dict]) -> list[str]:
         """The last events of an answer that ends in tool calls: the text before them, each
         call in its own chunk, then the "tool_calls" finish (and usage)."""
-        lines = [_sse(self._chunk(content))] if content else []
-        lines += [_sse(self._chunk(None, tool_call={"index": i, **call})) for i, call in enumerate(calls)]
+        lines = [sse_line(self._chunk(content))] if content else []
+        lines += [sse_line(self._chunk(None, tool_call={"index": i, **call})) for i, call in enumerate(calls)]
         return lines + self._closing_lines(event, "tool_calls")
 
     def _closing_lines(self, event: Event, finish_reason: str | None) -> list[str]:
         """The finish-reason chunk, then the usage chunk when the client asked for it."""
-        lines = [_sse(self._chunk(None, finish_reason))]
-        if self.job.req.include_usage:
-            lines.append(_sse(self._chunk_base() | {"choices": [], "usage": self._usage(event)}))
+        self.final = event
+        lines = [sse_line(self._chunk(None, finish_reason))]
+        if self.job.req.include_usage and self.closing:
+            lines.append(sse_line(self._chunk_base() | {"choices": [], "usage": self._usage(event)}))
         return lines
 
     def _chunk_base(self) -> dict:
@@ -353,8 +391,8 @@ class CompletionRun:
                 delta["tool_calls"] = [tool_call]
             if role:
                 delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta}
+            choice = {"index": self.index, "delta": delta}
         else:
-            choice = {"index": 0, "text": text or ""}
+            choice = {"index": self.index, "text": text or ""}
         choice.update({"logprobs": lps, "finish_reason": finish_reason})
         return self._chunk_base() | {"choices": [choice]}

@@ -156,7 +156,7 @@ def test_one_shot_bench_samples_as_told_and_compares_per_token(build_tiny, tmp_p
     sampling = {"temperature": 2.0, "top_p": 0.95, "top_k": 50, "seed": 3}
     report = oneshot.run_one_shot(built.model_dir, built.lib, {"speculative_mode": "ngram"}, prompts, max_tokens=12,
                                   quiet=True, sampling=sampling)
-    assert [c[-1] for c in calls] == [sampling] * 4 and report["sampling"] == sampling
+    assert [c[-2:] for c in calls] == [(sampling, None)] * 4 and report["sampling"] == sampling
     row = report["prompts"][0]
     assert row["identical_output"] is None and report["overall"]["identical_outputs"] == 0
     assert row["spec_seconds"] > 0 and row["plain_request_seconds"] > row["plain_seconds"]

@@ -37,20 +37,26 @@ def test_the_index_follows_the_prediction_and_realigns_after_an_edit():
     from speccompile.runtime.drafters.suffix import SuffixProposer
 
     prediction = list(range(100, 160))  # the file as the client has it
-    prop = SuffixProposer()
-    prop.add_sequence(0, [1, 2, 3])  # the prompt
-    prop.predict(0, prediction)
 
-    def draft(history):
+    def draft(history, predicted=True):  # a fresh request with this history so far
+        prop = SuffixProposer()
+        prop.add_sequence(0, [1, 2, 3])  # the prompt
+        if predicted:
+            prop.predict(0, prediction)
         return prop.propose([0], [history], [8], [None], [None], None)[0].tokens
 
-    assert draft([1, 2, 3, 100, 101]) == prediction[2:10]  # follows it
+    assert draft([1, 2, 3, 100, 101, 102]) == prediction[3:11]  # follows it
+    assert draft([1, 2, 3, 100, 101]) == []  # not on a two-token match (PREDICTION_MIN_MATCH)
     edited = [1, 2, 3] + prediction[:20] + [7, 8, 9]  # the answer departs from it (the edit) ...
     assert draft(edited) == []
     assert draft(edited + prediction[23:26]) == prediction[26:34]  # ... and, a few tokens on, re-aligns
+    prop = SuffixProposer()
+    prop.add_sequence(0, [1, 2, 3])
+    prop.predict(0, prediction)
     prop.remove_sequence(0)
     prop.add_sequence(0, [1, 2, 3])
-    assert draft([1, 2, 3, 100, 101]) == []  # a prediction belongs to its request
+    assert prop.propose([0], [[1, 2, 3, 100, 101, 102]], [8], [None], [None], None)[0].tokens == []
+    # a prediction belongs to its request
 
 
 def test_a_prediction_changes_the_speed_never_the_output(engines, answer):

@@ -323,7 +323,7 @@ def _assert_openai_error(r: httpx.Response, status: int) -> dict:
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, "max_tokens"),  # negative
     ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 99}, "n"),  # over --max-num-sequence
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "messages"),  # over the context window
 ])

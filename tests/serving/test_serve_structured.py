@@ -280,3 +280,31 @@ def test_predicted_outputs_through_the_official_client(suffix_app, app):
                                              "prediction": {"type": "content", "content": text}})
     assert resp.status_code == 400 and "--speculative-mode suffix" in resp.json()["error"]["message"]
     assert ask(suffix_app).choices[0].message.content == text  # and it keeps serving
+
+
+def test_n_choices_through_the_official_client(app):
+    """n choices in one completion object: seeded choices differ from each other and each is
+    the answer a request with its seed (seed + index) gets alone; greedy choices are the same
+    answer; streamed, every choice's text arrives under its index; n over the server's
+    sequences is a 400 naming n. (Seeded samples are compared without speculation: with it,
+    how many random numbers a step draws follows the drafts, which the policy sizes by time.)"""
+    messages = [{"role": "user", "content": "Name a fruit and say why you like it."}]
+    kw = dict(model=app.name, messages=messages, max_tokens=24, temperature=1.0, seed=11,
+              extra_body={"speculative": False})
+    r = app.openai().chat.completions.create(n=3, **kw)
+    texts = [c.message.content for c in sorted(r.choices, key=lambda c: c.index)]
+    assert [c.index for c in r.choices] == [0, 1, 2] and len(set(texts)) >= 2
+    for i in range(3):
+        alone = app.openai().chat.completions.create(**{**kw, "seed": 11 + i})
+        assert alone.choices[0].message.content == texts[i]
+    assert r.usage.completion_tokens > 24  # every choice's tokens
+    assert r.usage.prompt_tokens == alone.usage.prompt_tokens  # the prompt counted once
+    greedy = app.openai().chat.completions.create(model=app.name, messages=messages, max_tokens=16, temperature=0, n=2)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    chunks = list(app.openai().chat.completions.create(n=3, stream=True, stream_options={"include_usage": True}, **kw))
+    streamed = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                for i in range(3)}
+    assert [streamed[i] for i in range(3)] == texts
+    assert len({c.id for c in chunks}) == 1 and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    resp = app.post("/v1/chat/completions", {"model": app.name, "messages": messages, "max_tokens": 4, "n": 99})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "n"
