@@ -403,6 +403,9 @@ def run_endpoint_bench(endpoint: str, concurrency: list[int], prompts_file: Path
             return {"model": model, "messages": [{"role": "user", "content": p["prompt"]}], "max_tokens": max_tokens,
                     "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
                     **({} if speculative else {"speculative": False}),
+                    # Predicted Outputs: the speculative side gets the prompt set's prediction
+                    **({"prediction": {"type": "content", "content": p["prediction"]}}
+                       if p.get("prediction") and speculative else {}),
                     **({"response_format": p["response_format"]} if p.get("response_format") else {})}
 
         def run_pass(batch: list[dict], c: int, speculative: bool = True) -> tuple[list[dict], float]:

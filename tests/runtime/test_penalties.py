@@ -3,6 +3,8 @@ own prefix, so greedy speculation equals plain greedy decoding with every contro
 sampling keeps the adjusted target's law; a -100 bias bans a token; bad values are refused."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,26 @@ def test_bad_values_are_refused(engines):
     plain = engines["plain"]
     with pytest.raises(GenerationError, match="logit_bias names token 100000"):
         plain.generate(plain.encode_prompt("a"), 4, sampling=SamplingParams(logit_bias={"100000": 1}))
+
+
+LOOP_FORMAT = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+    "type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["title", "tags"]}}}
+
+
+@pytest.mark.parametrize("prompt", ["Give a title and tags for a blog post about Python scripting.",
+                                    "Title and tags for a shell script tutorial, as JSON."])
+def test_a_frequency_penalty_ends_a_small_models_loop(smollm2_q4, prompt):
+    """SmolLM2 under a JSON schema repeats a tag ("Python Scripting", "Python Scripting", ...)
+    until max_tokens; a frequency penalty of 1 lets it close the object, with and without
+    speculation alike."""
+    model_dir, lib = smollm2_q4
+    plain, spec = Engine(model_dir, lib), Engine(model_dir, lib, speculative_mode="suffix")
+    ids = plain.encode_prompt(prompt)
+    looped = plain.generate(ids, 120, response_format=LOOP_FORMAT)
+    assert looped.finish_reason == "length"
+    sp = SamplingParams(frequency_penalty=1.0)
+    fixed = plain.generate(ids, 120, sampling=sp, response_format=LOOP_FORMAT)
+    assert fixed.finish_reason == "stop" and isinstance(json.loads(fixed.text)["tags"], list)
+    again = spec.generate(ids, 120, sampling=sp, response_format=LOOP_FORMAT)
+    assert again.token_ids == fixed.token_ids and again.stats.spec.draft_tokens > 0
