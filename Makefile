@@ -9,7 +9,7 @@ install: opencl-system vulkan-system arm-system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,vulkan]'
-	$(MAKE) opencl vulkan
+	$(MAKE) opencl vulkan capi-tests
 	$(MAKE) capi HOST=aarch64-linux-gnu >/dev/null
 	@echo "built build/capi-aarch64-linux-gnu (the C API for aarch64, run under qemu-aarch64 by make test)"
 	@echo "installed into $(VENV)/ -- run 'make test'"
@@ -125,6 +125,14 @@ ifeq ($(HOST),)
 else
 	$(MAKE) capi-cross HOST=$(HOST)
 endif
+
+# The C API as the tests build it (tests/conftest.py capi_build: build/capi-tests), built at install so
+# that `make test` spends its minutes testing (the fixture's own build is then a no-op).
+.PHONY: capi-tests
+capi-tests:
+	cmake -S runtime/capi -B build/capi-tests -DPython_EXECUTABLE=$(abspath $(BIN)/python) >/dev/null
+	cmake --build build/capi-tests -j2 >/dev/null
+	@echo "built build/capi-tests (the C API for make test)"
 
 # ---- The C API for ARM Linux boards (Raspberry Pi, Jetson): `make capi HOST=aarch64-linux-gnu` ----
 # Cross-compiled here with Debian's aarch64 gcc (`make arm-system` installs it and qemu-user) against

@@ -1,7 +1,7 @@
-"""Libraries for other machines, built here: a cross-linked aarch64 ``.so`` (``--host
-aarch64-linux-gnu``) and CPU system libraries (``.tar``) for x86, aarch64 Linux, Android
-and iOS, each compiled and inspected (format, architecture, prefixed symbols, the ISA of its
-q4 kernel). tests/runtime/test_arm.py runs the aarch64 builds under qemu.
+"""Libraries for other machines, built here: CPU system libraries (``.tar``) for x86, aarch64
+Linux, Android and iOS, each compiled and inspected (format, architecture, prefixed symbols),
+the x86 one run linked into an app; the q4 kernel's ISA per ARM CPU; the cross-link refusals.
+tests/runtime/test_arm.py builds the cross-linked aarch64 ``.so`` and runs it under qemu.
 """
 from __future__ import annotations
 
@@ -18,13 +18,9 @@ from speccompile.compiler.compile import CompileError, compile_model
 from speccompile.compiler.targets import plan_target
 from speccompile.kernels.cpu_matmul_int8 import int8_dot_isa
 from speccompile.runtime import cpu
-from speccompile.runtime.model import baked_metadata
 
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
 MACHO_ARM64 = 0x0100000C
-needs_cross_gxx = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None
-                                     and os.environ.get("SPECCOMPILE_REQUIRE_ARM") != "1",  # make test: fail
-                                     reason="aarch64-linux-gnu-g++ is not installed (make install sets it up)")
 
 
 def _elf_machine(data: bytes) -> tuple[int, int]:
@@ -42,31 +38,29 @@ def test_arm_q4_kernel_follows_the_cpu(tmp_path, mcpu, isa):
     assert int8_dot_isa(plan.target) == isa
 
 
-@needs_cross_gxx
-def test_aarch64_so_is_cross_linked(build_tiny, tmp_path):
-    built = build_tiny("tiny-llama", "q4f32_1")
-    lib = tmp_path / "tiny-a76.so"
-    meta = compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False,
-                         host="aarch64-linux-gnu", mcpu="cortex-a76")
-    assert _elf_machine(lib.read_bytes()) == (3, ELF_MACHINE["aarch64"])
-    baked = baked_metadata(lib)
-    assert baked["mtriple"] == "aarch64-linux-gnu" and baked["q4_int8_isa"] == "dotprod" == meta["q4_int8_isa"]
-    assert {"asimd", "asimddp"} <= set(baked["cpu_features"]) and baked["q4_activations"] == "int8"
-    if cpu.cpu_arch(platform.machine()) != "aarch64":  # refused here by name, before it is opened
-        from speccompile.runtime.model import Model, ModelLoadError
+@pytest.fixture(scope="module")
+def archive(build_tiny, tmp_path_factory):
+    """archive(host) -> (metadata, .tar) of the tiny q4f32_1 model, each compiled once."""
+    made: dict = {}
+    root = tmp_path_factory.mktemp("archives")
 
-        with pytest.raises(ModelLoadError, match="was built for aarch64 CPUs"):
-            Model(built.model_dir, lib)
+    def get(host):
+        if host not in made:
+            built = build_tiny("tiny-llama", "q4f32_1")
+            lib = root / (host or "native") / "tiny-cpu.tar"
+            made[host] = compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False,
+                                       host=host), lib
+        return made[host]
+
+    return get
 
 
 @pytest.mark.parametrize("host, arch", [(None, platform.machine()), ("aarch64-linux-gnu", "aarch64"),
                                         ("aarch64-linux-android", "aarch64"), ("arm64-apple-ios", "macho")])
-def test_cpu_system_library_archives(build_tiny, tmp_path, host, arch):
+def test_cpu_system_library_archives(archive, host, arch):
     """A .tar of objects an app links statically (TVM system library, symbols prefixed by the
     output's stem), for every CPU an app is built for."""
-    built = build_tiny("tiny-llama", "q4f32_1")
-    lib = tmp_path / "tiny-cpu.tar"
-    meta = compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False, host=host)
+    meta, lib = archive(host)
     assert meta["system_lib_prefix"] == "tiny_cpu_" and meta["q4_activations"] == "int8"
     with tarfile.open(lib) as tar:
         objs = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".o")}
@@ -94,7 +88,7 @@ def test_cross_link_refusals(build_tiny, tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # refused before any work
 
 
-def test_cpu_system_library_runs_linked_into_an_app(build_tiny, capi_build, tmp_path):
+def test_cpu_system_library_runs_linked_into_an_app(build_tiny, archive, capi_build, tmp_path):
     """What an app does with the .tar: link its objects in, then load ``system://<prefix>``
     through the C API. Here the objects are linked into a shared object preloaded into
     spc_generate; its greedy tokens (n-gram speculation on) equal those of the .so build."""
@@ -104,8 +98,7 @@ def test_cpu_system_library_runs_linked_into_an_app(build_tiny, capi_build, tmp_
     import tvm_ffi
 
     built = build_tiny("tiny-llama", "q4f32_1")
-    lib = tmp_path / "tiny-app.tar"
-    compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False)
+    _, lib = archive(None)  # this CPU's .tar (prefix tiny_cpu_)
     with tarfile.open(lib) as tar:
         tar.extractall(tmp_path / "objs")
     ffi_lib = Path(tvm_ffi.__file__).parent / "lib"
@@ -114,7 +107,7 @@ def test_cpu_system_library_runs_linked_into_an_app(build_tiny, capi_build, tmp_
                     f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib}"], check=True)
     args = ["--prompt-ids", "1,2,3,1,2,3,1,2", "--max-tokens", "12", "--speculative-mode", "ngram", "--json"]
     exe = str(capi_build / "spc_generate")
-    linked = subprocess.run([exe, str(built.model_dir), "--model-lib", "system://tiny_app_", *args], capture_output=True,
+    linked = subprocess.run([exe, str(built.model_dir), "--model-lib", "system://tiny_cpu_", *args], capture_output=True,
                             text=True, errors="replace", env={**os.environ, "LD_PRELOAD": str(app)})
     assert linked.returncode == 0, linked.stderr
     shared = subprocess.run([exe, str(built.model_dir), "--model-lib", str(built.lib), *args], capture_output=True,

@@ -81,13 +81,50 @@ def _python_logits(model_dir: Path, lib: Path, ids: list[int]) -> np.ndarray:
     return np.asarray(out, np.float32).reshape(len(ids), -1)
 
 
+@pytest.fixture(scope="module")
+def arm_tiny(build_tiny, tmp_path_factory):
+    """arm_tiny(quant, mcpu) -> (this host's Built, the aarch64 library), each compiled once."""
+    made: dict = {}
+    root = tmp_path_factory.mktemp("arm")
+
+    def get(quant: str, mcpu: str):
+        built = build_tiny("tiny-llama", quant)  # this host's build (AVX-512 VNNI or AVX2 q4 kernels)
+        if (quant, mcpu) not in made:
+            lib = root / f"tiny-{quant}-{mcpu}.so"
+            compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False, host=TRIPLE, mcpu=mcpu)
+            made[quant, mcpu] = lib
+        return built, made[quant, mcpu]
+
+    return get
+
+
+def test_cross_linked_library(arm_tiny):
+    """An aarch64 ELF shared object whose _metadata names the triple, the ISA and the features;
+    refused on this x86 host by name, before it is opened."""
+    import platform
+    import struct
+
+    from speccompile.runtime import cpu
+    from speccompile.runtime.model import Model, ModelLoadError, baked_metadata
+
+    built, lib = arm_tiny("q4f32_1", "cortex-a76")
+    data = lib.read_bytes()
+    assert data[:4] == b"\x7fELF" and struct.unpack_from("<HH", data, 16) == (3, 183)  # shared object, AArch64
+    baked = baked_metadata(lib)
+    assert baked["mtriple"] == TRIPLE and baked["q4_int8_isa"] == "dotprod" and baked["q4_activations"] == "int8"
+    assert {"asimd", "asimddp"} <= set(baked["cpu_features"])
+    if cpu.cpu_arch(platform.machine()) != "aarch64":
+        with pytest.raises(ModelLoadError, match="was built for aarch64 CPUs"):
+            Model(built.model_dir, lib)
+
+
 @pytest.mark.parametrize("quant, mcpu, isa", [("q0f32", "cortex-a76", None), ("q4f32_1", "cortex-a76", "dotprod"),
                                               ("q4f32_1", "cortex-a72", "neon")])
-def test_tiny_model_logits_equal_x86_bit_for_bit(arm_capi, build_tiny, tmp_path, quant, mcpu, isa):
-    built = build_tiny("tiny-llama", quant)  # this host's build (AVX-512 VNNI or AVX2 q4 kernels)
-    lib = tmp_path / f"tiny-{mcpu}.so"
-    meta = compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False, host=TRIPLE, mcpu=mcpu)
-    assert meta["q4_int8_isa"] == isa
+def test_tiny_model_logits_equal_x86_bit_for_bit(arm_capi, arm_tiny, tmp_path, quant, mcpu, isa):
+    from speccompile.runtime.model import baked_metadata
+
+    built, lib = arm_tiny(quant, mcpu)
+    assert baked_metadata(lib)["q4_int8_isa"] == isa
     out = tmp_path / "logits.bin"
     proc = qemu(arm_capi / "spc_forward_logits", str(built.model_dir), str(lib), str(out), *map(str, IDS), cpu=mcpu)
     assert proc.returncode == 0, proc.stderr
@@ -98,11 +135,9 @@ def test_tiny_model_logits_equal_x86_bit_for_bit(arm_capi, build_tiny, tmp_path,
         f"{int((arm != x86).sum())} of {arm.size} logits differ; max |diff| {np.abs(arm - x86).max()}"
 
 
-def test_library_for_a_richer_cpu_is_refused_under_emulation(arm_capi, build_tiny, tmp_path):
+def test_library_for_a_richer_cpu_is_refused_under_emulation(arm_capi, arm_tiny):
     """A dot-product build on a Cortex-A72 stops before loading, naming the missing feature."""
-    built = build_tiny("tiny-llama", "q4f32_1")
-    lib = tmp_path / "tiny-a76.so"
-    compile_model(built.model_dir / "speccompile-config.json", "llvm", lib, verbose=False, host=TRIPLE, mcpu="cortex-a76")
+    built, lib = arm_tiny("q4f32_1", "cortex-a76")
     proc = qemu(arm_capi / "spc_generate", str(built.model_dir), "--model-lib", str(lib), "--prompt-ids", "1,2,3",
                 "--max-tokens", "2", cpu="cortex-a72")
     assert proc.returncode != 0 and "asimddp" in proc.stderr and "illegal instruction" in proc.stderr, proc.stderr
