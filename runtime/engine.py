@@ -138,8 +138,8 @@ class Engine(GenerationAPI):
         seq = Sequence(self._next_seq, list(prompt_ids), min(max_tokens, limit - len(prompt_ids)), sp,
                        np.random.default_rng(sp.seed), list(stop or []), ignore_eos,
                        GenerationResult(list(prompt_ids)), StreamDecoder(self.tokenizer), speculative=speculative,
-                       grammar=grammar, top_logprobs=top_logprobs, tenant=tenant, prediction=prediction or None)
-        seq.result.prediction = seq.prediction
+                       grammar=grammar, top_logprobs=top_logprobs, tenant=tenant)
+        seq.result.prediction = prediction or None  # the result reports its usage, attach drafts from it
         if top_logprobs is not None:
             seq.result.logprobs = []
         seq.result.stats.spec = SpecMetrics() if self.proposer and speculative else None
@@ -164,8 +164,8 @@ class Engine(GenerationAPI):
                 if self.policy is not None:
                     self.policy.acceptance.new_prompt(seq.seq_id)
             seq.to_prefill = list(seq.history if not seq.result.token_ids else seq.history[:-1])
-        if seq.prediction and seq.speculative:  # the proposer's id for it is final now
-            self.proposer.predict(seq.seq_id, seq.prediction)
+        if seq.result.prediction and seq.speculative:  # the proposer's id for it is final now
+            self.proposer.predict(seq.seq_id, seq.result.prediction)
 
     def detach(self, seq: Sequence, keep: bool = False) -> None:
         """Free the sequence's KV pages (target and draft); safe to call twice. ``keep``: a

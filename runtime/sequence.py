@@ -92,7 +92,6 @@ class Sequence:
     grammar: Any = None  # runtime/grammar.py Constraint: the structure every token obeys, or None
     top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20); None: none
     tenant: str | None = None  # whose earlier requests may draft for this one (a server's API key); None: none
-    prediction: list[int] | None = None  # the client's prediction of the answer (runtime/prediction.py)
 
     @property
     def done(self) -> bool:
