@@ -1,4 +1,5 @@
-"""The SwiGLU activation of the MLP, ``silu(gate) * up``, as one vectorized kernel.
+"""The gated activation of the MLP, ``act(gate) * up``, as one vectorized kernel: SwiGLU
+(``act`` = silu) or GeGLU (gelu with the tanh approximation, Gemma's ``gelu_pytorch_tanh``).
 
 Why our own: the default lowering calls libm ``expf`` once per element on one thread,
 about 1 ms of a 1.5B decode step. Here ``exp`` is a polynomial (Cephes' single-precision
@@ -40,11 +41,12 @@ def _chunk(n: int) -> int:
 
 
 @kernel_cache
-def swiglu(inter: int, dtype: str):
-    """out [m, inter] = silu(gate[:, :inter]) * up[:, inter:]; the model passes the fused
+def swiglu(inter: int, dtype: str, act: str = "silu"):
+    """out [m, inter] = act(gate[:, :inter]) * up[:, inter:]; the model passes the fused
     gate/up output as both inputs. (Two used inputs also keep relax's RewriteDataflowReshape
     from probing the kernel as a possible reshape, which it cannot do without blocks.)"""
     cpu = building_for_cpu()
+    gated = {"silu": _silu_mul, "gelu_pytorch_tanh": _gelu_tanh_mul}[act]
     ch = _chunk(inter) if cpu else 1  # GPUs: one thread per element
     lanes, per_row = min(16, ch), inter // ch
 
@@ -52,7 +54,7 @@ def swiglu(inter: int, dtype: str):
     def chunk(gate, up, out, c):
         for v in range(ch // lanes):
             for l in T.vectorized(lanes):
-                out[c // per_row, (c % per_row) * ch + v * lanes + l] = T.Cast(dtype, _silu_mul(
+                out[c // per_row, (c % per_row) * ch + v * lanes + l] = T.Cast(dtype, gated(
                     T.Cast("float32", gate[c // per_row, (c % per_row) * ch + v * lanes + l]),
                     T.Cast("float32", up[c // per_row, inter + (c % per_row) * ch + v * lanes + l])))
 
@@ -75,3 +77,13 @@ def swiglu(inter: int, dtype: str):
 
 def _silu_mul(g, u):
     return g / (T.float32(1.0) + fast_exp(-g)) * u
+
+
+GELU_C = 0.7978845608028654  # sqrt(2 / pi)
+
+
+def _gelu_tanh_mul(g, u):
+    """0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u, with tanh z = 1 - 2 / (e^2z + 1)."""
+    z = T.float32(GELU_C) * (g + T.float32(0.044715) * g * g * g)
+    tanh = T.float32(1.0) - T.float32(2.0) / (fast_exp(T.float32(2.0) * z) + T.float32(1.0))
+    return T.float32(0.5) * g * (T.float32(1.0) + tanh) * u

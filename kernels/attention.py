@@ -21,6 +21,7 @@ import math
 from tvm.script import tirx as T
 
 from speccompile.kernels import kernel_cache
+from speccompile.models.rope import Rope
 
 from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
 
@@ -46,17 +47,18 @@ SERIAL_BELOW = 8
 
 
 @kernel_cache
-def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
-    """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half)."""
-    half = head_dim // 2
+def rope_q(num_heads: int, num_kv: int, head_dim: int, rope: Rope, dtype: str):
+    """q_rot [n, H, d] = RoPE(q part of qkv [n, H+2Hkv, d]) at positions [n] (rotate-half over
+    the rope's leading ``rotary_dim`` dims of each head; the rest pass through)."""
+    half = rope.rotary_dim // 2
     scratch, cpu = scratch_scope(), building_for_cpu()
 
     @T.macro
     def token(qkv, pos, out, t):
         cs = T.decl_buffer((2, half), "float32", scope=scratch)
-        _rope_angles(cs, pos[t], half, head_dim, theta)
+        _rope_angles(cs, pos[t], rope)
         for h, i in T.grid(num_heads, head_dim):
-            out[t, h, i] = _rope_elem(qkv, t, h, i, cs, half, dtype)
+            out[t, h, i] = _rope_elem(qkv, t, h, i, cs, rope.rotary_dim, head_dim, dtype)
 
     @T.prim_func(private=True)
     def kernel(var_qkv: T.handle, var_pos: T.handle, var_out: T.handle):
@@ -75,33 +77,59 @@ def rope_q(num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str)
     return kernel
 
 
+def inv_freq(rope: Rope, i):
+    """The rope's inverse frequency of pair ``i`` (a TIR index): its table as a balanced tree of
+    selects, so every family's frequencies are constants of the kernel (models/rope.py)."""
+    table = rope.inv_freq
+
+    def pick(lo: int, hi: int):
+        if hi - lo == 1:
+            return T.float32(table[lo])
+        mid = (lo + hi) // 2
+        return T.Select(i < mid, pick(lo, mid), pick(mid, hi))
+
+    return pick(0, len(table))
+
+
+def rope_angle(pos, i, rope: Rope):
+    """position * inv_freq[i] in float32, as transformers' RoPE computes it."""
+    return T.Cast("float32", pos) * inv_freq(rope, i)
+
+
 @T.macro
-def _rope_angles(cs, p, half, head_dim, theta):
-    """cs[0/1, i] = cos/sin(p * theta^(-2i/d)): once per token, shared by all heads (the
+def _rope_angles(cs, p, rope):
+    """cs[0/1, i] = scale * cos/sin(p * inv_freq[i]): once per token, shared by all heads (the
     transcendental calls dominated the kernel when made per element)."""
-    for i in range(half):
-        cs[0, i] = T.cos(T.Cast("float32", p) / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(head_dim)))
-        cs[1, i] = T.sin(T.Cast("float32", p) / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(head_dim)))
+    for i in range(rope.rotary_dim // 2):
+        cs[0, i] = T.cos(rope_angle(p, i, rope)) * T.float32(rope.scale)
+        cs[1, i] = T.sin(rope_angle(p, i, rope)) * T.float32(rope.scale)
 
 
-def _rope_elem(buf, t, h, i, cs, half, dtype):
+def _rope_elem(buf, t, h, i, cs, rotary: int, head_dim: int, dtype):
+    """Element i of a head rotated: x cos + rotate_half(x) sin within the first ``rotary``
+    dims, x itself past them (partial rotary)."""
+    half = rotary // 2
     x = T.Cast("float32", buf[t, h, i])
-    rot = T.if_then_else(i < half, -T.Cast("float32", buf[t, h, i + half]), T.Cast("float32", buf[t, h, i - half]))
-    return T.Cast(dtype, x * cs[0, i % half] + rot * cs[1, i % half])
+    if rotary == head_dim:
+        rot = T.if_then_else(i < half, -T.Cast("float32", buf[t, h, i + half]), T.Cast("float32", buf[t, h, i - half]))
+        return T.Cast(dtype, x * cs[0, i % half] + rot * cs[1, i % half])
+    j = T.min(i, rotary - 1)  # in range whichever branch is evaluated
+    rot = T.if_then_else(j < half, -T.Cast("float32", buf[t, h, j + half]), T.Cast("float32", buf[t, h, T.max(j - half, 0)]))
+    return T.Cast(dtype, T.if_then_else(i < rotary, x * cs[0, j % half] + rot * cs[1, j % half], x))
 
 
 @kernel_cache
-def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str):
+def append_kv(num_layers: int, num_heads: int, num_kv: int, head_dim: int, rope: Rope, dtype: str):
     """kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] (in place)."""
-    half = head_dim // 2
+    half = rope.rotary_dim // 2
     scratch, cpu = scratch_scope(), building_for_cpu()
 
     @T.macro
     def token(kv, qkv, pos, slot, layer, t):
         cs = T.decl_buffer((2, half), "float32", scope=scratch)
-        _rope_angles(cs, pos[t], half, head_dim, theta)
+        _rope_angles(cs, pos[t], rope)
         for h, i in T.grid(num_kv, head_dim):
-            kv[layer, 0, slot[t], h, i] = _rope_elem(qkv, t, num_heads + h, i, cs, half, dtype)
+            kv[layer, 0, slot[t], h, i] = _rope_elem(qkv, t, num_heads + h, i, cs, rope.rotary_dim, head_dim, dtype)
             kv[layer, 1, slot[t], h, i] = qkv[t, num_heads + num_kv + h, i]
 
     @T.prim_func(private=True)
@@ -144,8 +172,12 @@ def _exp(x):
 
 
 @kernel_cache
-def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str):
-    """out[t, h] = softmax(q k^T / sqrt(d)) v over the rows token t may see (see module doc).
+def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str, scale: float = 0.0,
+              window: int = 0):
+    """out[t, h] = softmax(q k^T * scale) v over the rows token t may see (see module doc);
+    ``scale`` 0 means 1/sqrt(d). ``window`` > 0: only the token's last ``window`` rows, itself
+    included (a sliding-window layer; a token's rows are its positions, so that is
+    transformers' ``q - k < window``), taken in blocks from the first of them.
 
     seq[t]: row of the page table; prefix[t]: rows 0..prefix-1 of that sequence;
     extra[t, 0:extra_len[t]]: further absolute slots (tree ancestors, then the node itself).
@@ -165,7 +197,8 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
     scratch = scratch_scope()
     lanes = 16 if head_dim % 16 == 0 else 8
     chunks = head_dim // lanes
-    scale = 1.0 / math.sqrt(head_dim)
+    scale = scale or 1.0 / math.sqrt(head_dim)
+    reach = window or 2 ** 30  # rows a token attends at most
     halve = _halve16 if lanes == 16 else _halve8
 
     @T.prim_func(private=True)
@@ -192,7 +225,9 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
             st = T.decl_buffer((group, 3), "float32", scope=scratch)  # per head: max, denominator, rescale
             sl = T.decl_buffer((BLOCK,), "int32", scope=scratch)  # the block's slots
             ob = T.decl_buffer((head_dim,), "float32", scope=scratch)
-            rows: T.let[T.int32] = prefix[tk // num_kv] + extra_len[tk // num_kv]
+            seen: T.let[T.int32] = prefix[tk // num_kv] + extra_len[tk // num_kv]
+            first: T.let[T.int32] = T.max(seen - reach, 0)  # the window's first row
+            rows: T.let[T.int32] = seen - first
             for g in range(group):
                 for i in T.vectorized(head_dim):
                     o[g, i] = T.float32(0)
@@ -203,10 +238,10 @@ def attention(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype
                     if blk * BLOCK + j < rows:
                         # the row's slot, then per head its score
                         sl[j] = T.if_then_else(
-                            blk * BLOCK + j < prefix[tk // num_kv],
-                            pt[seq[tk // num_kv], T.min((blk * BLOCK + j) // PAGE, T.Cast("int32", pages) - 1)] * PAGE
-                            + (blk * BLOCK + j) % PAGE,
-                            extra[tk // num_kv, T.max(blk * BLOCK + j - prefix[tk // num_kv], 0)])
+                            first + blk * BLOCK + j < prefix[tk // num_kv],
+                            pt[seq[tk // num_kv], T.min((first + blk * BLOCK + j) // PAGE, T.Cast("int32", pages) - 1)]
+                            * PAGE + (first + blk * BLOCK + j) % PAGE,
+                            extra[tk // num_kv, T.max(first + blk * BLOCK + j - prefix[tk // num_kv], 0)])
                         for g in T.unroll(group):
                             for l in T.vectorized(lanes):
                                 acc[g, l] = T.float32(0)

@@ -59,6 +59,8 @@ import math
 from tvm.script import tirx as T
 
 from speccompile.kernels import kernel_cache
+from speccompile.kernels.attention import rope_angle
+from speccompile.models.rope import Rope
 
 from speccompile.runtime.contract import KV_PAGE_SIZE as PAGE
 
@@ -127,30 +129,28 @@ def max_vector_lanes() -> int:
     return 4 if target is not None and target.kind.name == "metal" else 8
 
 
-def _angle(pos, i, half: int, head_dim: int, theta: float):
-    """The rotation angle of pair element ``i % half`` at position ``pos`` (kernels/attention.py's table)."""
-    return T.Cast("float32", pos) / T.pow(T.float32(theta), T.Cast("float32", (i % half) * 2) / T.float32(head_dim))
-
-
 @kernel_cache
-def qkv_rope_append_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, theta: float, dtype: str,
+def qkv_rope_append_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, rope: Rope, dtype: str,
                         bias: bool):
     """One kernel for what follows the QKV projection: (+ bias), q_rot [n, H, d] = RoPE(q),
     kv[layer, 0/1, slot[t]] = RoPE(k[t]) / v[t] in place -- one launch where the portable
     graph has two or three (bias add, rope_q, append_kv). One work item per element of qkv;
     each element rotated by the portable kernels' formula, after the same bias add."""
-    half, heads = head_dim // 2, num_heads + 2 * num_kv
-    per_tok = heads * head_dim
+    rotary, heads = rope.rotary_dim, num_heads + 2 * num_kv
+    half, per_tok = rotary // 2, heads * head_dim
 
     def val(qkv, b, t, h, i):
         return qkv[t, h, i] if b is None else qkv[t, h, i] + b[h * head_dim + i]
 
-    def rope(qkv, b, t, h, i, p):
+    def rotate(qkv, b, t, h, i, p):
+        # kernels/attention.py's _rope_elem, with the angle per element
         x = T.Cast("float32", val(qkv, b, t, h, i))
-        rot = T.if_then_else(i < half, -T.Cast("float32", val(qkv, b, t, h, i + half)),
-                             T.Cast("float32", val(qkv, b, t, h, i - half)))
-        a = _angle(p, i, half, head_dim, theta)
-        return T.Cast(dtype, x * T.cos(a) + rot * T.sin(a))
+        j = i if rotary == head_dim else T.min(i, rotary - 1)
+        rot = T.if_then_else(j < half, -T.Cast("float32", val(qkv, b, t, h, j + half)),
+                             T.Cast("float32", val(qkv, b, t, h, T.max(j - half, 0))))
+        a = rope_angle(p, j % half, rope)
+        y = x * (T.cos(a) * T.float32(rope.scale)) + rot * (T.sin(a) * T.float32(rope.scale))
+        return T.Cast(dtype, y if rotary == head_dim else T.if_then_else(i < rotary, y, x))
 
     @T.macro
     def body(kv, qkv, b, pos, slot, layer, q, n):
@@ -159,9 +159,9 @@ def qkv_rope_append_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: 
             h: T.let[T.int64] = e % per_tok // head_dim
             i: T.let[T.int64] = e % head_dim
             if h < num_heads:
-                q[t, h, i] = rope(qkv, b, t, h, i, pos[t])
+                q[t, h, i] = rotate(qkv, b, t, h, i, pos[t])
             elif h < num_heads + num_kv:
-                kv[layer, 0, slot[t], h - num_heads, i] = rope(qkv, b, t, h, i, pos[t])
+                kv[layer, 0, slot[t], h - num_heads, i] = rotate(qkv, b, t, h, i, pos[t])
             else:
                 kv[layer, 1, slot[t], h - num_heads - num_kv, i] = val(qkv, b, t, h, i)
 
@@ -213,14 +213,17 @@ def tree_sum32(src, base, out):
 
 
 @kernel_cache
-def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str, v_sum: str = "tiled"):
-    """out[t, h] = softmax(q k^T / sqrt(d)) v over the rows token t may see; the arguments of
-    kernels/attention.py's ``attention``. Grid: (token, query head) x 32 lanes. ``v_sum="rows"``
-    keeps the row-by-row V sum for every head dim (the GPU check's kernel bench compares them)."""
+def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, dtype: str, v_sum: str = "tiled",
+                  scale: float = 0.0, window: int = 0):
+    """out[t, h] = softmax(q k^T * scale) v over the rows token t may see; the arguments, and
+    ``scale`` and ``window``, of kernels/attention.py's ``attention``. Grid: (token, query head)
+    x 32 lanes. ``v_sum="rows"`` keeps the row-by-row V sum for every head dim (the GPU check's
+    kernel bench compares them)."""
     group, per_lane = num_heads // num_kv, (head_dim + WARP - 1) // WARP  # lane tx owns dims v * 32 + tx
     vec = max_vector_lanes()  # K-row loads of 16 bytes at fp16 (8 on Metal)
     vec = vec if head_dim % vec == 0 else 1
-    scale = 1.0 / math.sqrt(head_dim)
+    scale = scale or 1.0 / math.sqrt(head_dim)
+    reach = window or 2 ** 30  # rows a token attends at most
     per_row = head_dim // vec  # lanes that cover one V row with a vector load each
     tiles = v_sum == "tiled" and vec > 1 and WARP % per_row == 0
     groups = WARP // per_row if tiles else 0  # row groups of the tiled V sum
@@ -315,7 +318,8 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
                             hk: T.let[T.int32] = T.Cast("int32", hq) // group
                             pre: T.let[T.int32] = prefix[t]
                             sq: T.let[T.int32] = seq[t]  # loaded once, not before every pass's page lookup
-                            rows: T.let[T.int32] = prefix[t] + extra_len[t]
+                            first: T.let[T.int32] = T.max(prefix[t] + extra_len[t] - reach, 0)  # window's first row
+                            rows: T.let[T.int32] = prefix[t] + extra_len[t] - first
                             passes: T.let[T.int32] = chunking(rows)[0]
                             per_chunk: T.let[T.int32] = chunking(rows)[1]  # passes of a chunk
                             chunks: T.let[T.int32] = chunking(rows)[2]
@@ -332,7 +336,7 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
                                     blk: T.let[T.int32] = (c * per_chunk + it) * WARPS + T.Cast("int32", w)
                                     r: T.let[T.int32] = blk * WARP + T.Cast("int32", tx)
                                     # a row past the end takes the last row's slot: its V is loaded, weighted 0
-                                    rr: T.let[T.int32] = T.min(r, rows - 1)
+                                    rr: T.let[T.int32] = first + T.min(r, rows - 1)
                                     s: T.let[T.int32] = T.if_then_else(
                                         rr < pre,
                                         pt[sq, T.min(rr // PAGE, T.Cast("int32", pages) - 1)] * PAGE + rr % PAGE,
@@ -393,11 +397,12 @@ def attention_gpu(num_layers: int, num_heads: int, num_kv: int, head_dim: int, d
 
 
 @kernel_cache
-def attention_merge_gpu(num_heads: int, head_dim: int, dtype: str):
+def attention_merge_gpu(num_heads: int, head_dim: int, dtype: str, window: int = 0):
     """out[t, h] of every token cut into more than one chunk: its chunk states merged in chunk
     order (state_merge); tokens of one chunk got their output from attention_gpu itself. One
-    warp per (token, query head); out is updated in place."""
+    warp per (token, query head); out is updated in place. ``window``: attention_gpu's."""
     per_lane = (head_dim + WARP - 1) // WARP
+    reach = window or 2 ** 30
     merge_states = state_merge(head_dim)
 
     @T.prim_func(private=True)
@@ -413,7 +418,7 @@ def attention_merge_gpu(num_heads: int, head_dim: int, dtype: str):
                 for tx in T.thread_binding(WARP, thread="threadIdx.x"):
                     o = T.decl_buffer((per_lane,), "float32", scope="local")
                     st = T.decl_buffer((5,), "float32", scope="local")
-                    chunks: T.let[T.int32] = chunking(prefix[t] + extra_len[t])[2]
+                    chunks: T.let[T.int32] = chunking(T.min(prefix[t] + extra_len[t], reach))[2]
                     if chunks > 1:
                         merge_states(part, t, hq, chunks, st, o, tx)
                         for v in T.unroll(per_lane):

@@ -16,7 +16,8 @@ __all__ = ["ConfigError", "LlamaConfig", "preset", "QUANTIZATIONS", "Quantizatio
            "MODELS", "HEAD_TYPES", "build_model", "config_from_dict", "source_map"]
 
 # model_type -> (module, its nn.Module class, its source-map function as "module.function",
-# its config class). Qwen2 is Llama with QKV bias; ``eagle``, ``eagle3`` and ``medusa`` are
+# its config class). The target families share one decoder (models/llama.py, switched by
+# the config); ``eagle``, ``eagle3`` and ``medusa`` are
 # draft heads (``convert_weight --model-type eagle`` picks eagle3 for an EAGLE-3 checkpoint).
 # Named, not imported: converting a target never loads the head modules, nor TVM's compiler
 # (the Llama source map and the quantization codec import no TVM; `convert_weight
@@ -24,6 +25,9 @@ __all__ = ["ConfigError", "LlamaConfig", "preset", "QUANTIZATIONS", "Quantizatio
 MODELS = {
     "llama": ("llama", "LlamaForCausalLM", "config.hf_source_map", None),
     "qwen2": ("llama", "LlamaForCausalLM", "config.hf_source_map", None),
+    "qwen3": ("llama", "LlamaForCausalLM", "config.hf_source_map", None),
+    "gemma3": ("llama", "LlamaForCausalLM", "config.hf_source_map", None),
+    "phi3": ("llama", "LlamaForCausalLM", "config.hf_source_map", None),
     "eagle": ("eagle", "EagleHead", "eagle.source_map", "EagleConfig"),
     "eagle3": ("eagle3", "Eagle3Head", "eagle3.source_map", "Eagle3Config"),
     "medusa": ("medusa", "MedusaHeads", "medusa.source_map", "MedusaConfig"),

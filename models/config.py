@@ -1,6 +1,11 @@
-"""Model configuration: one dataclass for the Llama family (Llama, Qwen2).
+"""Model configuration: one dataclass for the decoder families (Llama 2/3, Mistral and
+Ministral, Qwen2, Qwen3, Gemma 3, Phi-3/Phi-4-mini).
 
-It is read from an HF ``config.json`` or from GGUF metadata, and it is the single
+They are one pre-norm decoder with a handful of switches -- q/k norms, RoPE variants and
+partial rotary, sliding-window layers, GeGLU, Gemma's extra norms and embedding scale,
+fused checkpoint projections -- so one dataclass and one nn.Module (models/llama.py) serve
+them all; each family is a reading rule in :func:`LlamaConfig.from_hf_dict` and a source
+map. It is read from an HF ``config.json`` or from GGUF metadata, and it is the single
 source of truth for shapes used by conversion, compilation and the runtime.
 Unknown HF keys are kept aside in ``extra`` so nothing is silently dropped.
 """
@@ -12,12 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from speccompile.models.rope import Rope, RopeError, make_rope, rope_context_limit
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "llama",
+    "MinistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+# HF model_type values read as one of ours (Mistral and Ministral are Llama with sliding windows)
+HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "ministral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                  "gemma3_text": "gemma3", "gemma3": "gemma3", "phi3": "phi3"}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+GGUF_ARCHITECTURES = ("llama", "qwen2")
 
 
 class ConfigError(ValueError):
@@ -45,6 +61,17 @@ class LlamaConfig:
     prefill_chunk_size: int = 0
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
+    # family switches (defaults: Llama)
+    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
+    rope_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)  # per layer type: HF rope params
+    partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi)
+    sliding_window: int = 0  # keys a sliding layer's token sees, itself included (0: none)
+    layer_types: list[str] = field(default_factory=list)  # "full_attention" / "sliding_attention" per layer
+    hidden_act: str = "silu"  # the gated MLP's activation: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    sandwich_norms: bool = False  # Gemma: norms after attention and after the MLP too
+    embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size)
+    query_pre_attn_scalar: float = 0.0  # attention scale 1/sqrt(this) instead of 1/sqrt(head_dim) (Gemma)
+    final_logit_softcapping: float = 0.0  # logits = c * tanh(logits / c) (0: none)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -64,22 +91,62 @@ class LlamaConfig:
             self.prefill_chunk_size = min(self.context_window_size, 2048)
         if isinstance(self.eos_token_id, int):
             self.eos_token_id = [self.eos_token_id]
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(f"layer_types lists {len(self.layer_types)} layers, the model has {self.num_hidden_layers}")
+        bad = sorted(set(self.layer_types) - {"full_attention", "sliding_attention"})
+        if bad:
+            raise ConfigError(f"layer type(s) {bad} are not supported; supported: full_attention, sliding_attention")
+        if "sliding_attention" in self.layer_types and self.sliding_window <= 0:
+            raise ConfigError("sliding_attention layers need a positive sliding_window")
+        try:  # every layer's rope is checked now, not at compile time
+            for i in range(self.num_hidden_layers):
+                self.rope(i)
+        except RopeError as err:
+            raise ConfigError(str(err)) from err
+        limit = self.rope_context_limit()
+        if limit and self.context_window_size > limit:  # past it LongRoPE switches factors for the whole sequence
+            self.context_window_size = limit
+            self.prefill_chunk_size = min(self.prefill_chunk_size, limit)
+
+    # ------------------------------------------------------------ per layer
+    def layer_type(self, layer: int) -> str:
+        if self.layer_types:
+            return self.layer_types[layer]
+        return "sliding_attention" if self.sliding_window > 0 else "full_attention"
+
+    def window(self, layer: int) -> int:
+        """The keys a token of this layer attends, itself included (0: all before it)."""
+        return self.sliding_window if self.layer_type(layer) == "sliding_attention" else 0
+
+    def rope(self, layer: int) -> Rope:
+        params = self.rope_parameters.get(self.layer_type(layer)) or self.rope_parameters.get("full_attention")
+        return make_rope(params, self.rope_theta, self.head_dim, self.partial_rotary_factor,
+                         self.max_position_embeddings)
+
+    def rope_context_limit(self) -> int:
+        """The longest context this model's RoPE is exact for here (0: its own window)."""
+        return max((rope_context_limit(p) for p in self.rope_parameters.values()), default=0)
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     # ------------------------------------------------------------------ readers
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "LlamaConfig":
-        """Build from an HF config dict, naming any missing required field."""
-        model_type = cfg.get("model_type")
-        if model_type is None:
-            archs = cfg.get("architectures") or []
-            model_type = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if model_type == "mistral":
-            model_type = "llama"
+        """Build from an HF config dict, naming any missing required field. The family's
+        switches are set from its model_type (transformers' meaning of each field)."""
+        hf_type = cfg.get("model_type")
+        archs = cfg.get("architectures") or []
+        model_type = HF_MODEL_TYPES.get(hf_type) if hf_type is not None else \
+            next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if model_type not in SUPPORTED_MODEL_TYPES:
+            known = sorted(set(SUPPORTED_ARCHITECTURES))
             raise ConfigError(
-                f"unsupported architecture (model_type={cfg.get('model_type')!r}, "
-                f"architectures={cfg.get('architectures')}); supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+                f"unsupported architecture (model_type={hf_type!r}, architectures={archs}); "
+                f"supported: {', '.join(known)} (model_type {', '.join(sorted(HF_MODEL_TYPES))})")
         required = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
         missing = [k for k in required if k not in cfg]
         if missing:
@@ -87,22 +154,41 @@ class LlamaConfig:
         for key in required:
             if not isinstance(cfg[key], int) or cfg[key] <= 0:
                 raise ConfigError(f"config.json field {key!r} must be a positive integer, got {cfg[key]!r}")
-        # transformers 5 writes RoPE settings as rope_parameters {rope_type, rope_theta}, not top-level keys
-        rope_params = cfg.get("rope_parameters") or {}
-        for rope_scaling in (cfg.get("rope_scaling"), rope_params):
-            if rope_scaling not in (None, {}) and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
-                raise ConfigError(f"rope_scaling {rope_scaling!r} is not supported yet (only plain RoPE)")
+        if cfg.get("attn_logit_softcapping"):
+            raise ConfigError(f"attn_logit_softcapping {cfg['attn_logit_softcapping']} (Gemma 2) is not supported")
         known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in cfg.items() if k in known and k not in ("extra", "model_type")}
-        if "rope_theta" not in kwargs and "rope_theta" in rope_params:
-            kwargs["rope_theta"] = float(rope_params["rope_theta"])
+        kwargs = {k: v for k, v in cfg.items() if k in known and k not in ("extra", "model_type", "rope_parameters")}
+        for key in ("num_key_value_heads", "head_dim", "sliding_window", "layer_types", "final_logit_softcapping",
+                    "query_pre_attn_scalar", "partial_rotary_factor", "hidden_act"):
+            if kwargs.get(key) is None:
+                kwargs.pop(key, None)
         kwargs.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-        if kwargs.get("num_key_value_heads") is None:
-            kwargs["num_key_value_heads"] = cfg["num_attention_heads"]
-        if kwargs.get("head_dim") is None:
-            kwargs.pop("head_dim", None)
+        kwargs["rope_parameters"] = _rope_parameters(cfg, model_type)
+        kwargs["rope_theta"] = float(kwargs["rope_parameters"]["full_attention"]["rope_theta"])
         if model_type == "qwen2":
             kwargs["attention_bias"] = True
+        if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+            kwargs.pop("sliding_window", None)  # Qwen configs carry a window they do not use
+            kwargs.pop("layer_types", None)
+        if model_type in ("qwen3", "gemma3"):
+            kwargs["qk_norm"] = True
+        if model_type == "gemma3":
+            kwargs.update(sandwich_norms=True, embed_scale=True, hidden_act=cfg.get("hidden_activation")
+                          or cfg.get("hidden_act") or "gelu_pytorch_tanh", tie_word_embeddings=cfg.get(
+                              "tie_word_embeddings", True), query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)))
+            if "layer_types" not in kwargs:  # transformers' default pattern: every sixth layer global
+                pattern = int(cfg.get("sliding_window_pattern", 6))
+                kwargs["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                         for i in range(cfg["num_hidden_layers"])]
+            kwargs.setdefault("sliding_window", 4096)
+            kwargs.setdefault("rms_norm_eps", 1e-6)
+        if kwargs.get("layer_types") and "sliding_attention" not in kwargs["layer_types"]:
+            kwargs.pop("sliding_window", None)
+        if kwargs.get("sliding_window") and kwargs["sliding_window"] >= cfg.get("max_position_embeddings", 2048):
+            kwargs.pop("sliding_window", None)  # a window past the context is no window (Phi-4-mini)
+            kwargs.pop("layer_types", None)
+        if kwargs.get("sliding_window") is None:
+            kwargs["layer_types"] = []
         eos = cfg.get("eos_token_id")
         kwargs["eos_token_id"] = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         extra = {k: v for k, v in cfg.items() if k not in known}
@@ -123,8 +209,9 @@ class LlamaConfig:
     def from_gguf_fields(cls, fields: dict[str, Any]) -> "LlamaConfig":
         """Build from GGUF metadata (already decoded to Python values)."""
         arch = fields.get("general.architecture")
-        if arch not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if arch not in GGUF_ARCHITECTURES:
+            raise ConfigError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)} "
+                              "(other families: convert their HF safetensors folder)")
 
         def get(key: str, default: Any = None) -> Any:
             full = f"{arch}.{key}"
@@ -173,6 +260,32 @@ class LlamaConfig:
         return cls(**data)
 
 
+def _rope_parameters(cfg: dict[str, Any], model_type: str) -> dict[str, dict[str, Any]]:
+    """The rope parameters of each layer type, with their theta, from either transformers 5's
+    ``rope_parameters`` (flat, or per layer type) or the older ``rope_theta`` /
+    ``rope_scaling`` / ``rope_local_base_freq`` keys."""
+    given = cfg.get("rope_parameters") or {}
+    per_type = given if isinstance(given.get("full_attention"), dict) else {"full_attention": dict(given)}
+    full = dict(per_type.get("full_attention") or {})
+    for key, value in (cfg.get("rope_scaling") or {}).items():
+        full.setdefault(key, value)
+    default_theta = 1_000_000.0 if model_type == "gemma3" else 10000.0
+    full.setdefault("rope_theta", float(cfg.get("rope_theta") or default_theta))
+    out = {"full_attention": full}
+    if model_type == "gemma3" or "sliding_attention" in per_type:
+        local = dict(per_type.get("sliding_attention") or {"rope_type": "default"})
+        local.setdefault("rope_theta", float(cfg.get("rope_local_base_freq") or 10000.0))
+        out["sliding_attention"] = local
+    for params in out.values():
+        if "type" in params and "rope_type" not in params:
+            params["rope_type"] = params.pop("type")
+        if model_type == "phi3" and "original_max_position_embeddings" in cfg:
+            params.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
+        if params.get("rope_type") in ("llama3",) and "original_max_position_embeddings" not in params:
+            raise ConfigError("rope_type llama3 needs original_max_position_embeddings")
+    return out
+
+
 def hf_source_map(cfg: LlamaConfig) -> dict[str, list[str]]:
     """Our logical weight name -> the HF tensors concatenated (axis 0) to form it.
 
@@ -180,21 +293,37 @@ def hf_source_map(cfg: LlamaConfig) -> dict[str, list[str]]:
     plain layer, or the ``X.q_weight``/``X.q_scale`` pair of a quantized one, both come
     from the float tensor listed for ``X.weight``. It lives here, not in models/llama.py,
     because converting a checkpoint needs it and must work without TVM's compiler.
+    Phi checkpoints hold q/k/v and gate/up fused already (in our order); Gemma's norm
+    weights are stored less one (:func:`hf_weight_offset`).
     """
     m: dict[str, list[str]] = {"embed_tokens.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
     if not cfg.tie_word_embeddings:
         m["lm_head.weight"] = ["lm_head.weight"]
+    fused = cfg.model_type == "phi3"
+    norms = (["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+             if cfg.sandwich_norms else ["input_layernorm", "post_attention_layernorm"])
     for i in range(cfg.num_hidden_layers):
         hf, ours = f"model.layers.{i}", f"layers.{i}"
-        m[f"{ours}.self_attn.qkv_proj.weight"] = [f"{hf}.self_attn.{p}_proj.weight" for p in "qkv"]
+        m[f"{ours}.self_attn.qkv_proj.weight"] = ([f"{hf}.self_attn.qkv_proj.weight"] if fused else
+                                                  [f"{hf}.self_attn.{p}_proj.weight" for p in "qkv"])
         if cfg.attention_bias:
             m[f"{ours}.self_attn.qkv_proj.bias"] = [f"{hf}.self_attn.{p}_proj.bias" for p in "qkv"]
+        if cfg.qk_norm:
+            m[f"{ours}.self_attn.q_norm.weight"] = [f"{hf}.self_attn.q_norm.weight"]
+            m[f"{ours}.self_attn.k_norm.weight"] = [f"{hf}.self_attn.k_norm.weight"]
         m[f"{ours}.self_attn.o_proj.weight"] = [f"{hf}.self_attn.o_proj.weight"]
-        m[f"{ours}.mlp.gate_up_proj.weight"] = [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"]
+        m[f"{ours}.mlp.gate_up_proj.weight"] = ([f"{hf}.mlp.gate_up_proj.weight"] if fused else
+                                                [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"])
         m[f"{ours}.mlp.down_proj.weight"] = [f"{hf}.mlp.down_proj.weight"]
-        m[f"{ours}.input_layernorm.weight"] = [f"{hf}.input_layernorm.weight"]
-        m[f"{ours}.post_attention_layernorm.weight"] = [f"{hf}.post_attention_layernorm.weight"]
+        for norm in norms:
+            m[f"{ours}.{norm}.weight"] = [f"{hf}.{norm}.weight"]
     return m
+
+
+def hf_weight_offset(cfg: LlamaConfig, logical: str) -> float:
+    """What to add to an HF tensor on conversion: Gemma's RMSNorms scale by ``1 + weight``
+    (computed in float32, as here once at conversion), every other family's by ``weight``."""
+    return 1.0 if cfg.model_type == "gemma3" and logical.endswith("norm.weight") else 0.0
 
 
 # Tiny presets: tests build real models from these with random weights.

@@ -1,14 +1,18 @@
-"""Llama / Qwen2 decoder written with ``relax.frontend.nn`` and the paged KV cache.
+"""The decoder of every supported family, written with ``relax.frontend.nn`` and the paged KV cache.
 
 One definition drives everything: its parameters name the converted tensors, its
 ``get_spec`` exports the entry points runtime/contract.py lists (checking each method's
-arguments against that table), and the runtime calls exactly those. Qwen2 is Llama with
-a bias on the fused QKV projection.
+arguments against that table), and the runtime calls exactly those. The families differ by
+the config's switches (models/config.py): Qwen2 adds a bias on the fused QKV projection,
+Qwen3 and Gemma 3 normalise each head's q and k, Gemma 3 adds norms after attention and
+the MLP, GeGLU, an embedding scale and sliding-window layers with their own RoPE, Phi
+rotates part of each head, Llama 3 and Phi scale RoPE's frequencies (models/rope.py).
 """
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from tvm import tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
@@ -38,26 +42,41 @@ class Attention(nn.Module):
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = QLinear(in_features or cfg.hidden_size, qkv_out, quant, bias=cfg.attention_bias)
         self.o_proj = QLinear(self.num_heads * self.head_dim, cfg.hidden_size, quant)
+        dtype = quant.model_dtype
+        self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=dtype) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=dtype) if cfg.qk_norm else None
+
+    def _norm_qk(self, qkv: Tensor) -> Tensor:
+        # qkv: [n, h + 2 hkv, d] -> the same with each q and k head RMS-normed (Qwen3, Gemma 3)
+        h, hkv = self.num_heads, self.num_kv_heads
+        q, k, v = op.split(qkv, [h, h + hkv], axis=1)
+        return op.concat([self.q_norm(q), self.k_norm(k), v], dim=1)
 
     def forward(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], layer_id: int) -> tuple[Tensor, Tensor]:
         # x: [n, hidden]; kv: [layers, 2, slots, kv_heads, head_dim]
         cfg, dtype = self.cfg, x.dtype
         n = x.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        rope = cfg.rope(layer_id)
         if not building_for_cpu():  # one kernel for bias, RoPE and the KV append (launches bound GPU steps)
-            qkv = op.reshape(self.qkv_proj.project(x), (n, h + 2 * hkv, d))
-            bias = [] if self.qkv_proj.bias is None else [self.qkv_proj.bias]
+            if self.q_norm is None:
+                qkv = op.reshape(self.qkv_proj.project(x), (n, h + 2 * hkv, d))
+                bias = [] if self.qkv_proj.bias is None else [self.qkv_proj.bias]
+            else:  # the norms read q and k after the bias
+                qkv, bias = self._norm_qk(op.reshape(self.qkv_proj(x), (n, h + 2 * hkv, d))), []
             kv, q = op.tensor_ir_inplace_op(
-                qkv_rope_append_gpu(cfg.num_hidden_layers, h, hkv, d, cfg.rope_theta, dtype, bool(bias)),
+                qkv_rope_append_gpu(cfg.num_hidden_layers, h, hkv, d, rope, dtype, bool(bias)),
                 "qkv_rope_append", [kv, qkv, *bias, meta["positions"], meta["write_slots"],
                                     tirx.IntImm("int64", layer_id)], inplace_indices=[0, -1],
                 out=[Tensor.placeholder(kv.shape, dtype), Tensor.placeholder((n, h, d), dtype)])
             return self._attend(q, kv, meta, layer_id)
         qkv = op.reshape(self.qkv_proj(x), (n, h + 2 * hkv, d))
-        q = op.tensor_ir_op(A.rope_q(h, hkv, d, cfg.rope_theta, dtype), "rope_q", [qkv, meta["positions"]],
+        if self.q_norm is not None:
+            qkv = self._norm_qk(qkv)
+        q = op.tensor_ir_op(A.rope_q(h, hkv, d, rope, dtype), "rope_q", [qkv, meta["positions"]],
                             Tensor.placeholder((n, h, d), dtype))
         kv = op.tensor_ir_inplace_op(
-            A.append_kv(cfg.num_hidden_layers, h, hkv, d, cfg.rope_theta, dtype), "append_kv",
+            A.append_kv(cfg.num_hidden_layers, h, hkv, d, rope, dtype), "append_kv",
             [kv, qkv, meta["positions"], meta["write_slots"], tirx.IntImm("int64", layer_id)], inplace_indices=[0],
             out=Tensor.placeholder(kv.shape, dtype))
         return self._attend(q, kv, meta, layer_id)
@@ -68,14 +87,15 @@ class Attention(nn.Module):
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         args = [q, kv, meta["page_table"], meta["token_seq"], meta["token_prefix"], meta["extra_slots"],
                 meta["extra_len"], tirx.IntImm("int64", layer_id)]
+        scale, window = cfg.attention_scale, cfg.window(layer_id)
         if building_for_cpu():
-            out = op.tensor_ir_op(A.attention(cfg.num_hidden_layers, h, hkv, d, dtype), "attention", args,
-                                  Tensor.placeholder((n, h, d), dtype))
+            out = op.tensor_ir_op(A.attention(cfg.num_hidden_layers, h, hkv, d, dtype, scale, window), "attention",
+                                  args, Tensor.placeholder((n, h, d), dtype))
         else:  # a long context's rows in chunks side by side, then their states merged (kernels/attention_gpu.py)
             out, part = op.tensor_ir_op(
-                attention_gpu(cfg.num_hidden_layers, h, hkv, d, dtype), "attention", args,
+                attention_gpu(cfg.num_hidden_layers, h, hkv, d, dtype, "tiled", scale, window), "attention", args,
                 [Tensor.placeholder((n, h, d), dtype), Tensor.placeholder((n, h, SPLITS, d + 2), "float32")])
-            out = op.tensor_ir_inplace_op(attention_merge_gpu(h, d, dtype), "attention_merge",
+            out = op.tensor_ir_inplace_op(attention_merge_gpu(h, d, dtype, window), "attention_merge",
                                           [out, part, meta["token_prefix"], meta["extra_len"]], inplace_indices=[0],
                                           out=Tensor.placeholder((n, h, d), dtype))
         return self.o_proj(op.reshape(out, (n, h * d))), kv
@@ -84,33 +104,42 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: LlamaConfig, quant: Quantization):
         super().__init__()
-        self.inter = cfg.intermediate_size
+        self.inter, self.act = cfg.intermediate_size, cfg.hidden_act
         self.gate_up_proj = QLinear(cfg.hidden_size, 2 * cfg.intermediate_size, quant)
         self.down_proj = QLinear(cfg.intermediate_size, cfg.hidden_size, quant)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [n, hidden] -> [n, hidden]; gate_up: [n, 2 * inter]
         gu = self.gate_up_proj(x)
-        act = op.tensor_ir_op(swiglu(self.inter, gu.dtype), "swiglu", [gu, gu],
+        act = op.tensor_ir_op(swiglu(self.inter, gu.dtype, self.act), "swiglu", [gu, gu],
                               Tensor.placeholder((gu.shape[0], self.inter), gu.dtype))
         return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
-    """One Llama block. ``input_norm=False`` drops the input RMSNorm: an EAGLE head's first
-    layer reads the ``fc`` projection directly (models/eagle.py), as SafeAILab trained it."""
+    """One pre-norm block. ``input_norm=False`` drops the input RMSNorm: an EAGLE head's first
+    layer reads the ``fc`` projection directly (models/eagle.py), as SafeAILab trained it.
+    With ``sandwich_norms`` (Gemma) the names are transformers': ``post_attention_layernorm``
+    normalises the attention's output, ``pre_/post_feedforward_layernorm`` the MLP's input and
+    output; otherwise ``post_attention_layernorm`` is the MLP's input norm, as in Llama."""
 
     def __init__(self, cfg: LlamaConfig, quant: Quantization, input_norm: bool = True):
         super().__init__()
         dtype = quant.model_dtype
+        norm = lambda: nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)  # noqa: E731
         self.self_attn = Attention(cfg, quant)
         self.mlp = MLP(cfg, quant)
-        self.input_layernorm = (nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
-                                if input_norm else None)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
+        self.input_layernorm = norm() if input_norm else None
+        self.post_attention_layernorm = norm()
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
 
     def forward(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], layer_id: int) -> tuple[Tensor, Tensor]:
         a, kv = self.self_attn(x if self.input_layernorm is None else self.input_layernorm(x), kv, meta, layer_id)
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(a)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), kv
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -136,7 +165,7 @@ class LlamaForCausalLM(nn.Module):
     def _body(self, x: Tensor, kv: Tensor, meta: dict[str, Tensor], capture: list[int] | None = None):
         # x: [n, hidden] -> final-normed hidden states [n, hidden]; with ``capture``, also the
         # outputs of those layers concatenated [n, len(capture) * hidden] (EAGLE-3 features)
-        if not building_for_cpu():
+        if not building_for_cpu() and not self.cfg.sandwich_norms:
             return self._body_gpu(x, kv, meta, capture)
         taken = {}
         for i, layer in enumerate(self.layers):
@@ -169,7 +198,9 @@ class LlamaForCausalLM(nn.Module):
 
     def _logits(self, h: Tensor) -> Tensor:
         logits = self.embed_tokens.lm_head_forward(h) if self.lm_head is None else self.lm_head(h)
-        return logits if logits.dtype == "float32" else logits.astype("float32")
+        logits = logits if logits.dtype == "float32" else logits.astype("float32")
+        cap = self.cfg.final_logit_softcapping
+        return logits if not cap else op.tanh(logits / cap) * cap
 
     # -------------------------------------------------------------- entry points
     # Their names and argument orders are runtime/contract.py's ENTRY_POINTS (get_spec
@@ -177,7 +208,10 @@ class LlamaForCausalLM(nn.Module):
     # serve prefill, decode and (tree) verify, which is what keeps them bit-identical per token.
     def embed(self, input_ids: Tensor) -> Tensor:
         # input_ids: [n] int32 -> [n, hidden]
-        return self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids)
+        if self.cfg.embed_scale:  # Gemma: sqrt(hidden) rounded to the model's dtype, as transformers does
+            x = x * float(np.asarray(self.cfg.hidden_size ** 0.5, self.dtype))
+        return x
 
     def prefill(self, input_embeds: Tensor, logit_positions: Tensor, kv: Tensor, positions, write_slots, page_table, token_seq, token_prefix, extra_slots, extra_len) -> Tensor:
         # input_embeds: [n, hidden] (sequences back to back); logit_positions: [nl] int32 -> logits [nl, vocab]

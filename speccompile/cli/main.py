@@ -64,7 +64,7 @@ def main() -> None:
 @click.option("--quantization", required=True, help="q0f32, q0f16, q4f32_1 or q4f16_1")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path))
 @click.option("--model-type", default="auto", show_default=True,
-              help="auto, llama, qwen2, or a draft head: eagle (EAGLE-1 or EAGLE-3, detected), medusa "
+              help="auto, llama, qwen2, qwen3, gemma3, phi3, or a draft head: eagle (EAGLE-1 or EAGLE-3, detected), medusa "
                    "(needs --target)")
 @click.option("--target", type=click.Path(path_type=Path), default=None,
               help="eagle/medusa: the target model the head was trained for (HF folder or .gguf)")

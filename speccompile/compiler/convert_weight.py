@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from speccompile.models import HEAD_TYPES, MODELS, build_model, get_quantization, source_map
+from speccompile.models.config import hf_weight_offset
 from speccompile.models.quant_codec import quantize_q4
 from speccompile.runtime.contract import baked_metadata
 from speccompile.runtime.tensor_cache import TensorCacheWriter
@@ -101,13 +102,13 @@ def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str 
         logical = logical_name(name)
         if name.endswith(SUFFIXES):
             if logical not in cache:
-                w = _gather(source, smap[logical])
+                w = _gather(source, smap[logical], hf_weight_offset(cfg, logical))
                 cache.clear()  # keep at most one logical weight in memory
                 cache[logical] = quantize_q4(w, quant.model_dtype)
                 del w
             arr = cache[logical][0 if name.endswith(".q_weight") else 1]
         else:
-            arr = _gather(source, smap[logical]).astype(dtype)
+            arr = _gather(source, smap[logical], hf_weight_offset(cfg, logical)).astype(dtype)
         if arr.shape != expected:
             raise SourceError(f"{name}: checkpoint gives shape {arr.shape}, the model expects {expected}")
         writer.add(name, arr)
@@ -128,9 +129,10 @@ def _library_params(meta: dict, cfg, quant_name: str, lib: Path) -> list[tuple[s
     return [(p["name"], tuple(int(d) for d in p["shape"]), str(p["dtype"])) for p in meta["params"]]
 
 
-def _gather(source, names: list[str]) -> np.ndarray:
+def _gather(source, names: list[str], offset: float = 0.0) -> np.ndarray:
     parts = [source.get(n) for n in names]
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    w = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return w if not offset else (w.astype(np.float32) + np.float32(offset))
 
 
 def _check_shapes(source, params, smap) -> None:

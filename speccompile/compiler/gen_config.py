@@ -46,6 +46,10 @@ def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str =
     if context_window_size:
         if context_window_size <= 0:
             raise SourceError("--context-window-size must be positive")
+        limit = cfg.rope_context_limit()
+        if limit and context_window_size > limit:
+            raise SourceError(f"--context-window-size {context_window_size} is past this model's LongRoPE short-factor "
+                              f"range ({limit} tokens, its original_max_position_embeddings); use at most {limit}")
         cfg.context_window_size = context_window_size
     if prefill_chunk_size:
         cfg.prefill_chunk_size = prefill_chunk_size
