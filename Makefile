@@ -19,7 +19,9 @@ install: opencl-system vulkan-system arm-system
 # when one is missing (SPECCOMPILE_REQUIRE_OPENCL=1, _VULKAN=1, _ARM=1). One worker per CPU, a test file per worker
 # at a time (its module fixtures built once), longest file first by tests/durations.json (xdist would
 # otherwise reorder files by their number of tests); tests/conftest.py gives each worker its share of cores.
-PYTEST_RUN := SPECCOMPILE_REQUIRE_OPENCL=1 SPECCOMPILE_REQUIRE_VULKAN=1 SPECCOMPILE_REQUIRE_ARM=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+# A test still running after 15 minutes (the slowest file takes about 5) has its worker's stacks
+# printed and the worker ended, so a hang fails that test instead of the whole run.
+PYTEST_RUN := SPECCOMPILE_REQUIRE_OPENCL=1 SPECCOMPILE_REQUIRE_VULKAN=1 SPECCOMPILE_REQUIRE_ARM=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --timeout=900 --timeout-method=thread
 test:
 	$(PYTEST_RUN) --durations=15
 
