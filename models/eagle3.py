@@ -53,20 +53,25 @@ class Eagle3Config(HeadLayerConfig):
     draft_vocab_size: int  # rows of lm_head (the full vocabulary when the checkpoint has no d2t)
     feature_layers: list[int] = field(default_factory=list)  # outputs of these target layers feed fc
     fc_bias: bool = False  # SafeAILab's and SpecForge's fc have none; accepted if a checkpoint has one
+    fc_norm: bool = False  # SpecForge/SGLang: an RMSNorm on each of the three features before fc
+    norm_before_residual: bool = False  # speculators/vLLM: the residual starts from the normed feature
     model_type = "eagle3"
 
     KEYS = ("layer", "draft_vocab_size", "feature_layers", "fc_bias")
+    OPTIONAL = ("fc_norm", "norm_before_residual")  # (configs converted before these existed lack them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer.to_dict(), "draft_vocab_size": self.draft_vocab_size,
-                "feature_layers": list(self.feature_layers), "fc_bias": self.fc_bias}
+                "feature_layers": list(self.feature_layers), "fc_bias": self.fc_bias, "fc_norm": self.fc_norm,
+                "norm_before_residual": self.norm_before_residual}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Eagle3Config":
-        if set(data) != set(cls.KEYS):
-            raise ConfigError(f"an EAGLE-3 model config holds {', '.join(cls.KEYS)}; got {sorted(data)}")
+        if not set(cls.KEYS) <= set(data) <= set(cls.KEYS + cls.OPTIONAL):
+            raise ConfigError(f"an EAGLE-3 model config holds {', '.join(cls.KEYS + cls.OPTIONAL)}; got {sorted(data)}")
         return cls(LlamaConfig.from_dict(data["layer"]), int(data["draft_vocab_size"]),
-                   [int(i) for i in data["feature_layers"]], bool(data["fc_bias"]))
+                   [int(i) for i in data["feature_layers"]], bool(data["fc_bias"]), bool(data.get("fc_norm", False)),
+                   bool(data.get("norm_before_residual", False)))
 
     def extra_metadata(self) -> dict[str, Any]:
         return {"head_kind": "eagle3", "draft_vocab_size": self.draft_vocab_size,
@@ -80,6 +85,7 @@ class Eagle3Config(HeadLayerConfig):
         and the target layers it reads being the ones our target libraries export."""
         if "fc.weight" not in names or "midlayer.self_attn.q_proj.weight" not in names:
             raise ConfigError("not an EAGLE-3 checkpoint: it needs fc.weight and midlayer.* tensors")
+        raw = published_config(raw)
         h = target.hidden_size
         th = raw.get("target_hidden_size")
         if th is not None and th != h:
@@ -88,11 +94,14 @@ class Eagle3Config(HeadLayerConfig):
         if th is not None and raw.get("hidden_size", th) != th:
             raise ConfigError(f"the EAGLE-3 head is {raw['hidden_size']} wide for a target of {th}: only heads as "
                               "wide as their target are supported (they share its embedding)")
-        if raw.get("fc_norm") or any(n.startswith("fc_norm.") for n in names):
-            raise ConfigError("the EAGLE-3 head normalizes each feature before fc (SpecForge's fc_norm): "
-                              "not supported yet")
-        if raw.get("norm_output", True) is False:
-            raise ConfigError("the EAGLE-3 head's logits skip its final norm (norm_output: false): not supported yet")
+        fc_norm = [f"fc_norm.{i}.weight" for i in range(3)]
+        if (raw.get("fc_norm") or any(n.startswith("fc_norm.") for n in names)) and not set(fc_norm) <= set(names):
+            raise ConfigError(f"the EAGLE-3 head normalizes its features before fc but lacks {', '.join(fc_norm)}")
+        if raw.get("norm_before_fc"):
+            raise ConfigError("the EAGLE-3 head normalizes the concatenated features before fc (norm_before_fc): "
+                              "not supported")
+        if raw.get("norm_output") is not None and "speculators_model_type" not in raw and not raw["norm_output"]:
+            raise ConfigError("the EAGLE-3 head's logits skip its final norm (norm_output: false): not supported")
         if raw.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"the EAGLE-3 head's hidden_act is {raw['hidden_act']!r}; only silu is supported")
         layer = head_decoder_config(raw, target, "EAGLE-3", "midlayer.self_attn.q_proj.bias" in names,
@@ -102,7 +111,27 @@ class Eagle3Config(HeadLayerConfig):
                               f"size {h} needs [{h}, {3 * h}]: this head was trained for another model")
         cls.check_embedding("EAGLE-3", target, names, shape)
         layers = _trained_layers(raw, target)
-        return cls(layer, _draft_vocabulary(raw, target, names, shape), layers, "fc.bias" in names)
+        return cls(layer, _draft_vocabulary(raw, target, names, shape), layers, "fc.bias" in names,
+                   set(fc_norm) <= set(names), bool(raw.get("norm_before_residual", False)))
+
+
+def published_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """An EAGLE-3 config.json in one form, whichever trainer wrote it: SafeAILab's,
+    SpecForge's and AngelSlim's are a Llama config with ``draft_vocab_size`` (aux layers, when
+    given, in ``eagle_config``, as layer outputs); vLLM's ``speculators`` format nests the
+    Llama config in ``transformer_layer_config``, puts the aux layers at the top as vLLM's
+    ids (one past the layer whose output they name) and defaults ``norm_before_residual``
+    to true."""
+    if "transformer_layer_config" not in raw:
+        return raw
+    out = {**raw["transformer_layer_config"], **{k: v for k, v in raw.items() if k != "transformer_layer_config"}}
+    out["architectures"] = ["LlamaForCausalLM"]
+    out["model_type"] = "llama"
+    out.setdefault("norm_before_residual", True)
+    ids = raw.get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None:
+        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in ids]}
+    return out
 
 
 def _trained_layers(raw: dict[str, Any], target: LlamaConfig) -> list[int]:
@@ -142,8 +171,9 @@ def _draft_vocabulary(raw: dict[str, Any], target: LlamaConfig, names: list[str]
 class Eagle3Layer(nn.Module):
     """The midlayer: a Llama block whose attention reads [normed embedding, normed feature]."""
 
-    def __init__(self, cfg: LlamaConfig, quant: Quantization):
+    def __init__(self, cfg: LlamaConfig, quant: Quantization, norm_before_residual: bool = False):
         super().__init__()
+        self.norm_before_residual = norm_before_residual
         dtype, h = quant.model_dtype, cfg.hidden_size
         self.self_attn = Attention(cfg, quant, in_features=2 * h)
         self.mlp = MLP(cfg, quant)
@@ -152,10 +182,12 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(h, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
 
     def forward(self, emb: Tensor, hidden: Tensor, kv: Tensor, meta: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        # emb, hidden: [n, h] -> [n, h]; the residual stream starts from hidden, not from the concat
-        x = op.concat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)  # [n, 2h]
+        # emb, hidden: [n, h] -> [n, h]; the residual stream starts from hidden (or, with
+        # norm_before_residual, its normed form), not from the concat
+        normed = self.hidden_norm(hidden)
+        x = op.concat([self.input_layernorm(emb), normed], dim=-1)  # [n, 2h]
         a, kv = self.self_attn(x, kv, meta, 0)
-        hidden = hidden + a
+        hidden = (normed if self.norm_before_residual else hidden) + a
         return hidden + self.mlp(self.post_attention_layernorm(hidden)), kv
 
 
@@ -167,13 +199,19 @@ class Eagle3Head(DraftHead):
         self.cfg, self.quant, self.dtype = cfg, quant, quant.model_dtype
         h = cfg.hidden_size
         self.fc = QLinear(3 * h, h, quant, bias=cfg.fc_bias)
-        self.midlayer = Eagle3Layer(cfg.layer, quant)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList([nn.RMSNorm(h, -1, cfg.layer.rms_norm_eps, bias=False, dtype=self.dtype)
+                                          for _ in range(3)])
+        self.midlayer = Eagle3Layer(cfg.layer, quant, cfg.norm_before_residual)
         self.norm = nn.RMSNorm(h, -1, cfg.layer.rms_norm_eps, bias=False, dtype=self.dtype)
         self.lm_head = QLinear(h, cfg.draft_vocab_size, quant)
         self.d2t = nn.Parameter((cfg.draft_vocab_size,), "int32")  # read by the runtime at load
 
     def fuse_features(self, features: Tensor) -> Tensor:
-        # features: [n, 3h] target layer outputs, low/mid/high -> [n, h]
+        # features: [n, 3h] target layer outputs, low/mid/high -> [n, h] (each normed first with fc_norm)
+        if self.cfg.fc_norm:
+            parts = op.split(features, 3, axis=-1)
+            features = op.concat([norm(part) for norm, part in zip(self.fc_norm, parts)], dim=-1)
         return self.fc(features)
 
     def eagle_forward(self, input_embeds: Tensor, hidden: Tensor, kv: Tensor, positions, write_slots, page_table,
@@ -212,7 +250,7 @@ class Eagle3Head(DraftHead):
         meta = dict(zip(FORWARD_META, (positions, write_slots, page_table, token_seq, token_prefix, extra_slots,
                                        extra_len)))
         emb = embedding_rows(list(target_embed), input_ids, self.quant)
-        out, _ = self.midlayer(emb, self.fc(features), kv, meta)
+        out, _ = self.midlayer(emb, self.fuse_features(features), kv, meta)
         return self._top(op.take(out, score_rows, axis=0))
 
     def get_spec(self) -> dict[str, Any]:
@@ -239,6 +277,9 @@ def source_map(cfg: Eagle3Config) -> dict[str, list[str]]:
         m[f"{p}.{norm}.weight"] = [f"{p}.{norm}.weight"]
     if cfg.fc_bias:
         m["fc.bias"] = ["fc.bias"]
+    if cfg.fc_norm:
+        for i in range(3):
+            m[f"fc_norm.{i}.weight"] = [f"fc_norm.{i}.weight"]
     if cfg.layer.attention_bias:
         m[f"{p}.self_attn.qkv_proj.bias"] = [f"{p}.self_attn.{x}_proj.bias" for x in "qkv"]
     return m

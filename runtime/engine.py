@@ -39,6 +39,7 @@ from .options import EngineConfig, configs_from
 from .penalties import adjust_first, adjust_step, check_ids
 from .prediction import check_prediction
 from .prefix_cache import PrefixCache
+from .shared_prefill import take_shared
 from .sampling import SamplingParams, sample, token_logprobs
 from .sequence import GenerationError, GenerationResult, Sequence, Stats
 from .speculative import SpeculativeConfig
@@ -185,7 +186,9 @@ class Engine(GenerationAPI):
         """Prefill the next chunks of these sequences in one forward, at most ``budget``
         tokens in all (and at most the library's prefill chunk). A sequence whose prompt is
         complete gets its first token. Returns the sequences that finished prefilling.
-        Raises KVCacheFull (nothing changed) when the pages are not there."""
+        Raises KVCacheFull (nothing changed) when the pages are not there. Choices of one
+        prompt copy their source's prefill instead (runtime/shared_prefill.py)."""
+        shared, seqs = take_shared(self, seqs)
         budget = min(budget, self.model.prefill_chunk_size)
         batch, chunks = [], []
         for s in seqs:
@@ -195,7 +198,7 @@ class Engine(GenerationAPI):
                 chunks.append(s.to_prefill[:n])
                 budget -= n
         if not batch:
-            return []
+            return shared
         t0 = time.perf_counter()
         ids, starts = [s.seq_id for s in batch], [self.kv.length(s.seq_id) for s in batch]
         if self._features():  # a head (or the feature sink) reads every prompt token's features
@@ -225,11 +228,12 @@ class Engine(GenerationAPI):
             if not s.to_prefill:
                 done.append(s)
                 if not s.result.token_ids:
+                    s.first_logits = logits[row].copy() if s.shares_prefill else None
                     row_logits = adjust_first(logits[row], s)  # penalties, bias, grammar, min-p
                     self._emit(s, [sample(row_logits, s.sampling, s.rng)], row_logits[None])
         self.totals.prefill_tokens += total
         self.totals.prefill_seconds += dt
-        return done
+        return shared + done
 
     def step(self, active: list[Sequence]) -> StepRecord:
         """One decode step for these prefilled, unfinished sequences: propose, verify all

@@ -134,6 +134,17 @@ class PagedKV:
         of a token tree planned row by row (runtime/drafters/eagle.py); nothing changes if they do not fit."""
         self._reserve(seq_ids, counts)
 
+    def fork(self, src_id: int, dst_id: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Give the empty sequence ``dst_id`` pages for ``n`` rows holding what the first ``n``
+        rows of ``src_id`` hold: returns the (src, dst) slots to copy (runtime/shared_prefill.py).
+        Raises KVCacheFull (nothing changed) when the pages are not there."""
+        if self.seqs[dst_id].length or self.seqs[src_id].length < n:
+            raise ValueError(f"cannot fork {n} rows of sequence {src_id} into sequence {dst_id}")
+        self._reserve([dst_id], [n])
+        self.seqs[dst_id].length = n
+        rows = np.arange(n)
+        return self.slots(src_id, rows), self.slots(dst_id, rows)
+
     def slot(self, seq_id: int, row: int) -> int:
         st = self.seqs[seq_id]
         return st.pages[row // PAGE] * PAGE + row % PAGE

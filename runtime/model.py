@@ -548,5 +548,9 @@ class Model:
     def commit_tree(self, kv: PagedKV, seq_id: int, path: list[int]) -> None:
         src, dst = kv.tree_commit_moves(seq_id, path)
         if src:
-            self._fn["copy_kv_slots"](kv.tensor, self.uploads.put("commit.src", np.asarray(src, np.int32)),
-                                      self.uploads.put("commit.dst", np.asarray(dst, np.int32)))
+            self.copy_kv(kv, src, dst)
+
+    def copy_kv(self, kv: PagedKV, src, dst) -> None:
+        """kv rows at slots ``dst`` = those at slots ``src`` (every layer, K and V)."""
+        self._fn["copy_kv_slots"](kv.tensor, self.uploads.put("commit.src", np.asarray(src, np.int32)),
+                                  self.uploads.put("commit.dst", np.asarray(dst, np.int32)))

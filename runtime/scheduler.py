@@ -113,15 +113,18 @@ class Scheduler:
                stop: list[str] | None, callback: Callable[[Request, Event], None],
                ignore_eos: bool = False, speculative: bool = True, grammar=None,
                top_logprobs: int | None = None, tenant: str | None = None,
-               prediction: list[int] | None = None) -> Request:
+               prediction: list[int] | None = None, prefill_from: Request | None = None) -> Request:
         """Validate and enqueue; raises GenerationError for a request that can never run
         (empty or over-long prompt, bad token ids, a prompt larger than the KV cache) and
-        QueueFull when too many requests wait."""
+        QueueFull when too many requests wait. ``prefill_from``: an earlier request of the
+        same prompt (another choice of it) whose prefill this one copies (runtime/shared_prefill.py)."""
         limit = min(self.engine.context_window, self.capacity_tokens)
         budget = max_tokens if max_tokens is not None else max(1, limit - len(prompt_ids))
         seq = self.engine.new_sequence(prompt_ids, budget, sampling, stop, ignore_eos, max_len=self.capacity_tokens,
                                        speculative=speculative, grammar=grammar, top_logprobs=top_logprobs,
                                        tenant=tenant, prediction=prediction)
+        if prefill_from is not None and prefill_from.seq.history == seq.history:
+            seq.prefill_from, prefill_from.seq.shares_prefill = prefill_from.seq, True
         req = Request(next(self._ids), seq, callback)
         with self._wake:
             if len(self._inbox) + len(self.waiting) >= self.max_queue:

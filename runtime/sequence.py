@@ -92,6 +92,9 @@ class Sequence:
     grammar: Any = None  # runtime/grammar.py Constraint: the structure every token obeys, or None
     top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20); None: none
     tenant: str | None = None  # whose earlier requests may draft for this one (a server's API key); None: none
+    prefill_from: "Sequence | None" = None  # a sequence of the same prompt whose prefill this one copies (n > 1)
+    shares_prefill: bool = False  # other choices copy this one's prefill: keep its first_logits
+    first_logits: np.ndarray | None = None  # [vocab] its prompt's last row, kept while other choices copy it
 
     @property
     def done(self) -> bool:

@@ -263,7 +263,10 @@ class HeadSource:
             for n in self.files.names():
                 if re.match(r"\d+\.\d+\.", n):
                     self._alias["medusa_head." + n] = n
+        if kind == "eagle3":
+            self._alias = {eagle3_name(n): n for n in self.files.names() if eagle3_name(n) != n}
         names = self.files.names()
+        names = self.names(with_implied=False)
         eagle3 = kind == "eagle3" and "fc.weight" in names  # (else from_checkpoint says what it is not)
         self._identity_d2t = eagle3 and "d2t" not in names
         self._target_rows = "lm_head.weight" not in names and ("d2t" in names or self._identity_d2t)
@@ -274,9 +277,12 @@ class HeadSource:
         if eagle3:
             self._check_vocabulary_maps()
 
-    def names(self) -> list[str]:
-        extra = (["lm_head.weight"] if self._target_rows else []) + (["d2t"] if self._identity_d2t else [])
-        return [n for n in self.files.names() if not re.match(r"\d+\.\d+\.", n)] + list(self._alias) + extra
+    def names(self, with_implied: bool = True) -> list[str]:
+        extra = (["lm_head.weight"] if self._target_rows else []) + (["d2t"] if self._identity_d2t else []) \
+            if with_implied else []
+        aliased = set(self._alias.values())
+        return [n for n in self.files.names() if not re.match(r"\d+\.\d+\.", n) and n not in aliased] + \
+            list(self._alias) + extra
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name == "lm_head.weight" and self._target_rows:
@@ -325,10 +331,24 @@ class HeadSource:
         return np.ascontiguousarray(target.get(name)[ids])
 
 
+def eagle3_name(name: str) -> str:
+    """A published EAGLE-3 tensor's name as SafeAILab writes it: vLLM's ``speculators`` format
+    and SGLang's loader name the decoder layer ``layers.0`` (SafeAILab, SpecForge and AngelSlim
+    ``midlayer``), some exports prefix ``model.``, and SGLang calls SpecForge's per-feature
+    norms ``aux_norm_low/mid/high`` (``fc_norm.0/1/2``)."""
+    name = name[len("model."):] if name.startswith("model.") else name
+    if name.startswith("layers.0."):
+        name = "midlayer." + name[len("layers.0."):]
+    for i, part in enumerate(("low", "mid", "high")):
+        name = name.replace(f"aux_norm_{part}.", f"fc_norm.{i}.")
+    return name
+
+
 def detect_head(src: Path) -> str | None:
     """``eagle``/``eagle3``/``medusa`` when a folder holds such a head (for --model-type auto,
-    and to tell EAGLE-3 from EAGLE-1 under --model-type eagle): EAGLE-3 checkpoints name
-    their one decoder layer ``midlayer``, EAGLE-1 ones ``layers.N``."""
+    and to tell EAGLE-3 from EAGLE-1 under --model-type eagle): EAGLE-3 checkpoints have a
+    ``hidden_norm`` in their one decoder layer (``midlayer`` or ``layers.0``: :func:`eagle3_name`)
+    and an fc three features wide; EAGLE-1 ones ``layers.N`` without it."""
     src = Path(src)
     if not src.is_dir():
         return None
@@ -340,8 +360,9 @@ def detect_head(src: Path) -> str | None:
         names = TensorFiles(src).names()
     except SourceError:
         return None
-    if "fc.weight" in names and not any(n.startswith("model.") for n in names):
-        return "eagle3" if any(n.startswith("midlayer.") for n in names) else "eagle"
+    canonical = [eagle3_name(n) for n in names]
+    if "fc.weight" in canonical:
+        return "eagle3" if "midlayer.hidden_norm.weight" in canonical else "eagle"
     if any(n.startswith("medusa_head.") for n in names):
         return "medusa"
     return None

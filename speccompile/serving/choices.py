@@ -6,7 +6,8 @@ own, and choices differ from each other. The scheduler batches them like any con
 requests, so a step verifies every choice's drafts in one forward. The answer holds the
 choices in index order; ``usage`` counts the prompt once and every choice's tokens. Streamed,
 each choice's chunks carry its index and arrive as they are decoded, then one usage chunk
-(if asked) and ``[DONE]``.
+(if asked) and ``[DONE]``. The prompt is prefilled once: the other choices copy the first
+choice's KV rows and last logits row (runtime/shared_prefill.py).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class Choices:
         self.runs: list[CompletionRun] = []
         try:
             for i in range(job.req.n):
-                self.runs.append(CompletionRun(server, request, chat, job, index=i, watcher=self.watcher))
+                self.runs.append(CompletionRun(server, request, chat, job, index=i, watcher=self.watcher,
+                                               share_with=self.runs[0] if self.runs else None))
         except APIError:  # a later choice did not fit the queue: the earlier ones stop too
             for run in self.runs:
                 run._cancel()

@@ -177,9 +177,11 @@ class CompletionRun:
     (``_watcher``) notices the client going away, which cancels the request."""
 
     def __init__(self, server: ServingState, request: Request, chat: bool, job: _Job, index: int = 0,
-                 watcher: asyncio.Future | None = None):
+                 watcher: asyncio.Future | None = None, share_with: "CompletionRun | None" = None):
         """``index``: the choice this run answers (``n`` > 1: serving/choices.py runs one per
-        choice, sharing one ``watcher`` of the client's connection)."""
+        choice, sharing one ``watcher`` of the client's connection, and copying the first
+        choice's prefill, ``share_with``)."""
+        self.share_with = share_with
         self.server, self.request, self.chat, self.job, self.index = server, request, chat, job, index
         self.endpoint = "chat" if chat else "completions"  # the metrics' label
         self._loop = asyncio.get_running_loop()
@@ -200,7 +202,8 @@ class CompletionRun:
             return self.server.scheduler.submit(job.ids, job.req.token_limit(), self.sampling, job.stop, self._deliver,
                                                 ignore_eos=job.req.ignore_eos, speculative=job.req.speculative,
                                                 grammar=job.grammar, top_logprobs=job.top,
-                                                tenant=self.server.tenant(self.request), prediction=job.prediction)
+                                                tenant=self.server.tenant(self.request), prediction=job.prediction,
+                                                prefill_from=self.share_with.handle if self.share_with else None)
         except QueueFull as err:
             raise APIError(429, f"the server is busy: {err}; retry later", "rate_limit_error",
                            code="queue_full") from err

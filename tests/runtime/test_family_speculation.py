@@ -125,3 +125,25 @@ def test_families_on_cpu_gpu_devices(root, name, device):
     spec = Engine(dev.model_dir, dev.lib, speculative_mode="suffix")
     spec.set_draft_length(3)
     assert spec.generate(ids[:12], 16, ignore_eos=True).token_ids == plain
+
+
+def test_sampling_over_gemmas_vocabulary(root):
+    """Sampling (T > 0, top-p) with speculation over 262,144-wide rows: reproducible by seed,
+    every token inside the vocabulary, and rejection sampling against a self draft accepting
+    what the target itself would sample (the self draft's q is the target's p)."""
+    from speccompile.runtime.engine import Engine
+    from speccompile.runtime.sampling import SamplingParams
+
+    fam = build_family("gemma3", root)
+    eng = Engine(fam.model_dir, fam.lib, speculative_mode="small_draft",
+                 additional_models=[(str(fam.model_dir), str(fam.lib))])
+    ids = eng.encode_prompt(PROMPTS[0])
+    sp = SamplingParams(temperature=0.9, top_p=0.95, seed=3)
+    runs = []
+    for _ in range(2):
+        eng.set_draft_length(3)
+        runs.append(eng.generate(ids, 16, sp, ignore_eos=True))
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 16
+    assert max(runs[0].token_ids) < 262144
+    spec = runs[0].stats.spec
+    assert spec.draft_tokens > 0 and spec.accepted_tokens == spec.draft_tokens
