@@ -33,7 +33,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "ministral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                   "gemma3_text": "gemma3", "gemma3": "gemma3", "phi3": "phi3"}
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-GGUF_ARCHITECTURES = ("llama", "qwen2")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 class ConfigError(ValueError):
@@ -207,7 +207,11 @@ class LlamaConfig:
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any]) -> "LlamaConfig":
-        """Build from GGUF metadata (already decoded to Python values)."""
+        """Build from GGUF metadata (already decoded to Python values), read as the HF config
+        llama.cpp converted it from, so each family's rules are :meth:`from_hf_dict`'s. What
+        llama.cpp leaves implicit is its own convention: Gemma 3's local RoPE theta (10,000),
+        its every-sixth-layer global pattern, and its query scale (head_dim, or hidden/heads
+        for the 62-layer 27B). Llama 3's RoPE factors come as a tensor (GGUFSource)."""
         arch = fields.get("general.architecture")
         if arch not in GGUF_ARCHITECTURES:
             raise ConfigError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)} "
@@ -222,24 +226,32 @@ class LlamaConfig:
         vocab = fields.get(f"{arch}.vocab_size") or len(fields.get("tokenizer.ggml.tokens", []))
         if not vocab:
             raise ConfigError("GGUF metadata has neither vocab_size nor tokenizer tokens")
-        n_head = int(get("attention.head_count"))
-        return cls(
-            model_type=arch,
-            hidden_size=int(get("embedding_length")),
-            intermediate_size=int(get("feed_forward_length")),
-            num_hidden_layers=int(get("block_count")),
-            num_attention_heads=n_head,
-            num_key_value_heads=int(get("attention.head_count_kv", n_head)),
-            vocab_size=int(vocab),
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(get("rope.freq_base", 10000.0)),
-            attention_bias=arch == "qwen2",
-            max_position_embeddings=int(get("context_length", 2048)),
-            bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
-            eos_token_id=[int(fields["tokenizer.ggml.eos_token_id"])] if "tokenizer.ggml.eos_token_id" in fields else [],
-            # tie is decided by the converter from the presence of output.weight
-            tie_word_embeddings=False,
-        )
+        n_head, hidden, layers = int(get("attention.head_count")), int(get("embedding_length")), int(get("block_count"))
+        hf: dict[str, Any] = {
+            "model_type": "gemma3_text" if arch == "gemma3" else arch, "hidden_size": hidden,
+            "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": layers,
+            "num_attention_heads": n_head, "num_key_value_heads": int(get("attention.head_count_kv", n_head)),
+            "vocab_size": int(vocab), "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(get("rope.freq_base", 1e6 if arch == "gemma3" else 10000.0)),
+            "max_position_embeddings": int(get("context_length", 2048)),
+            "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": [int(fields["tokenizer.ggml.eos_token_id"])] if "tokenizer.ggml.eos_token_id" in fields else [],
+            "tie_word_embeddings": False,  # decided by the converter from the presence of output.weight
+        }
+        if f"{arch}.attention.key_length" in fields:
+            hf["head_dim"] = int(get("attention.key_length"))
+        scaling = get("rope.scaling.type", "none")
+        if scaling not in ("none", "linear", "yarn"):
+            raise ConfigError(f"GGUF rope scaling {scaling!r} is not supported; supported: none, linear, yarn")
+        if scaling != "none":
+            hf["rope_scaling"] = {"rope_type": scaling, "factor": float(get("rope.scaling.factor")),
+                                  "original_max_position_embeddings": int(get("rope.scaling.original_context_length",
+                                                                              hf["max_position_embeddings"]))}
+        if arch == "gemma3":
+            head_dim = hf.get("head_dim", hidden // n_head)
+            hf.update(sliding_window=int(get("attention.sliding_window")), rope_local_base_freq=10000.0,
+                      query_pre_attn_scalar=hidden // n_head if layers == 62 else head_dim)
+        return cls.from_hf_dict(hf)
 
     # ----------------------------------------------------------------- writers
     def to_dict(self) -> dict[str, Any]:

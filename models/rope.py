@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn", "freq_factors")
 
 
 class RopeError(ValueError):
@@ -70,6 +70,11 @@ def make_rope(params: dict[str, Any] | None, theta: float, head_dim: int, partia
         inv, scale = _longrope(params, theta, dim, max_position_embeddings)
     elif kind == "yarn":
         inv, scale = _yarn(params, theta, dim, max_position_embeddings)
+    elif kind == "freq_factors":  # llama.cpp's rope_freqs tensor (how its GGUFs carry Llama 3's bands)
+        (factors,) = _need(params, "factors")
+        if len(factors) != dim // 2:
+            raise RopeError(f"rope_freqs has {len(factors)} factors; the {dim} rotary dims need {dim // 2}")
+        inv = (inv / np.asarray(factors, np.float32)).astype(np.float32)
     else:
         raise RopeError(f"rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
     return Rope(dim, tuple(float(f) for f in np.asarray(inv, np.float32)), float(scale))

@@ -102,13 +102,13 @@ def convert_weight(src: Path, quantization: str, out_dir: Path, model_type: str 
         logical = logical_name(name)
         if name.endswith(SUFFIXES):
             if logical not in cache:
-                w = _gather(source, smap[logical], hf_weight_offset(cfg, logical))
+                w = _gather(source, smap[logical], _offset(source, cfg, logical))
                 cache.clear()  # keep at most one logical weight in memory
                 cache[logical] = quantize_q4(w, quant.model_dtype)
                 del w
             arr = cache[logical][0 if name.endswith(".q_weight") else 1]
         else:
-            arr = _gather(source, smap[logical], hf_weight_offset(cfg, logical)).astype(dtype)
+            arr = _gather(source, smap[logical], _offset(source, cfg, logical)).astype(dtype)
         if arr.shape != expected:
             raise SourceError(f"{name}: checkpoint gives shape {arr.shape}, the model expects {expected}")
         writer.add(name, arr)
@@ -127,6 +127,11 @@ def _library_params(meta: dict, cfg, quant_name: str, lib: Path) -> list[tuple[s
         raise SourceError(f"{lib} was built for {meta.get('model_type')} {meta.get('quantization')}, not "
                           f"{cfg.model_type} {quant_name}")
     return [(p["name"], tuple(int(d) for d in p["shape"]), str(p["dtype"])) for p in meta["params"]]
+
+
+def _offset(source, cfg, logical: str) -> float:
+    """What to add to a tensor: Gemma's norms are stored less one by HF, as 1 + w by llama.cpp."""
+    return 0.0 if getattr(source, "norms_shifted", False) else hf_weight_offset(cfg, logical)
 
 
 def _gather(source, names: list[str], offset: float = 0.0) -> np.ndarray:

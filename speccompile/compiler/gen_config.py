@@ -17,7 +17,9 @@ from speccompile.models import get_quantization
 from speccompile.runtime.contract import MODEL_CONFIG_FILE
 from speccompile.compiler.sources import GGUFSource, HeadSource, SourceError, gguf_field_value
 
-STOP_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
+# end-of-turn and end-of-text tokens of ChatML/Qwen, Llama 3 (eot, eom), Llama 2/Mistral, Gemma, Phi
+STOP_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>",
+                    "<end_of_turn>", "<|end|>")
 
 # Named templates for --conv-template (auto takes the checkpoint's own).
 CONV_TEMPLATES = {
@@ -77,6 +79,12 @@ def gen_config(src: Path, quantization: str, out_dir: Path, conv_template: str =
 
     chat_format, chat_format_error = derive_chat_format(template, tok_info.get("bos_token"), tok_info.get("eos_token"))
     stop_ids = list(cfg.eos_token_id)
+    generation = Path(src) / "generation_config.json"  # where Gemma and Llama 3 list their end-of-turn ids
+    if generation.is_file():
+        eos = json.loads(generation.read_text()).get("eos_token_id")
+        for tid in [] if eos is None else [eos] if isinstance(eos, int) else eos:
+            if isinstance(tid, int) and 0 <= tid < cfg.vocab_size and tid not in stop_ids:
+                stop_ids.append(tid)
     for text in STOP_TOKEN_TEXTS:
         tid = tok.token_to_id(text)
         if tid is not None and tid not in stop_ids:

@@ -157,17 +157,21 @@ _GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma's four norms: llama.cpp's ffn_norm is the MLP's input norm, transformers' pre_feedforward_layernorm
+_GGUF_GEMMA_NAMES = {**_GGUF_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                     "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                    "output.weight": "lm_head.weight"}
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
     if name in _GGUF_TOP_NAMES:
         return _GGUF_TOP_NAMES[name]
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    parts, table = name.split("."), _GGUF_GEMMA_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in table:
+        return f"model.layers.{parts[1]}.{table[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -192,10 +196,24 @@ class GGUFSource:
         self.config = LlamaConfig.from_gguf_fields(scalar)
         self._tensors = {}
         for t in self.reader.tensors:
-            hf = gguf_to_hf_name(t.name)
+            hf = gguf_to_hf_name(t.name, self.config.model_type)
             if hf is not None:
                 self._tensors[hf] = t
         self.config.tie_word_embeddings = "lm_head.weight" not in self._tensors
+        self.norms_shifted = self.config.model_type == "gemma3"  # llama.cpp stores Gemma's norms as 1 + w
+        freqs = next((t for t in self.reader.tensors if t.name == "rope_freqs.weight"), None)
+        if freqs is not None:  # Llama 3's RoPE bands, as llama.cpp writes them: per-pair divisors
+            from gguf.quants import dequantize
+
+            full = self.config.rope_parameters["full_attention"]
+            if full.get("rope_type", "default") != "default":
+                raise SourceError(f"{self.path} has rope_freqs and rope scaling {full['rope_type']}: only one is expected")
+            factors = np.asarray(dequantize(freqs.data, freqs.tensor_type), np.float32).ravel()
+            full.update(rope_type="freq_factors", factors=[float(f) for f in factors])
+            try:
+                self.config.rope(0)
+            except ValueError as err:
+                raise SourceError(f"{self.path}: {err}") from err
 
     def names(self) -> list[str]:
         return list(self._tensors)

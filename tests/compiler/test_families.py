@@ -217,3 +217,17 @@ def test_unsupported_architectures_are_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**TINY, "model_type": "gemma2", "attn_logit_softcapping": 50.0}))
     with pytest.raises((SourceError, ConfigError), match="gemma2"):
         convert_weight(tmp_path, "q0f32", tmp_path / "out", progress=False)
+
+
+def test_end_of_turn_ids_from_generation_config(families, tmp_path):
+    """Gemma and Llama 3 list their end-of-turn tokens in generation_config.json, not in
+    config.json: gen_config stops on both."""
+    import shutil
+
+    from speccompile.compiler.gen_config import gen_config
+
+    src = tmp_path / "hf"
+    shutil.copytree(families("gemma3").hf_dir, src)
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, 258]}))
+    conf = json.loads(gen_config(src, "q0f32", tmp_path / "out").read_text())
+    assert {257, 258} <= set(conf["stop_token_ids"])
