@@ -481,13 +481,24 @@ RATE_FLOOR = {"eagle": 0.06, "medusa": 0.03}
 
 
 @pytest.mark.real_model
+def _paths(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
+    """A draft tree as the sorted token paths from its roots to each node: the nodes drafted,
+    whatever order the tree lists them in (siblings under different parents are listed by a
+    calibrated score, which what an engine learned earlier may reorder)."""
+    paths: list[tuple[int, ...]] = []
+    for tok, parent in zip(tokens, parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (tok,))
+    return sorted(paths)
+
+
 def _recorded(eng) -> list:
-    """The drafts ``eng``'s proposer returns from now on, per step: (tokens, parents) per sequence."""
+    """The drafts ``eng``'s proposer returns from now on, per step: the token paths of each
+    sequence's tree (:func:`_paths`)."""
     seen, inner = [], eng.proposer.propose
 
     def propose(*args, **kwargs):
         out = inner(*args, **kwargs)
-        seen.append([(list(d.tokens), list(d.parent_list())) for d in out])
+        seen.append([_paths(list(d.tokens), list(d.parent_list())) for d in out])
         return out
 
     eng.proposer.propose = propose
