@@ -85,11 +85,11 @@ class Capi:
         """spc_generate_chat at temperature 0: (the answer, the call's stats)."""
         msgs = (ChatMessage * len(messages))(*[ChatMessage(m["role"].encode(), m["content"].encode())
                                                for m in messages])
-        params = (C.c_byte * 64)()  # spc_generate_params, filled by its default function
-        self.lib.spc_generate_params_default(params)
-        C.c_int32.from_buffer(params, 0).value = max_tokens  # max_tokens is the struct's first field
-        self.check(self.lib.spc_generate_chat(session, msgs, C.c_size_t(len(messages)), params, None, None, None,
-                                              C.c_size_t(0), None))
+        params = GenerateParams()  # the whole struct: the C default function writes every field
+        self.lib.spc_generate_params_default(C.byref(params))
+        params.max_tokens = max_tokens
+        self.check(self.lib.spc_generate_chat(session, msgs, C.c_size_t(len(messages)), C.byref(params), None, None,
+                                              None, C.c_size_t(0), None))
         text, n = C.c_char_p(), C.c_size_t()
         self.check(self.lib.spc_session_last_text(session, C.byref(text), C.byref(n)))
         stats = Stats()
