@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_families import PROMPT, Family, build_family, make_hf_model
+from test_families import PROMPT, Family, make_hf_model
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -112,13 +112,11 @@ def test_gguf_of_each_family_gives_transformers_logits(name, tmp_path_factory):
     from speccompile.runtime.model import Model
 
     root = tmp_path_factory.mktemp(f"gguf-{name}")
-    if name == "gemma3":  # llama.cpp's layer pattern (every sixth layer global) is implied: six layers
+    overrides = {}
+    if name == "gemma3":  # llama.cpp's layer pattern (every sixth layer global) is implied: six layers;
         # the query scale is head_dim, as llama.cpp assumes below 27B -- and 256, transformers' default
-        hf = make_hf_model(name, root / "hf", num_hidden_layers=6, layer_types=None, vocab_size=512, head_dim=256,
-                           query_pre_attn_scalar=256)
-        fam = Family(name, hf, root / "hf", None, None)
-    else:
-        fam = build_family(name, root)
+        overrides = dict(num_hidden_layers=6, layer_types=None, vocab_size=512, head_dim=256, query_pre_attn_scalar=256)
+    fam = Family(name, make_hf_model(name, root / "hf", **overrides), root / "hf", None, None)
     path = root / f"{name}.gguf"
     write_gguf(fam, path)
     out = root / "from-gguf"
