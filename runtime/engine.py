@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .acceptance import Draft, Verdict, verified_as_tree
-from .adaptive import AcceptanceModel, Policy, StepPlan
+from .adaptive import MAX_DEPTH, AcceptanceModel, Policy, StepPlan
 from .contract import read_model_config
 from .costs import load_or_measure, weights_key
 from .device import DeviceError, parse_device
@@ -37,7 +37,7 @@ from .metrics import SpecMetrics, StepRecord, record_step
 from .model import Model
 from .options import EngineConfig, configs_from
 from .penalties import adjust_first, adjust_step, check_ids
-from .prediction import check_prediction, draft_depth
+from .prediction import check_prediction
 from .prefix_cache import PrefixCache
 from .shared_prefill import take_shared
 from .sampling import SamplingParams, sample, token_logprobs
@@ -274,16 +274,15 @@ class Engine(GenerationAPI):
     def _propose(self, active: list[Sequence]) -> tuple[list[Draft], int, StepPlan | None]:
         """(each sequence's draft as the plan keeps it, draft forwards run, the step's plan --
         what it priced the proposing at, which Policy.observe compares -- or None). The depth is
-        fixed or up to MAX_DEPTH (deeper along a prediction: runtime/prediction.py), capped by the
-        token budget per forward and the context window (not by max_tokens: drafts past it are
-        verified, then cut on emission)."""
+        fixed or up to MAX_DEPTH, capped by the token budget per forward and the context
+        window (not by max_tokens: drafts past it are verified, then cut on emission)."""
         plain = [Draft() for _ in active]
         if self.proposer is None or not any(s.speculative for s in active):
             return plain, 0, None
         b = len(active)
         limit = self.max_batch_tokens // b - 1
         room = min(self.context_window - len(s.history) for s in active)
-        cap = min(self.policy.fixed_k or draft_depth(active), limit, room - 1)
+        cap = min(self.policy.fixed_k or MAX_DEPTH, limit, room - 1)
         if cap <= 0 or self.policy.hopeless(b, self.proposer.free_drafts):
             return plain, 0, None
         plan, before = self.policy.plan(b, [s.seq_id for s in active]), self.proposer.forwards

@@ -16,19 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .adaptive import MAX_DEPTH
 from .sequence import GenerationError
-
-# How deep a step drafts while a sequence follows a prediction. Along a file being edited the
-# drafts are accepted 84-99% of the time and MAX_DEPTH bound every step: Qwen2.5-Coder-1.5B
-# accepted 7.0-8.8 of 8 per step on the edit prompts (bench/edit.jsonl). The plan still keeps
-# only nodes whose acceptance pays for their rows, so a sequence off its prediction drafts as before.
-PREDICTION_MAX_DEPTH = 16
-
-
-def draft_depth(active) -> int:
-    """The deepest draft a step over these sequences may verify."""
-    return PREDICTION_MAX_DEPTH if any(s.result.prediction and s.speculative for s in active) else MAX_DEPTH
 
 
 def check_prediction(engine, prediction: list[int] | None) -> None:
