@@ -231,3 +231,23 @@ def test_end_of_turn_ids_from_generation_config(families, tmp_path):
     (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, 258]}))
     conf = json.loads(gen_config(src, "q0f32", tmp_path / "out").read_text())
     assert {257, 258} <= set(conf["stop_token_ids"])
+
+
+def test_final_logit_softcapping(tmp_path):
+    """final_logit_softcapping (c tanh(logits / c), Gemma 2's and an option of Gemma 3's config)
+    against transformers, with a cap small enough to bend every logit."""
+    from speccompile.compiler.compile import compile_model
+    from speccompile.compiler.convert_weight import convert_weight
+    from speccompile.compiler.gen_config import gen_config
+    from speccompile.runtime.model import Model
+
+    hf = make_hf_model("gemma3", tmp_path / "hf", vocab_size=512, final_logit_softcapping=3.0)
+    convert_weight(tmp_path / "hf", "q0f32", tmp_path / "out", progress=False)
+    gen_config(tmp_path / "hf", "q0f32", tmp_path / "out")
+    compile_model(tmp_path / "out" / "speccompile-config.json", "llvm", tmp_path / "lib.so", verbose=False)
+    model = Model(tmp_path / "out", tmp_path / "lib.so")
+    kv = model.create_kv_cache(128)
+    kv.add_sequence(0)
+    ours = model.forward(kv, [0], [PROMPT[:24]])
+    ref = Family("gemma3", hf, tmp_path / "hf", None, None).hf_logits(PROMPT[:24])
+    assert np.abs(ref).max() < 3.0 and np.abs(ours - ref).max() < 1e-4
