@@ -141,6 +141,28 @@ def device_missing(kind: str) -> str | None:
     return why
 
 
+def fixed_costs():
+    """A context in which engines take a fixed cost profile instead of timing forwards of 1-32
+    rows at load: for modules whose tests fix the draft length (what forwards cost then decides
+    nothing), where the timing is slow (CPU OpenCL and Vulkan devices) or repeated per engine.
+    The cost model and its measurement are tested in test_adaptive.py and test_speculative.py."""
+    import contextlib
+
+    from speccompile.runtime import engine
+    from speccompile.runtime.costs import CostModel, CostTable
+
+    def fixed(*args, **kwargs):
+        return CostModel(CostTable({1: 0.010, 8: 0.011, 32: 0.014}), CostTable({1: 0.001, 8: 0.008}), 0.0)
+
+    @contextlib.contextmanager
+    def patched():
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(engine, "load_or_measure", fixed)
+            yield
+
+    return patched()
+
+
 def opencl_missing() -> str | None:
     return device_missing("opencl")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import fixed_costs
 from test_eagle_medusa import build_head, make_eagle_checkpoint, make_medusa_checkpoint
 from test_eagle3 import make_eagle3_checkpoint
 from test_families import FAMILIES, TINY, build_family
@@ -32,18 +33,11 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def fixed_costs():
+def synthetic_costs():
     """Engines here take a fixed cost profile instead of timing forwards at load (the draft
     length is fixed, so what the forwards cost decides nothing; the cost model and its
     measurement are tested in test_adaptive.py and test_speculative.py)."""
-    from speccompile.runtime import engine
-    from speccompile.runtime.costs import CostModel, CostTable
-
-    def fixed(*args, **kwargs):
-        return CostModel(CostTable({1: 0.010, 8: 0.011, 32: 0.014}), CostTable({1: 0.001, 8: 0.008}), 0.0)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine, "load_or_measure", fixed)
+    with fixed_costs():
         yield
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from reference import forward
 from speccompile.models.config import PRESETS, preset
-from conftest import opencl_missing
+from conftest import fixed_costs, opencl_missing
 from speccompile.runtime.device_runtime import opencl_device_names
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.model import Model, ModelLoadError
@@ -41,14 +41,7 @@ def synthetic_costs():
     """Speculative engines here get a fixed cost profile instead of timing forwards of 1-32
     rows at load: on a CPU OpenCL device that costs minutes per engine, and these tests fix
     the draft length (the cost model and its measurement are tested on the CPU build)."""
-    from speccompile.runtime import engine
-    from speccompile.runtime.costs import CostModel, CostTable
-
-    def fixed(*args, **kwargs):
-        return CostModel(CostTable({1: 0.010, 8: 0.011, 32: 0.014}), CostTable({1: 0.001, 8: 0.008}), 0.0)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine, "load_or_measure", fixed)
+    with fixed_costs():
         yield
 
 

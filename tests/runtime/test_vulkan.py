@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import vulkan_missing
+from conftest import fixed_costs, vulkan_missing
 from reference import forward
 from speccompile.models.config import PRESETS, preset
 from speccompile.runtime.engine import Engine
@@ -41,14 +41,7 @@ PROMPTS = ["Name the planets of the solar system in order.", "Write a short Pyth
 def synthetic_costs():
     """Speculative engines here get a fixed cost profile instead of timing forwards of 1-32 rows
     at load on a CPU Vulkan device; these tests fix the draft length."""
-    from speccompile.runtime import engine
-    from speccompile.runtime.costs import CostModel, CostTable
-
-    def fixed(*args, **kwargs):
-        return CostModel(CostTable({1: 0.010, 8: 0.011, 32: 0.014}), CostTable({1: 0.001, 8: 0.008}), 0.0)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine, "load_or_measure", fixed)
+    with fixed_costs():
         yield
 
 
