@@ -13,6 +13,10 @@ ISAs (``int8_dot_isa``):
 - ``dotprod`` (aarch64 with the dot-product extension: Cortex-A55/A76 and newer, Apple M1,
   Graviton 2): ``sdot`` on each 128-bit quarter of the 16-lane tile (nibbles 0..15 are
   valid signed bytes, so the signed dot is the unsigned-by-signed one);
+- ``i8mm`` (aarch64 with the int8 matrix-multiply extension: Cortex-A510/A710/X2 and newer,
+  Neoverse N2/V1 (Graviton 3), Apple M2): ``smmla`` on pairs of x rows -- a 2 x 8 by 8 x 2
+  int8 product per instruction, two weight lanes by two rows -- so a verify's rows cost half
+  the dot instructions of ``sdot``; a row left alone (a decode step) takes ``sdot``;
 - ``neon`` (any other aarch64, e.g. Cortex-A72 in a Raspberry Pi 4): the same integer
   products written as plain multiply-adds, which LLVM vectorizes for NEON.
 """
@@ -25,7 +29,7 @@ from speccompile.kernels import kernel_cache
 from speccompile.kernels.cpu_matmul import STACK, TILE
 from speccompile.runtime.cpu import cpu_arch
 
-INT8_ISAS = ("avx512vnni", "avx2", "dotprod", "neon")
+INT8_ISAS = ("avx512vnni", "avx2", "i8mm", "dotprod", "neon")
 
 
 def int8_dot_isa(target: tvm.target.Target) -> str | None:
@@ -37,6 +41,8 @@ def int8_dot_isa(target: tvm.target.Target) -> str | None:
         return None
     arch = cpu_arch(str(target.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple())
     if arch == "aarch64":
+        if all(codegen.target_has_features(f, target) for f in ("i8mm", "dotprod")):
+            return "i8mm"
         return "dotprod" if codegen.target_has_features("dotprod", target) else "neon"
     if arch != "x86_64":
         return None
@@ -60,6 +66,13 @@ def _sdot(acc4, bytes_u8, x4):
 
 
 @kernel_cache
+def _smmla(acc4, w_u32x4, x_i32x4):
+    """acc[2 i + j] += dot of the 8 weight bytes of lane i with the 8 x bytes of row j (aarch64
+    smmla: a 2 x 8 by 8 x 2 int8 matrix product)."""
+    return T.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.smmla", acc4,
+                                   T.reinterpret("int8x16", w_u32x4), T.reinterpret("int8x16", x_i32x4))
+
+
 def q4_matmul_int8(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
     """The q4 matmul with activations quantized to int8 per 32-wide group (as llama.cpp does),
     for ``isa`` one of INT8_ISAS (the module doc; on a 2-core Zen 3, AVX2 took Qwen2.5-1.5B q4
@@ -181,7 +194,48 @@ def q4_matmul_int8(n: int, k: int, dtype: str, isa: str = "avx512vnni"):
                                 T.uint32(15))) * T.shift_right(
                                     T.shift_left(xp[base + mi, g * 4 + wd, half], 24 - b * 8), 24)
 
-    group_dots = {"avx512vnni": dots_vnni, "avx2": dots_avx2, "dotprod": dots_sdot, "neon": dots_int}[isa]
+    @T.macro
+    def dots_mmla(wf, xp, xo, dot, t, g, base, mb, chains):
+        # smmla multiplies two 8-byte weight rows by two 8-byte x rows. A word's 8 nibbles are
+        # its even-nibble bytes then its odd ones, against x's even then odd int8 (xp[.., 0],
+        # xp[.., 1]): zipping a quarter's even and odd words pairs lanes (0, 1) and (2, 3),
+        # and each product lands as (lane, row) = (0, m), (0, m + 1), (1, m), (1, m + 1),
+        # unzipped into the rows' lanes at the group's end. A pass's odd row takes sdot.
+        mm = T.decl_buffer((2, 4, 2, 4), "int32", scope=STACK)  # [row pair, quarter, lane pair, 2 x 2]
+        wz = T.decl_buffer((2, 4), "uint32", scope=STACK)  # a quarter's even, odd nibble bytes
+        for p in T.unroll(mb // 2):
+            for q in T.unroll(4):
+                for j in T.unroll(2):
+                    mm[p, q, j, T.ramp(0, 1, 4)] = T.broadcast(0, 4)
+        for mi in T.unroll(mb % 2):
+            dot[mb - 1, 0, T.ramp(0, 1, L)] = T.broadcast(-xo[base + mb - 1, g], L)
+        for wd in T.unroll(4):
+            for q in T.unroll(4):
+                for half in T.unroll(2):
+                    wz[half, T.ramp(0, 1, 4)] = T.bitwise_and(
+                        T.shift_right(wf[T.ramp((t * kw + g * 4 + wd) * L + q * 4, 1, 4)],
+                                      T.broadcast(T.Cast("uint32", half * 4), 4)),
+                        T.broadcast(T.uint32(0x0F0F0F0F), 4))
+                for j in T.unroll(2):
+                    for p in T.unroll(mb // 2):
+                        mm[p, q, j, T.ramp(0, 1, 4)] = _smmla(
+                            mm[p, q, j, T.ramp(0, 1, 4)],
+                            T.Shuffle([wz[0, T.ramp(0, 1, 4)], wz[1, T.ramp(0, 1, 4)]], [2 * j, 2 * j + 4, 2 * j + 1, 2 * j + 5]),
+                            T.Shuffle([xp[base + 2 * p, g * 4 + wd, T.ramp(0, 1, 2)],
+                                       xp[base + 2 * p + 1, g * 4 + wd, T.ramp(0, 1, 2)]], [0, 1, 2, 3]))
+                for mi in T.unroll(mb % 2):
+                    for half in T.unroll(2):
+                        dot[mb - 1, 0, T.ramp(q * 4, 1, 4)] = _sdot(
+                            dot[mb - 1, 0, T.ramp(q * 4, 1, 4)], wz[half, T.ramp(0, 1, 4)], xp[base + mb - 1, g * 4 + wd, half])
+        for p in T.unroll(mb // 2):
+            for r in T.unroll(2):
+                for q in T.unroll(4):
+                    dot[2 * p + r, 0, T.ramp(q * 4, 1, 4)] = T.Shuffle(
+                        [mm[p, q, 0, T.ramp(0, 1, 4)], mm[p, q, 1, T.ramp(0, 1, 4)]], [r, r + 2, r + 4, r + 6]
+                    ) - T.broadcast(xo[base + 2 * p + r, g], 4)
+
+    group_dots = {"avx512vnni": dots_vnni, "avx2": dots_avx2, "i8mm": dots_mmla, "dotprod": dots_sdot,
+                  "neon": dots_int}[isa]
 
     @T.macro
     def rows(wf, sf, xp, xs, xo, y, t, base, mb, chains):

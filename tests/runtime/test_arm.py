@@ -1,7 +1,8 @@
 """aarch64 builds, run: model libraries cross-compiled here (``compile --host
 aarch64-linux-gnu``) and the C API cross-built for aarch64 (``make capi
 HOST=aarch64-linux-gnu``), run under qemu-aarch64 emulating a Cortex-A76 (dot product: the
-sdot q4 kernel) or a Cortex-A72 (none: the NEON integer kernel).
+sdot q4 kernel), a Cortex-A72 (none: the NEON integer kernel), or qemu's "max" CPU for a
+Cortex-A710 build (int8 matrix multiply: the smmla kernel).
 
 The promise held here: one model and one prompt give the same numbers on ARM as on x86 --
 the tiny model's logits bit for bit against the Python runtime on this x86 host, and
@@ -32,8 +33,14 @@ SYSROOT = Path("/usr") / TRIPLE
 CPU_FEATURES = {
     "cortex-a76": "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp",
     "cortex-a72": "fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid",
+    "cortex-a710": "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc "
+                   "dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs sb paca pacg dcpodp "
+                   "sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm svebf16 i8mm bf16 dgh bti",
 }
-IDS = [1, 5, 9, 23, 42, 7, 7, 7, 100, 3, 64, 250]  # within the byte tokenizer's vocabulary
+# qemu 7.2 has no Cortex-A710 model: its "max" CPU has every feature above
+QEMU_CPU = {"cortex-a710": "max"}
+# within the byte tokenizer's vocabulary; 11 rows: the int8 kernels' passes of 4, 4, 2 and 1
+IDS = [1, 5, 9, 23, 42, 7, 7, 7, 100, 3, 250]
 
 
 def _arm_missing() -> str | None:
@@ -67,7 +74,7 @@ def qemu(exe: Path, *args: str, cpu: str = "cortex-a76", features: str | None = 
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     env["SPECCOMPILE_HOST_CPU_FEATURES"] = CPU_FEATURES[cpu] if features is None else features
     env["TVM_NUM_THREADS"] = "1"  # emulated threads only contend for the host's cores
-    return subprocess.run(["qemu-aarch64", "-cpu", cpu, "-L", str(SYSROOT), str(exe), *args],
+    return subprocess.run(["qemu-aarch64", "-cpu", QEMU_CPU.get(cpu, cpu), "-L", str(SYSROOT), str(exe), *args],
                           capture_output=True, text=True, errors="replace", env=env, timeout=900)
 
 
@@ -119,7 +126,8 @@ def test_cross_linked_library(arm_tiny):
 
 
 @pytest.mark.parametrize("quant, mcpu, isa", [("q0f32", "cortex-a76", None), ("q4f32_1", "cortex-a76", "dotprod"),
-                                              ("q4f32_1", "cortex-a72", "neon")])
+                                              ("q4f32_1", "cortex-a72", "neon"),
+                                              ("q4f32_1", "cortex-a710", "i8mm")])
 def test_tiny_model_logits_equal_x86_bit_for_bit(arm_capi, arm_tiny, tmp_path, quant, mcpu, isa):
     from speccompile.runtime.model import baked_metadata
 
