@@ -290,24 +290,42 @@ def smollm2_q4():
 
 
 @pytest.fixture(scope="session")
-def smollm2_heads(smollm2_q4, tmp_path_factory):
+def smollm2_heads(smollm2_q4):
     """((dir, lib) of the EAGLE head, (dir, lib) of the Medusa heads): the project's trained heads
     for SmolLM2-135M (``make heads``, committed in heads/), converted with its GGUF as the target
-    and compiled at q4f32_1 for this CPU."""
+    and compiled at q4f32_1 for this CPU -- once per suite: see :func:`cached_smollm2_heads`."""
+    return cached_smollm2_heads()
+
+
+def cached_smollm2_heads(quant: str = "q4f32_1") -> tuple[tuple[str, str], tuple[str, str]]:
+    """The committed SmolLM2 heads built into the model cache, under a lock, keyed by what
+    shapes them (the heads' files, the converter and compiler sources, this CPU): the test
+    workers and the files that use them share one build (~40 s) instead of one each."""
+    import hashlib
+
+    import tvm
     from speccompile.compiler.compile import compile_model
     from speccompile.compiler.convert_weight import convert_weight
-    from speccompile.compiler.fetch import fetch
+    from speccompile.compiler.fetch import cache_root, compiler_hash, fetch, prepare_lock
     from speccompile.compiler.gen_config import gen_config
 
+    h = hashlib.sha256(f"{compiler_hash()}|{quant}|{tvm.target.codegen.llvm_get_system_cpu()}".encode())
+    compiler = Path(compile_model.__code__.co_filename).parent
+    for f in sorted(compiler.glob("*.py")) + sorted(HEADS.glob("SmolLM2-135M-Instruct-*/*")):
+        h.update(f.name.encode() + f.read_bytes())
+    root = cache_root() / "test-heads" / f"SmolLM2-135M-Instruct-{quant}-{h.hexdigest()[:12]}"
     gguf = fetch("SmolLM2-135M-Instruct", quiet=True)
-    root = tmp_path_factory.mktemp("smolheads")
     built = []
-    for kind in ("eagle", "medusa"):
-        out = root / kind
-        convert_weight(HEADS / f"SmolLM2-135M-Instruct-{kind}", "q4f32_1", out, kind, progress=False, target=gguf)
-        gen_config(HEADS / f"SmolLM2-135M-Instruct-{kind}", "q4f32_1", out, target=gguf, model_type=kind)
-        compile_model(out / "speccompile-config.json", "llvm", out.with_suffix(".so"), verbose=False)
-        built.append((str(out), str(out.with_suffix(".so"))))
+    with prepare_lock(f"test-heads-SmolLM2-135M-Instruct-{quant}"):
+        for kind in ("eagle", "medusa"):
+            out = root / kind
+            if not out.with_suffix(".so").exists():
+                shutil.rmtree(out, ignore_errors=True)
+                convert_weight(HEADS / f"SmolLM2-135M-Instruct-{kind}", quant, out, kind, progress=False, target=gguf)
+                gen_config(HEADS / f"SmolLM2-135M-Instruct-{kind}", quant, out, target=gguf, model_type=kind)
+                compile_model(out / "speccompile-config.json", "llvm", out.with_suffix(".tmp.so"), verbose=False)
+                out.with_suffix(".tmp.so").rename(out.with_suffix(".so"))  # complete, or absent
+            built.append((str(out), str(out.with_suffix(".so"))))
     return tuple(built)
 
 

@@ -175,7 +175,7 @@ class Check:
             return None
         tokens = self.measure_engine(engine, rec)
         self.alt_libs(m, model_dir, rec, rec.pop("greedy_ids", None))
-        self.kernel_profile(model_dir, lib, rec)
+        self.kernel_profile(model_dir, lib, rec, m)
         if m["weights"] == "real":
             self.capi(engine, model_dir, lib, rec)
         prompt = self.prompt_ids[m["name"]] = engine.encode_prompt(DECODE_PROMPT)
@@ -273,15 +273,19 @@ class Check:
                     f"runtime {out.get('libraries', {}).get('libtvm_runtime.so')}"))
         self.save()
 
-    def kernel_profile(self, model_dir: Path, lib: Path, rec: dict) -> None:
+    def kernel_profile(self, model_dir: Path, lib: Path, rec: dict, m: dict | None = None) -> None:
         """Per-kernel device time of decode, 8/32-row and 512-token forwards (speccompile/gpu_check/profile.py),
-        in a process of its own: CUPTI through torch.profiler, TVM's kernels included."""
+        in a process of its own: CUPTI through torch.profiler, TVM's kernels included; with the model's
+        first head, that head engine's steps that draft nothing."""
         if self.device == "cpu":
             return self.skip(rec, "kernel_profile", "CUPTI profiles CUDA devices only")
         if self.left() < 60:
             return self.skip(rec, "kernel_profile", f"{self.left():.0f} s of the check's budget left")
+        heads = list(((m or {}).get("heads") or {}).items())
+        head = None if not heads else {"mode": heads[0][1].get("mode", heads[0][0]),
+                                       "dir": str(self.payload / heads[0][1]["dir"]), "lib": str(self.lib_of(heads[0][1]))}
         task = json.dumps({"model_dir": str(model_dir), "lib": str(lib), "prefill_tokens": 512,
-                           "prompt": DECODE_PROMPT})
+                           "prompt": DECODE_PROMPT, "head": head})
 
         def run():
             done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.profile", task], capture_output=True,

@@ -14,13 +14,20 @@ Output (one JSON line): per phase (``decode`` 1 row, ``rows8``, ``rows32``, ``pr
 forwards after a 16-token prefix, and ``engine_step_ctx128``: plain engine steps at a
 128-token context, whose wall less device time is the host's share of a step;
 ``engine_spec_step_ctx128``: the same with n-gram drafts of 4, each step proposing,
-verifying 5 rows, accepting and rolling back, ``tokens_per_step`` its emitted tokens)
-the wall ms per forward, the device-busy ms per forward (the sum of its kernels' times),
-the kernel launches per forward, and the top kernels by total time with their share.
+verifying 5 rows, accepting and rolling back, ``tokens_per_step`` its emitted tokens;
+``engine_head_nodraft_ctx128`` where the model ships a head: steps of an EAGLE (or Medusa)
+engine whose policy drafts nothing -- what a losing head's steps cost against plain ones,
+0.55x plain on the H100 in bench/results/*-e-*.json) the wall ms per forward, the
+device-busy ms per forward (the sum of its kernels' times), the kernel launches per forward,
+and the top kernels by total time with their share. The engine phases also give
+``host_top``: the Python functions that took the most of a step's own time (cProfile, over
+further steps: its overhead inflates them, evenly), where a step's host time goes.
 """
 from __future__ import annotations
 
+import cProfile
 import json
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -76,12 +83,32 @@ def _engine_steps(engine, prompt: str, context: int, speculative: bool = False):
     ids = engine.encode_prompt(prompt)
     ids = (ids * (context // len(ids) + 1))[:context]
     # 1 warm-up + 32 timed steps, twice at most (a verify step emits up to k + 1 tokens)
-    seq = engine.new_sequence(ids, 128 * (engine.policy.fixed_k + 1 if speculative else 1), ignore_eos=True,
+    seq = engine.new_sequence(ids, 128 * ((engine.policy.fixed_k or 0) + 1 if speculative else 1), ignore_eos=True,
                               speculative=speculative)
     engine.attach(seq)
     while seq.prefilling:
         engine.prefill([seq], engine.model.prefill_chunk_size)
     return (lambda: engine.step([seq])), 32, seq
+
+
+def head_steps_without_drafts(engine, prompt: str, context: int):
+    """_engine_steps of a head engine whose policy never drafts: the steps a losing head
+    leaves, which should cost what plain ones do."""
+    engine.policy.hopeless = lambda *args, **kwargs: True
+    return _engine_steps(engine, prompt, context, speculative=True)
+
+
+def host_top(fn, reps: int, top: int = 10) -> list[dict]:
+    """The functions with the most own time over ``reps`` calls of ``fn``: ms per call each."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)
+    rows = sorted(stats.items(), key=lambda kv_: -kv_[1][2])[:top]
+    return [{"function": f"{Path(f).name}:{line}({name})", "calls": round(v[0] / reps, 1), "ms": round(1e3 * v[2] / reps, 4)}
+            for (f, line, name), v in rows]
 
 
 def _without_graphs(model, fn):
@@ -94,7 +121,8 @@ def _without_graphs(model, fn):
     return run
 
 
-def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "Hello") -> dict:
+def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "Hello", head: dict | None = None) -> dict:
+    """``head``: {"mode", "dir", "lib"} of a head the model ships (its non-drafting steps)."""
     from speccompile.runtime.tvm_import import import_runtime_only
 
     import_runtime_only()
@@ -104,6 +132,9 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
     # the speculative step's own engine, as a user's: n-gram drafts of a fixed 4 (the plain phases stay
     # those of a plain engine, with no draft-length policy observing their steps)
     spec_engine = Engine(Path(model_dir), Path(lib), max_num_sequence=1, speculative_mode="ngram", spec_draft_length=4)
+    head_engine = None if head is None else Engine(Path(model_dir), Path(lib), max_num_sequence=1,
+                                                   speculative_mode=head["mode"],
+                                                   additional_models=[(head["dir"], head["lib"])])
     model, kv = engine.model, engine.kv
     import torch  # after TVM: torch's own CUDA libraries must not replace the ones TVM loaded
     from torch.profiler import ProfilerActivity
@@ -116,6 +147,8 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
         fn, reps, seq = phases["engine_step_ctx128"]
         phases["engine_step_ctx128_no_graph"] = (_without_graphs(model, fn), reps, seq)
     phases["engine_spec_step_ctx128"] = _engine_steps(spec_engine, REPEATED, 128, speculative=True)
+    if head_engine is not None:
+        phases["engine_head_nodraft_ctx128"] = head_steps_without_drafts(head_engine, prompt, 128)
     if model.context_window_size >= 2048 + 64:
         phases["engine_step_ctx2048"] = _engine_steps(engine, prompt, 2048)
     for name, (fn, reps, *seq) in phases.items():
@@ -142,12 +175,15 @@ def profile(model_dir: str, lib: str, prefill_tokens: int = 512, prompt: str = "
             **({"tokens_per_step": round(emitted / reps, 2)} if emitted is not None else {}),
             "top": [{"kernel": k[:120], "calls": round(c / reps, 1), "ms": round(t / 1e3 / reps, 4),
                      "share": round(t / busy, 3) if busy else None} for k, (c, t) in top]}
+        if name in ("engine_step_ctx128", "engine_head_nodraft_ctx128"):
+            result[name]["host_top"] = host_top(fn, reps)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     task = json.loads((argv or sys.argv[1:])[0])
-    out = profile(task["model_dir"], task["lib"], int(task.get("prefill_tokens", 512)), task.get("prompt", "Hello"))
+    out = profile(task["model_dir"], task["lib"], int(task.get("prefill_tokens", 512)), task.get("prompt", "Hello"),
+                  task.get("head"))
     print(json.dumps(out), flush=True)
     return 0
 

@@ -474,7 +474,6 @@ def test_runtime_rejects_wrong_head(tiny, smollm2_q4):
 
 
 # --------------------------------------------------------------------- SmolLM2
-HEADS = Path(__file__).resolve().parents[2] / "heads"
 # k = 2 chain acceptance of the committed heads on these prompts: eagle 0.113, medusa 0.058;
 # random heads ~0
 RATE_FLOOR = {"eagle": 0.06, "medusa": 0.03}
@@ -505,18 +504,14 @@ def _recorded(eng) -> list:
     return seen
 
 
-def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, tmp_path_factory):
+def test_smollm2_eagle_and_medusa_are_lossless(smollm2_q4, smollm2_heads):
     """SmolLM2-135M q4f32_1 (its GGUF is the --target) with the project's trained EAGLE and
     Medusa heads (``make heads``, committed in heads/; their draft-vocabulary rows come from
     the GGUF at conversion)."""
-    from speccompile.compiler.fetch import fetch
     from speccompile.runtime.engine import Engine
 
     model_dir, lib = smollm2_q4
-    gguf = fetch("SmolLM2-135M-Instruct", quiet=True)
-    root = tmp_path_factory.mktemp("smolheads")
-    eagle = build_head("eagle", HEADS / "SmolLM2-135M-Instruct-eagle", gguf, "q4f32_1", root / "eagle")
-    medusa = build_head("medusa", HEADS / "SmolLM2-135M-Instruct-medusa", gguf, "q4f32_1", root / "medusa")
+    eagle, medusa = smollm2_heads
     eng = Engine(model_dir, lib)
     prompts = [eng.encode_prompt(p) for p in PROMPTS[:4]]  # the tiny heads above take all eight (CI time)
     expected = [eng.generate(ids, NEW_TOKENS, ignore_eos=True).token_ids for ids in prompts]
