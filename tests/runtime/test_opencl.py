@@ -21,11 +21,11 @@ import pytest
 
 from reference import forward
 from speccompile.models.config import PRESETS, preset
-from conftest import fixed_costs, opencl_missing
+from conftest import HEADS, fixed_costs, opencl_missing
 from speccompile.runtime.device_runtime import opencl_device_names
 from speccompile.runtime.engine import Engine
 from speccompile.runtime.model import Model, ModelLoadError
-from test_eagle_medusa import HEADS, build_head, check_lossless, make_eagle_checkpoint, make_medusa_checkpoint
+from test_eagle_medusa import build_head, check_lossless, make_eagle_checkpoint, make_medusa_checkpoint
 from test_tiny_model import IDS, check_batch_invariance, check_padded_pages, reference_weights
 
 
