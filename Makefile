@@ -9,7 +9,7 @@ install: opencl-system vulkan-system arm-system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,vulkan]'
-	$(MAKE) opencl vulkan capi-tests
+	$(MAKE) opencl vulkan capi-tests capi-payload
 	$(MAKE) capi HOST=aarch64-linux-gnu >/dev/null
 	@echo "built build/capi-aarch64-linux-gnu (the C API for aarch64, run under qemu-aarch64 by make test)"
 	@echo "installed into $(VENV)/ -- run 'make test'"
@@ -135,6 +135,13 @@ capi-tests:
 	cmake -S runtime/capi -B build/capi-tests -DPython_EXECUTABLE=$(abspath $(BIN)/python) >/dev/null
 	cmake --build build/capi-tests -j2 >/dev/null
 	@echo "built build/capi-tests (the C API for make test)"
+
+# The C API as a GPU payload carries it (a stripped Release install, speccompile/gpu_check/capi.py), cached
+# in build/gpu-work/: built at install for the same reason (the GPU check's dry-run test uses it).
+.PHONY: capi-payload
+capi-payload:
+	$(BIN)/python -c "from pathlib import Path; from speccompile.gpu_check.capi import build_capi; \
+		print('built', build_capi(Path('build/gpu-work')), '(the C API a GPU payload carries)')"
 
 # ---- The C API for ARM Linux boards (Raspberry Pi, Jetson): `make capi HOST=aarch64-linux-gnu` ----
 # Cross-compiled here with Debian's aarch64 gcc (`make arm-system` installs it and qemu-user) against
