@@ -15,6 +15,15 @@ three copies chosen per block, uniformly: a full chunk (no row guards), a single
 no guards, no dead rows) and a partial chunk (a uniform guard per row); each adds exactly
 ``acc + x * w`` per element, so the choice changes no bit.
 
+q4 specifics (``q4_gemv``). A lane's k-step is a lane-chunk of ``WORDS`` = 4 q4 words of a
+row: one scale group, one 16-byte load per output row (run e's kernel loaded one 4-byte word
+per lane and step). A matrix of few output rows and long ones splits its k over the block's
+warps as well (``q4_split``): on the H100, run e's down projection of the Qwen2.5-1.5B shape
+(1,536 x 8,960) had 768 warps for 132 SMs and took 19 us, ~7x the time its 7.7 MB take at
+copy bandwidth; split 4 ways, 3,072 warps each keep two 16-byte loads in flight per lane. The
+split warps' sums are added in warp order after each warp's own tree. Which k a partial owns
+depends on the shape only (the lane-chunk and the split), so the invariance below holds.
+
 Batch invariance (greedy losslessness rests on it): y[m, n] is, for every M and every
 position of row m in its chunk, the same operations in the same order -- lane tx sums
 ``acc = acc + x[m, kk] * w[n, kk]`` over its k indices in increasing order (w decoded by one
@@ -67,6 +76,8 @@ PACK, GROUP = 8, 32  # q4 nibbles per uint32 word, weights per scale
 PITCH = LANES + 1  # shared row pitch: a lane reading its row's 32 partials hits its own bank
 VEC_BYTES = 16  # widest portable vector load (float4 / half8)
 MAGIC = 0x4B000000  # bits of 2.0**23: as_float(MAGIC | q) == 2**23 + q exactly for q < 2**23
+WORDS = 4  # q4 words per lane-chunk: one scale group, one 16-byte load per output row
+TARGET_WARPS = 4096  # warps in flight a projection should offer (an H100: 132 SMs x 64 warp slots = 8,448)
 
 
 def _vec(dtype: str, max_lanes: int) -> int:
@@ -101,31 +112,89 @@ def _reduce_and_store(red, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, n
         y[c * mc + tx % mc, row0 + tx // mc] = T.Cast(dtype, part[0])
 
 
+@T.macro
+def _reduce_split(red, sums, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, nr, split):
+    """As ``_reduce_and_store``, for ``split`` warps sharing output rows: each warp's lane p =
+    o * mc + r sums its 32 partials into ``sums``; then the row group's first warp adds the
+    split warps' sums in a fixed pairwise order and writes y."""
+    for p in T.unroll(nr * mc):
+        red[(ty * nr * mc + p) * PITCH + tx] = acc[p]
+    T.tvm_storage_sync("shared")
+    if tx < nr * mc:
+        for lane in T.unroll(LANES):
+            part[lane] = red[(ty * nr * mc + tx) * PITCH + lane]
+        tree_sum32(part, 0, part)
+        sums[ty * nr * mc + tx] = part[0]
+    T.tvm_storage_sync("shared")
+    if ty % split == 0 and tx < nr * mc and c * mc + tx % mc < m_dim and row0 + tx // mc < n:
+        for s in T.unroll(split):
+            part[s] = sums[(ty + s) * nr * mc + tx]
+        if split == 4:
+            part[0] = part[0] + part[1]
+            part[2] = part[2] + part[3]
+            part[1] = part[2]
+        y[c * mc + tx % mc, row0 + tx // mc] = T.Cast(dtype, part[0] + part[1])
+
+
+def q4_split(n: int, k: int, nr: int = NR, rows: int = ROWS, words: int = WORDS) -> int:
+    """Warps of a block that share its output rows and split their k (1, 2 or 4; at most
+    ``rows``): enough warps in flight for a matrix of few output rows and long ones, a shape
+    fact, never a function of the token count. Qwen2.5-1.5B's down projection (1,536 x 8,960)
+    had 768 warps of 2 rows each for an H100's 132 SMs (run e: 19 us per call, ~7x its bytes'
+    time); split 4 ways it has 3,072. A split needs 32 lane-chunks per warp at least."""
+    warps, chunks = -(-n // nr), k // (PACK * words)
+    split = 1
+    while split * 2 <= rows and rows % (split * 2) == 0 and warps * split < TARGET_WARPS and chunks >= 32 * split * 2:
+        split *= 2
+    return split
+
+
 @kernel_cache
-def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = ROWS, max_lanes: int = 8):
+def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = ROWS, max_lanes: int = 8,
+            words: int = WORDS, split: int | None = None):
     """y[m, n] = sum_k x[m, k] * w[n, k], w = (nibble(qw[n, k/8], k%8) - 7) * qs[n, k/32].
 
-    Lane tx owns word ``i * 32 + tx`` at step i (8 consecutive k, 1 scale): coalesced uint32
-    weight loads, one 16-byte vector load of activations per token row (two at fp32)."""
+    A lane-chunk is ``words`` consecutive q4 words of an output row (4: one scale group, one
+    16-byte load per row; 1: one word, run e's kernel, kept for the GPU check's kernel bench).
+    The ``split`` warps of a row group (``q4_split`` by default) own partials p = s * 32 + tx;
+    partial p adds lane-chunks p, p + 32 * split, ... in increasing k, its 8 * words weights
+    decoded once for all token rows of the chunk; an activation load per token row is one
+    16-byte vector (two at fp32). Each warp sums its 32 partials (``tree_sum32``), and the
+    split warps' sums are added in warp order ((s0 + s1) + (s2 + s3)). Both ``words`` and
+    ``split`` decide which k each partial owns, so they change bits; they depend on the shape
+    only, so no token count does."""
+    split = q4_split(n, k, nr, rows, words) if split is None else split
     kw, kg = k // PACK, k // GROUP
-    steps = (kw + LANES - 1) // LANES
-    blocks = (n + rows * nr - 1) // (rows * nr)
+    chunks = kw // words
+    per_block = rows // split  # row groups per block
+    steps = (chunks + LANES * split - 1) // (LANES * split)
+    blocks = (n + per_block * nr - 1) // (per_block * nr)
     xv = min(PACK, _vec(dtype, max_lanes))
-    assert k % GROUP == 0 and nr * mc <= LANES
+    assert k % GROUP == 0 and nr * mc <= LANES and words in (1, 2, 4) and rows % split == 0
 
     @T.macro
-    def load_weights(qw, qs, wl, row0, word):
-        """wl[o, j] = (q - 7) * s of word ``word`` of output row row0 + o; q - 7 is formed
-        exactly (2**23 + q as float bits, minus 2**23 + 7) without an int->float convert."""
+    def load_chunk(qw, qs, wq, sl, row0, ch):
+        """wq[o, v] = word ch * words + v of output row row0 + o (one vector load), sl[o] its
+        scale (the chunk lies in one scale group)."""
         for o in T.unroll(nr):
             if row0 + o < n:
-                for j in T.unroll(PACK):
-                    wl[o * PACK + j] = (T.reinterpret("float32", T.bitwise_or(T.bitwise_and(
-                        T.shift_right(qw[row0 + o, word], T.uint32(j * 4)), T.uint32(15)), T.uint32(MAGIC)))
-                        - T.float32(2.0**23 + 7)) * T.Cast("float32", qs[row0 + o, word // (GROUP // PACK)])
+                for v in T.vectorized(words):
+                    wq[o * words + v] = qw[row0 + o, ch * words + v]
+                sl[o] = T.Cast("float32", qs[row0 + o, ch * words // (GROUP // PACK)])
             else:
-                for j in T.unroll(PACK):
-                    wl[o * PACK + j] = T.float32(0)
+                for v in T.vectorized(words):
+                    wq[o * words + v] = T.uint32(0)
+                sl[o] = T.float32(0)
+
+    @T.macro
+    def decode(wq, sl, wl, v):
+        """wl[o, j] = (q - 7) * s of the chunk's word v; q - 7 is formed exactly (2**23 + q as
+        float bits, minus 2**23 + 7) without an int->float convert."""
+        for o in T.unroll(nr):
+            for j in T.unroll(PACK):
+                wl[o * PACK + j] = (T.reinterpret("float32", T.bitwise_or(T.bitwise_and(
+                    T.shift_right(wq[o * words + v], T.uint32(j * 4)), T.uint32(15)), T.uint32(MAGIC)))
+                    - T.float32(2.0**23 + 7)) * sl[o]
 
     @T.macro
     def add_row(x, acc, wl, xl, row, r, word):
@@ -138,11 +207,14 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
                 acc[o * mc + r] = acc[o * mc + r] + T.Cast("float32", xl[j]) * wl[o * PACK + j]
 
     @T.macro
-    def k_loop(x, qw, qs, acc, wl, xl, c, row0, tx, m_dim, nrows, guarded):
+    def k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, row0, p, m_dim, nrows, guarded):
         for i in range(steps):
-            if i * LANES + tx < kw:
-                load_weights(qw, qs, wl, row0, i * LANES + tx)  # once for all rows of the chunk
-                _chunk_rows(add_row, x, acc, wl, xl, c, mc, m_dim, nrows, guarded, i * LANES + tx)
+            if i * LANES * split + p < chunks:
+                load_chunk(qw, qs, wq, sl, row0, i * LANES * split + p)
+                for v in T.unroll(words):
+                    decode(wq, sl, wl, v)  # once for all rows of the chunk
+                    _chunk_rows(add_row, x, acc, wl, xl, c, mc, m_dim, nrows, guarded,
+                                (i * LANES * split + p) * words + v)
 
     @T.prim_func(private=True)
     def kernel(var_x: T.handle, qw: T.Buffer((n, kw), "uint32"), qs: T.Buffer((n, kg), dtype), var_y: T.handle):
@@ -156,19 +228,25 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
                     for tx in T.thread_binding(LANES, thread="threadIdx.x"):
                         # [ty, o * mc + r, lane]
                         red = T.decl_buffer((rows * nr * mc * PITCH,), "float32", scope="shared")
+                        sums = T.decl_buffer((rows * nr * mc,), "float32", scope="shared")  # [ty, o * mc + r]
                         part = T.decl_buffer((LANES,), "float32", scope="local")
                         acc = T.decl_buffer((nr * mc,), "float32", scope="local")  # [o, r]
-                        wl = T.decl_buffer((nr * PACK,), "float32", scope="local")  # [o, j] decoded
+                        wq = T.decl_buffer((nr * words,), "uint32", scope="local")  # [o, v] the chunk's words
+                        sl = T.decl_buffer((nr,), "float32", scope="local")  # [o] its scale
+                        wl = T.decl_buffer((nr * PACK,), "float32", scope="local")  # [o, j] one word decoded
                         xl = T.decl_buffer((PACK,), dtype, scope="local")  # one token row's 8 x
                         for a in T.unroll(nr * mc):
                             acc[a] = T.float32(0)
                         if c * mc + mc <= m_dim:  # a full chunk: no row guards
-                            k_loop(x, qw, qs, acc, wl, xl, c, (bn * rows + ty) * nr, tx, m_dim, mc, False)
+                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * nr, ty % split * LANES + tx, m_dim, mc, False)
                         elif c * mc + 1 == m_dim:  # one row (decode): no guards, no dead rows
-                            k_loop(x, qw, qs, acc, wl, xl, c, (bn * rows + ty) * nr, tx, m_dim, 1, False)
+                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * nr, ty % split * LANES + tx, m_dim, 1, False)
                         else:
-                            k_loop(x, qw, qs, acc, wl, xl, c, (bn * rows + ty) * nr, tx, m_dim, mc, True)
-                        _reduce_and_store(red, acc, part, y, dtype, c, m_dim, (bn * rows + ty) * nr, n, ty, tx, mc, nr)
+                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * nr, ty % split * LANES + tx, m_dim, mc, True)
+                        if split == 1:
+                            _reduce_and_store(red, acc, part, y, dtype, c, m_dim, (bn * per_block + ty // split) * nr, n, ty, tx, mc, nr)
+                        else:
+                            _reduce_split(red, sums, acc, part, y, dtype, c, m_dim, (bn * per_block + ty // split) * nr, n, ty, tx, mc, nr, split)
 
     return kernel
 

@@ -37,7 +37,10 @@ LAYERS = {"qwen15": 28, "smollm2": 30}
 # (tc_w16: ptxas holds a 512-thread block to 64 registers and spills 48 bytes; it keeps 16 warps per
 # block in flight on matrices of few feature tiles, Qwen2.5-1.5B's down and o projections: 96 blocks)
 # ("dense_*": fp16 weights, as q0f16 builds them; no model of the check has them)
-VARIANTS = {"portable": {}, "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_w16": {"warps": 16},
+# ("portable_e": run e's portable kernel, one q4 word per lane and no k split; "portable_s1": 16-byte
+# lane-chunks without the split; "portable": both, the split q4_split gives the shape)
+VARIANTS = {"portable": {}, "portable_s1": {"split": 1}, "portable_e": {"words": 1, "split": 1},
+            "tc": {}, "tc_w4": {"warps": 4}, "tc_w8": {"warps": 8}, "tc_w16": {"warps": 16},
             "tc_u1": {"unroll": 1}, "tc_u4": {"unroll": 4}, "dense_portable": {}, "dense_tc": {}}
 # attention (kernels/attention_gpu.py) on each model's heads: (query heads, KV heads, head dim), and its
 # V sums: "attn" the default (16-byte vectors issued ahead), "attn_rows" row by row (run e's kernel)
@@ -58,9 +61,9 @@ def _kernel(variant: str, n: int, k: int, dtype: str):
     from speccompile.kernels import gpu_matmul_mma as mma
     from speccompile.kernels.attention_gpu import max_vector_lanes
 
-    split = VARIANTS[variant]  # the tensor-core kernels' work split (warps, unroll); {} the default
-    if variant == "portable":
-        return portable.q4_gemv(n, k, dtype, max_lanes=max_vector_lanes())
+    split = VARIANTS[variant]  # the kernel's work split (warps, unroll; words, split); {} the default
+    if variant.startswith("portable"):
+        return portable.q4_gemv(n, k, dtype, max_lanes=max_vector_lanes(), **split)
     if variant == "dense_portable":
         return portable.dense_gemv(n, k, dtype, max_lanes=max_vector_lanes())
     if variant == "dense_tc":

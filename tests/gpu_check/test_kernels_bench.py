@@ -21,12 +21,14 @@ def test_bench_times_and_checks_the_portable_kernel_on_pocl(tmp_path, monkeypatc
     """Built here, run as the check runs it: a process of its own, TVM's runtime alone, the
     result on stdout's last line."""
     monkeypatch.setattr(B, "ROWS", (1, 3, 8, 9, 20))
-    shapes = {"tiny": {"qkv": (96, 256), "o": (64, 512)}}
-    info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable", "dense_portable"], shapes=shapes,
-                   attention={}, vocabs={})
+    shapes = {"tiny": {"qkv": (96, 256), "o": (64, 4096)}}  # o: 4 warps split its k (q4_split)
+    info = B.build(tmp_path, device="opencl", dtype="float32", variants=["portable", "portable_e", "dense_portable"],
+                   shapes=shapes, attention={}, vocabs={})
     listing = json.loads(info.read_text())
     assert [f["name"] for f in listing["functions"]] == ["portable__tiny_qkv", "portable__tiny_o",
+                                                         "portable_e__tiny_qkv", "portable_e__tiny_o",
                                                          "dense_portable__tiny_qkv", "dense_portable__tiny_o"]
+    assert listing["functions"][2]["words"] == 1 and listing["functions"][2]["split"] == 1  # run e's kernel
     done = subprocess.run([sys.executable, "-m", "speccompile.gpu_check.kernels_bench", str(info), "--seconds", "120"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

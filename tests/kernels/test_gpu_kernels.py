@@ -112,6 +112,19 @@ def test_each_row_bit_identical_to_the_row_alone(kind, n, k, tmp_path):
 
 
 @needs_opencl
+@pytest.mark.parametrize("n, k, split", [(96, 4096, 4), (100, 2304, 2)])
+def test_warps_splitting_k_keep_each_row_bit_identical_alone(n, k, split, tmp_path):
+    """Few output rows and long ones: the shape's own k split (q4_split) -- 4 warps, and 2
+    with a partial block and a partial last step -- still gives every row the bits it has
+    alone, close to numpy."""
+    assert K.q4_split(n, k) == split
+    rng = np.random.default_rng(n + k)
+    operands, w = _weights("q4f32_1", n, k, rng)
+    x = rng.standard_normal((32, k)).astype(np.float32)
+    check_rows_invariant(_Projection(_build("q4f32_1", n, k), operands, n, tmp_path), x, w, ms=(1, 2, 7, 8, 9, 17, 32))
+
+
+@needs_opencl
 def test_dense_with_k_not_a_multiple_of_the_vector_width(tmp_path):
     rng = np.random.default_rng(1)
     n, k = 37, 250
@@ -133,6 +146,28 @@ def test_chunk_and_tile_sizes_do_not_change_bits(kind, tmp_path):
     for mc, nr, rows in ((4, 1, 4), (1, 1, 1), (16, 2, 2), (8, 4, 2)):
         got = _Projection(_build(kind, n, k, mc=mc, nr=nr, rows=rows), operands, n, tmp_path).run(x)
         assert np.array_equal(got, base), f"MC={mc} NR={nr} ROWS={rows}"
+
+
+@needs_opencl
+@pytest.mark.parametrize("words, split", [(1, 1), (4, 2), (2, 4)])
+def test_q4_lane_chunks_and_k_splits_are_fixed_orders_too(words, split, tmp_path):
+    """``words`` and ``split`` decide which k a partial sums (so they may change bits), and only
+    that: for each, MC, NR and the row groups per block change no bit, every row equals itself
+    alone, and the result is close to numpy. (1, 1) is run e's kernel, which the GPU check's
+    kernel bench times beside the default."""
+    n, k = 200, 8192
+    rng = np.random.default_rng(3)
+    operands, w = _weights("q4f32_1", n, k, rng)
+    x = rng.standard_normal((19, k)).astype(np.float32)
+    proj = _Projection(_build("q4f32_1", n, k, words=words, split=split), operands, n, tmp_path)
+    check_rows_invariant(proj, x, w, ms=(1, 8, 19))
+    base = proj.run(x)
+    for mc, nr, rows in ((4, 1, 4), (16, 2, 4), (8, 4, 4 * split)):
+        if rows % split or nr * mc > 32:
+            continue
+        got = _Projection(_build("q4f32_1", n, k, mc=mc, nr=nr, rows=rows, words=words, split=split), operands, n,
+                          tmp_path).run(x)
+        assert np.array_equal(got, base), f"words={words} split={split} MC={mc} NR={nr} ROWS={rows}"
 
 
 @needs_opencl
@@ -162,6 +197,8 @@ def test_builds_for_opencl_cuda_and_metal(kind, dtype, tmp_path):
     assert cuda.kind == "cuda" and "proj_kernel(" in src
     if dtype == "float16":
         assert "uint4" in src  # the 8 fp16 activations of a lane arrive in one 16-byte load
+    if kind == "q4":
+        assert "(uint4*)(qw_ptr + " in src  # a lane-chunk's 4 weight words per row: one 16-byte load
     if shutil.which("nvcc"):
         cu = tmp_path / "proj.cu"
         cu.write_text(src)
