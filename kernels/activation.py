@@ -15,6 +15,7 @@ from speccompile.kernels import kernel_cache
 
 from speccompile.kernels.attention import SERIAL_BELOW, building_for_cpu
 
+ACT_ATTR = "speccompile.act"  # the gated activation kernel's activation (passes/fuse_gated_projection.py finds it)
 LOG2E = 1.44269504088896341
 LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
 EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
@@ -46,7 +47,7 @@ def swiglu(inter: int, dtype: str, act: str = "silu"):
     gate/up output as both inputs. (Two used inputs also keep relax's RewriteDataflowReshape
     from probing the kernel as a possible reshape, which it cannot do without blocks.)"""
     cpu = building_for_cpu()
-    gated = {"silu": _silu_mul, "gelu_pytorch_tanh": _gelu_tanh_mul}[act]
+    gated = GATED[act]
     ch = _chunk(inter) if cpu else 1  # GPUs: one thread per element
     lanes, per_row = min(16, ch), inter // ch
 
@@ -60,7 +61,7 @@ def swiglu(inter: int, dtype: str, act: str = "silu"):
 
     @T.prim_func(private=True)
     def kernel(var_gate: T.handle, var_up: T.handle, var_out: T.handle):
-        T.func_attr({"tir.noalias": True, "op_pattern": 8})
+        T.func_attr({"tir.noalias": True, "op_pattern": 8, ACT_ATTR: act})
         m = T.int64()
         gate = T.match_buffer(var_gate, (m, 2 * inter), dtype)
         up = T.match_buffer(var_up, (m, 2 * inter), dtype)
@@ -87,3 +88,8 @@ def _gelu_tanh_mul(g, u):
     z = T.float32(GELU_C) * (g + T.float32(0.044715) * g * g * g)
     tanh = T.float32(1.0) - T.float32(2.0) / (fast_exp(T.float32(2.0) * z) + T.float32(1.0))
     return T.float32(0.5) * g * (T.float32(1.0) + tanh) * u
+
+
+# act(g) * u per activation name (the config's hidden_act), in fp32: one definition, which the
+# fused gate/up projection's epilogue (kernels/gpu_matmul.py) shares with ``swiglu``
+GATED = {"silu": _silu_mul, "gelu_pytorch_tanh": _gelu_tanh_mul}

@@ -66,6 +66,7 @@ from tvm.script import tirx as T
 
 from speccompile.kernels import kernel_cache
 
+from speccompile.kernels.activation import GATED
 from speccompile.kernels.attention_gpu import tree_sum32
 
 ROWS = 4  # warps per block
@@ -113,10 +114,26 @@ def _reduce_and_store(red, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, n
 
 
 @T.macro
-def _reduce_split(red, sums, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc, nr, split):
-    """As ``_reduce_and_store``, for ``split`` warps sharing output rows: each warp's lane p =
-    o * mc + r sums its 32 partials into ``sums``; then the row group's first warp adds the
-    split warps' sums in a fixed pairwise order and writes y."""
+def _split_total(part, at, sums, first, step, split):
+    """part[at] = the ``split`` warps' sums ``sums[first + s * step]`` added in warp order, in
+    one fixed pairwise tree: v0, v0 + v1, or (v0 + v1) + (v2 + v3)."""
+    for s in T.unroll(split):
+        part[at + s] = sums[first + s * step]
+    if split == 4:
+        part[at] = part[at] + part[at + 1]
+        part[at + 2] = part[at + 2] + part[at + 3]
+        part[at + 1] = part[at + 2]
+    if split > 1:
+        part[at] = part[at] + part[at + 1]
+
+
+@T.macro
+def _reduce_combine(red, sums, acc, part, y, dtype, c, m_dim, base, stride, n, ty, tx, mc, nr, split, gated):
+    """As ``_reduce_and_store``, for ``split`` warps sharing output rows and for a gated
+    epilogue: each warp's lane p = o * mc + r sums its 32 partials into ``sums``; then the row
+    group's first warp adds the split warps' sums (``_split_total``) and writes y -- or, gated,
+    y[r, base] = act(gate) * up from the rows base (o = 0) and base + stride (o = 1), each
+    rounded to ``dtype`` first, as the separate activation kernel read them."""
     for p in T.unroll(nr * mc):
         red[(ty * nr * mc + p) * PITCH + tx] = acc[p]
     T.tvm_storage_sync("shared")
@@ -126,14 +143,16 @@ def _reduce_split(red, sums, acc, part, y, dtype, c, m_dim, row0, n, ty, tx, mc,
         tree_sum32(part, 0, part)
         sums[ty * nr * mc + tx] = part[0]
     T.tvm_storage_sync("shared")
-    if ty % split == 0 and tx < nr * mc and c * mc + tx % mc < m_dim and row0 + tx // mc < n:
-        for s in T.unroll(split):
-            part[s] = sums[(ty + s) * nr * mc + tx]
-        if split == 4:
-            part[0] = part[0] + part[1]
-            part[2] = part[2] + part[3]
-            part[1] = part[2]
-        y[c * mc + tx % mc, row0 + tx // mc] = T.Cast(dtype, part[0] + part[1])
+    if gated is None:
+        if ty % split == 0 and tx < nr * mc and c * mc + tx % mc < m_dim and base + tx // mc * stride < n:
+            _split_total(part, 0, sums, ty * nr * mc + tx, nr * mc, split)
+            y[c * mc + tx % mc, base + tx // mc] = T.Cast(dtype, part[0])
+    else:
+        if ty % split == 0 and tx < mc and c * mc + tx < m_dim and base < stride:
+            _split_total(part, 0, sums, ty * nr * mc + tx, nr * mc, split)  # o = 0: the gate
+            _split_total(part, 4, sums, ty * nr * mc + mc + tx, nr * mc, split)  # o = 1: the up row
+            y[c * mc + tx, base] = T.Cast(dtype, GATED[gated](T.Cast("float32", T.Cast(dtype, part[0])),
+                                                              T.Cast("float32", T.Cast(dtype, part[4]))))
 
 
 def q4_split(n: int, k: int, nr: int = NR, rows: int = ROWS, words: int = WORDS) -> int:
@@ -151,8 +170,13 @@ def q4_split(n: int, k: int, nr: int = NR, rows: int = ROWS, words: int = WORDS)
 
 @kernel_cache
 def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = ROWS, max_lanes: int = 8,
-            words: int = WORDS, split: int | None = None):
+            words: int = WORDS, split: int | None = None, gated: str | None = None):
     """y[m, n] = sum_k x[m, k] * w[n, k], w = (nibble(qw[n, k/8], k%8) - 7) * qs[n, k/32].
+
+    ``gated`` (an activation of kernels/activation.py's GATED): the MLP's gate and up
+    projections with their activation, y[m, j] = act(g[m, j]) * g[m, inter + j] (n = 2 * inter
+    weight rows, y [m, inter]): a warp's two output rows are j and inter + j, so the epilogue
+    has both, and the activation kernel's launch and the [m, 2 * inter] round trip go.
 
     A lane-chunk is ``words`` consecutive q4 words of an output row (4: one scale group, one
     16-byte load per row; 1: one word, run e's kernel, kept for the GPU check's kernel bench).
@@ -168,19 +192,23 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
     chunks = kw // words
     per_block = rows // split  # row groups per block
     steps = (chunks + LANES * split - 1) // (LANES * split)
-    blocks = (n + per_block * nr - 1) // (per_block * nr)
     xv = min(PACK, _vec(dtype, max_lanes))
     assert k % GROUP == 0 and nr * mc <= LANES and words in (1, 2, 4) and rows % split == 0
+    assert gated is None or (nr == 2 and n % 2 == 0 and gated in GATED)
+    stride = 1 if gated is None else n // 2  # row o of a warp: base + o * stride
+    n_out = n if gated is None else n // 2
+    step = 1 if gated else nr  # a row group's base row: (bn * per_block + ty // split) * step
+    blocks = (n_out + per_block * step - 1) // (per_block * step)
 
     @T.macro
-    def load_chunk(qw, qs, wq, sl, row0, ch):
-        """wq[o, v] = word ch * words + v of output row row0 + o (one vector load), sl[o] its
-        scale (the chunk lies in one scale group)."""
+    def load_chunk(qw, qs, wq, sl, base, ch):
+        """wq[o, v] = word ch * words + v of weight row base + o * stride (one vector load), sl[o]
+        its scale (the chunk lies in one scale group)."""
         for o in T.unroll(nr):
-            if row0 + o < n:
+            if base + o * stride < n:
                 for v in T.vectorized(words):
-                    wq[o * words + v] = qw[row0 + o, ch * words + v]
-                sl[o] = T.Cast("float32", qs[row0 + o, ch * words // (GROUP // PACK)])
+                    wq[o * words + v] = qw[base + o * stride, ch * words + v]
+                sl[o] = T.Cast("float32", qs[base + o * stride, ch * words // (GROUP // PACK)])
             else:
                 for v in T.vectorized(words):
                     wq[o * words + v] = T.uint32(0)
@@ -207,10 +235,10 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
                 acc[o * mc + r] = acc[o * mc + r] + T.Cast("float32", xl[j]) * wl[o * PACK + j]
 
     @T.macro
-    def k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, row0, p, m_dim, nrows, guarded):
+    def k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, base, p, m_dim, nrows, guarded):
         for i in range(steps):
             if i * LANES * split + p < chunks:
-                load_chunk(qw, qs, wq, sl, row0, i * LANES * split + p)
+                load_chunk(qw, qs, wq, sl, base, i * LANES * split + p)
                 for v in T.unroll(words):
                     decode(wq, sl, wl, v)  # once for all rows of the chunk
                     _chunk_rows(add_row, x, acc, wl, xl, c, mc, m_dim, nrows, guarded,
@@ -221,7 +249,7 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
         T.func_attr({"tir.noalias": True, "tirx.is_scheduled": True})
         m_dim = T.int64()
         x = T.match_buffer(var_x, (m_dim, k), dtype)
-        y = T.match_buffer(var_y, (m_dim, n), dtype)
+        y = T.match_buffer(var_y, (m_dim, n_out), dtype)
         for c in T.thread_binding((m_dim + mc - 1) // mc, thread="blockIdx.y"):
             for bn in T.thread_binding(blocks, thread="blockIdx.x"):
                 for ty in T.thread_binding(rows, thread="threadIdx.y"):
@@ -238,15 +266,17 @@ def q4_gemv(n: int, k: int, dtype: str, mc: int = MC, nr: int = NR, rows: int = 
                         for a in T.unroll(nr * mc):
                             acc[a] = T.float32(0)
                         if c * mc + mc <= m_dim:  # a full chunk: no row guards
-                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * nr, ty % split * LANES + tx, m_dim, mc, False)
+                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * step, ty % split * LANES + tx, m_dim, mc, False)
                         elif c * mc + 1 == m_dim:  # one row (decode): no guards, no dead rows
-                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * nr, ty % split * LANES + tx, m_dim, 1, False)
+                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * step, ty % split * LANES + tx, m_dim, 1, False)
                         else:
-                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * nr, ty % split * LANES + tx, m_dim, mc, True)
-                        if split == 1:
-                            _reduce_and_store(red, acc, part, y, dtype, c, m_dim, (bn * per_block + ty // split) * nr, n, ty, tx, mc, nr)
+                            k_loop(x, qw, qs, acc, wq, sl, wl, xl, c, (bn * per_block + ty // split) * step, ty % split * LANES + tx, m_dim, mc, True)
+                        if split == 1 and gated is None:
+                            _reduce_and_store(red, acc, part, y, dtype, c, m_dim, (bn * per_block + ty // split) * step, n,
+                                              ty, tx, mc, nr)
                         else:
-                            _reduce_split(red, sums, acc, part, y, dtype, c, m_dim, (bn * per_block + ty // split) * nr, n, ty, tx, mc, nr, split)
+                            _reduce_combine(red, sums, acc, part, y, dtype, c, m_dim, (bn * per_block + ty // split) * step,
+                                            stride, n, ty, tx, mc, nr, split, gated)
 
     return kernel
 

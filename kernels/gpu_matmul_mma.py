@@ -49,6 +49,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from speccompile.kernels import kernel_cache
+from speccompile.kernels.activation import GATED
 
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 FEAT = 16  # output features per warp tile (the mma's M)
@@ -122,6 +123,29 @@ def _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n):
                 y[tok, feat] = T.Cast("float16", total[0])
 
 
+@T.macro
+def _store_gated(red, y, c, bf, ty, tx, warps, outs, rounds, m_dim, inter, act):
+    """As ``_store`` for a gated tile: its features 0-7 are gate rows, 8-15 the same up rows, so
+    a lane's fragments i and i + 2 are one output's gate and up. Output q = (tile, lane, i < 2)
+    of the [tokens, inter] result sums both halves over the warps in warp order, rounds each to
+    fp16 (as the activation kernel read them) and writes act(gate) * up."""
+    for rd in T.unroll(rounds):
+        if rd * warps * 32 + ty * 32 + tx < outs // 2:
+            q = T.int32(rd * warps * 32 + ty * 32 + tx)
+            o = q // 2 * 4 + q % 2  # the gate's place in red; the up row's is o + 2
+            tok = c * CHUNK + o // 128 * TOK + o // 4 % 4 * 2 + o % 2
+            feat = bf * (FEAT // 2) + o // 16 % 8
+            if tok < m_dim and feat < inter:
+                total = T.decl_buffer((2,), "float32", scope="local")
+                total[0] = red[o]
+                total[1] = red[o + 2]
+                for w in range(1, warps):
+                    total[0] = total[0] + red[w * outs + o]
+                    total[1] = total[1] + red[w * outs + o + 2]
+                y[tok, feat] = T.Cast("float16", GATED[act](T.Cast("float32", T.Cast("float16", total[0])),
+                                                            T.Cast("float32", T.Cast("float16", total[1]))))
+
+
 def _split(n: int, k: int, warps: int | None, unroll: int) -> tuple[int, int, int, int]:
     """(warps, k-steps of a warp, feature tiles, store rounds) of an [n, k] projection."""
     kg = k // GROUP
@@ -131,14 +155,26 @@ def _split(n: int, k: int, warps: int | None, unroll: int) -> tuple[int, int, in
 
 
 @kernel_cache
-def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
+def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL, gated: str | None = None):
     """y[m, n] = sum_k x[m, k] * w[n, k], w = (nibble(qw[n, k/8], k%8) - 7) * qs[n, k/32];
     x, qs and y in fp16, accumulation in fp32 (cuda sm_80+ only: mma.sync). ``warps`` (default
-    warps_for) and ``unroll`` are fixed per matrix: the GPU check times other choices."""
+    warps_for) and ``unroll`` are fixed per matrix: the GPU check times other choices.
+
+    ``gated`` (kernels/activation.py's GATED): the MLP's gate/up projection with its activation,
+    y[m, j] = act(g[m, j]) * g[m, inter + j] for n = 2 * inter weight rows: a tile's 16 features
+    are gate rows j..j+7 and up rows inter + j..j+7 (``row``), so one lane holds both halves of
+    its outputs (kernels/gpu_matmul.py's portable kernel does the same with a warp's two rows)."""
     kw, kg = k // PACK, k // GROUP
     assert k % GROUP == 0, f"q4 projections need k % {GROUP} == 0, got {k}"
-    warps, steps, ftiles, rounds = _split(n, k, warps, unroll)
+    assert gated is None or (n % 2 == 0 and gated in GATED)
+    half = FEAT if gated is None else FEAT // 2  # output features per tile
+    n_out = n if gated is None else n // 2
+    warps, steps, ftiles, rounds = _split(n_out * FEAT // half, k, warps, unroll)
     outs = TILES * TOK * FEAT  # outputs per block
+
+    def row(bf, f):
+        """Weight row of tile bf's feature f (f < 16): bf * 16 + f, or gate and up rows, gated."""
+        return bf * FEAT + f if gated is None else bf * half + f % 8 + f // 8 * n_out
 
     @T.macro
     def pair(dst, word, t):
@@ -155,7 +191,7 @@ def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
         T.func_attr({"tir.noalias": True, "tirx.is_scheduled": True})
         m_dim = T.int64()
         x = T.match_buffer(var_x, (m_dim, k), "float16")
-        y = T.match_buffer(var_y, (m_dim, n), "float16")
+        y = T.match_buffer(var_y, (m_dim, n_out), "float16")
         for c in T.thread_binding((m_dim + CHUNK - 1) // CHUNK, thread="blockIdx.y"):
             for bf in T.thread_binding(ftiles, thread="blockIdx.x"):
                 for ty in T.thread_binding(warps, thread="threadIdx.y"):
@@ -175,9 +211,9 @@ def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
                             for u in T.unroll(unroll):  # issue the loads of unroll groups first
                                 if (s * unroll + u) * warps + ty < kg:
                                     for h in T.unroll(2):
-                                        if bf * FEAT + g + h * 8 < n:
+                                        if bf * half + g + h * (half - 8) < n_out:
                                             for v in T.vectorized(WORDS):
-                                                words[(u * 2 + h) * WORDS + v] = qw[bf * FEAT + g + h * 8,
+                                                words[(u * 2 + h) * WORDS + v] = qw[row(bf, g + h * 8),
                                                                                       ((s * unroll + u) * warps + ty) * WORDS + v]
                                         else:
                                             for v in T.vectorized(WORDS):
@@ -198,8 +234,14 @@ def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL):
                                             _mma_group(d, 0, a, 0, b)
                                             for i in T.unroll(4):  # c fragment i: feature g + (i // 2) * 8
                                                 acc[j * 4 + i] = acc[j * 4 + i] + d[i] * T.Cast("float32", qs[
-                                                    T.min(bf * FEAT + g + (i // 2) * 8, n - 1), (s * unroll + u) * warps + ty])
-                        _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n)
+                                                    T.min(row(bf, g + (i // 2) * 8), n - 1), (s * unroll + u) * warps + ty])
+                        if gated is None:
+                            _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n)
+                        else:
+                            for i in T.unroll(TILES * 4):
+                                red[((ty * TILES + i // 4) * 32 + tx) * 4 + i % 4] = acc[i]
+                            T.tvm_storage_sync("shared")
+                            _store_gated(red, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n_out, gated)
 
     return kernel
 

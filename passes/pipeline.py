@@ -4,7 +4,8 @@ llvm (CPU):
   1. DispatchCPUKernels: our TensorIR kernels for the model's tagged matmuls (q4 with
      int8 activations on CPUs with AVX-512 VNNI or AVX2);
   2. TVM's default CPU lowering (legalize, fuse, lower to the VM).
-GPU (cuda, opencl, metal):
+GPU (cuda, opencl, vulkan, metal):
+  0. FuseGatedProjection: the MLP's q4 gate/up projection and its activation as one kernel;
   1. DispatchGPUKernels: batch-invariant GEMV (q4 on tensor cores where the build asks for
      them) and the thread-parallel greedy verifier;
   2. legalize and fuse the remaining graph ops;
@@ -32,6 +33,7 @@ from speccompile.passes.bind_gpu_threads import BindGPUThreads
 from speccompile.passes.dispatch_cpu_kernels import DispatchCPUKernels
 from speccompile.kernels.cpu_matmul_int8 import int8_dot_isa
 from speccompile.passes.dispatch_gpu_kernels import DispatchGPUKernels
+from speccompile.passes.fuse_gated_projection import FuseGatedProjection
 
 
 def _dlight(kind: str) -> tvm.transform.Pass:
@@ -47,6 +49,7 @@ def _gpu_passes(target: tvm.target.Target, projections: str) -> list[tvm.transfo
     from tvm.relax.backend.gpu_generic import pipeline as gpu
 
     return [
+        FuseGatedProjection(projections),  # the MLP's activation in its q4 gate/up projection
         DispatchGPUKernels(projections),
         *gpu.library_dispatch_passes(target),
         relax.transform.LegalizeOps(),

@@ -211,6 +211,8 @@ def test_cuda(model_dir, tiny, tmp_path):
         assert meta["gpu_projections"] == "tensor-core" and mma
     else:
         assert meta["gpu_projections"] == "portable" and not mma
+    # each MLP's activation runs in its gate/up projection's epilogue (passes/fuse_gated_projection.py)
+    assert " q4_matmul_silu_kernel(" in text and "swiglu" not in text
     for kernel in ("accept_greedy1_kernel", "accept_greedy1_kernel_1", "q4_matmul_kernel", "attention_kernel",
                    "sampling_probs1_kernel", "accept_sampled1_kernel"):
         assert "void __launch_bounds__" in text and f" {kernel}(" in text, kernel

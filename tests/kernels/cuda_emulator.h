@@ -10,6 +10,7 @@
 // (speccompile/gpu_check/kernels_bench.py). Included by the test before the kernel's source.
 #include <algorithm>
 #include <barrier>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -19,6 +20,7 @@
 
 using std::max;
 using std::min;
+using std::nearbyintf;  // the activation's exp (kernels/activation.py) rounds with it
 
 typedef unsigned int uint;
 struct emu_dim3 { int x, y, z; };

@@ -125,6 +125,49 @@ def test_warps_splitting_k_keep_each_row_bit_identical_alone(n, k, split, tmp_pa
 
 
 @needs_opencl
+@pytest.mark.parametrize("act, inter, k", [("silu", 100, 288), ("gelu_pytorch_tanh", 64, 4096), ("silu", 48, 4096)])
+def test_gated_projection_equals_the_projection_then_the_activation_kernel(act, inter, k, tmp_path):
+    """The gate/up projection with its activation in the epilogue gives, bit for bit, what the
+    projection followed by kernels/activation.py's kernel gives (as the GPU pipeline binds it),
+    for every token count, and each row alone the same: fusing them changes no token. (100,
+    288): a partial block; (48, 4096): the k split 4 ways; gelu: Gemma's activation."""
+    import tvm
+
+    from speccompile.kernels.activation import swiglu
+    from speccompile.passes.bind_gpu_threads import BindGPUThreads
+
+    target = tvm.target.Target(OPENCL)
+    with target:
+        funcs = {"proj": _build("q4f32_1", 2 * inter, k), "act": swiglu(inter, "float32", act),
+                 "fused": K.q4_gemv(2 * inter, k, "float32", gated=act)}
+        mod = BindGPUThreads()(tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()}))
+    lib = tmp_path / "gated.so"
+    tvm.compile(mod, target=target).export_library(str(lib))
+    module, dev = tvm.runtime.load_module(str(lib)), tvm.device("opencl", 0)
+    rng = np.random.default_rng(inter + k)
+    operands, _ = _weights("q4f32_1", 2 * inter, k, rng)
+    w_d = [tvm.runtime.tensor(a, dev) for a in operands]
+    x = rng.standard_normal((19, k)).astype(np.float32)
+
+    def run(rows: np.ndarray, fused: bool) -> np.ndarray:
+        xd = tvm.runtime.tensor(np.ascontiguousarray(rows), dev)
+        y = tvm.runtime.empty((len(rows), inter), "float32", dev)
+        if fused:
+            module["fused"](xd, *w_d, y)
+        else:
+            gu = tvm.runtime.empty((len(rows), 2 * inter), "float32", dev)
+            module["proj"](xd, *w_d, gu)
+            module["act"](gu, gu, y)
+        return y.numpy()
+
+    alone = np.concatenate([run(x[i:i + 1], True) for i in range(len(x))])
+    assert np.abs(alone).max() > 0
+    for m in (1, 2, 8, 9, 19):
+        assert np.array_equal(run(x[:m], True), run(x[:m], False)), f"M={m}: fused != projection + activation"
+        assert np.array_equal(run(x[:m], True), alone[:m]), f"M={m}: a row differs from the row alone"
+
+
+@needs_opencl
 def test_dense_with_k_not_a_multiple_of_the_vector_width(tmp_path):
     rng = np.random.default_rng(1)
     n, k = 37, 250

@@ -58,11 +58,12 @@ class Emulated:
         assert res.returncode == 0, res.stderr[-3000:]
         self.lib = ctypes.CDLL(str(so))
         self.n, self.weights = n, {name: np.ascontiguousarray(a) for name, a in weights.items()}
+        self.n_out = n // 2 if split.get("gated") else n  # gated: act(gate) * up, [m, n / 2]
         self.block = (32, split.get("warps") or K.warps_for(k // K.GROUP))
 
     def run(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float16)
-        y = np.full((x.shape[0], self.n), np.nan, dtype=np.float16)
+        y = np.full((x.shape[0], self.n_out), np.nan, dtype=np.float16)
         arrays = {"x": x, "y": y, **self.weights}
         args = (ctypes.c_void_p * len(self.names))(*[arrays[n].ctypes.data if n != "m_dim" else 0 for n in self.names])
         grid = (-(-self.n // K.FEAT), -(-x.shape[0] // K.CHUNK))
@@ -105,6 +106,30 @@ def test_emulated_mma_projection_matches_numpy_and_rows_are_invariant(kind, n, k
         same = (y == alone[:m]).all(axis=1)
         assert same.all(), f"M={m}: rows {np.flatnonzero(~same).tolist()} differ from the same rows alone"
     assert np.array_equal(proj.run(x[::-1].copy()), alone[::-1]), "reversed rows changed bits"
+
+
+@needs_cxx
+@pytest.mark.parametrize("inter, k, act", [(24, 768, "silu"), (20, 256, "gelu_pytorch_tanh")])
+def test_emulated_gated_mma_is_the_activation_of_the_projection(inter, k, act, tmp_path):
+    """The gate/up projection with its activation in the epilogue (``gated``): each output is
+    act(gate) * up of the plain kernel's fp16 gate and up values for the same token, within
+    the activation's rounding; every row equals itself alone. inter = 20: a partial tile of
+    gate rows (and of up rows); k = 768: the k split over 8 warps."""
+    rng = np.random.default_rng(inter * k)
+    weights, _ = _weights("q4", 2 * inter, k, rng)
+    x = rng.standard_normal((40, k)).astype(np.float16)
+    gu = Emulated("q4", 2 * inter, k, weights, tmp_path).run(x).astype(np.float64)
+    g, u = gu[:, :inter], gu[:, inter:]
+    ref = (g / (1 + np.exp(-g)) if act == "silu" else
+           0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3)))) * u
+    (tmp_path / "gated").mkdir()  # its own directory: the plain kernel's source has the same name
+    proj = Emulated("q4", 2 * inter, k, weights, tmp_path / "gated", gated=act)
+    alone = np.concatenate([proj.run(x[i:i + 1]) for i in range(len(x))])
+    err = np.abs(alone.astype(np.float64) - ref)
+    # fp16 output rounding, and fp32 cancellation in gelu's 1 + tanh for negative gates
+    assert (err <= 2**-10 * np.abs(ref) + 2**-20 * np.abs(g * u)).all(), f"max error {err.max()}"
+    for m in (2, 7, 9, 32, 33, 40):
+        assert np.array_equal(proj.run(x[:m]), alone[:m]), f"M={m}: a row differs from the same row alone"
 
 
 @pytest.mark.parametrize("kind", ["q4", "dense"])

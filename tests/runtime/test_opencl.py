@@ -115,6 +115,34 @@ def test_kernel_blob_format_is_what_the_loader_reads(build_tiny):
     assert all(cl[0].implements_function(name) for name in table) and not cl[0].implements_function("nope")
 
 
+def test_the_mlps_fused_projection_and_activation_change_no_bit(build_tiny, tmp_path, monkeypatch):
+    """The portable build runs each MLP's gate/up projection and activation as one kernel
+    (passes/fuse_gated_projection.py); a build without that pass gives the same logits bit for
+    bit, for a prompt's rows and for a decode row after it."""
+    import tvm
+
+    from speccompile.compiler.compile import compile_model
+    from speccompile.passes import pipeline
+
+    built = build_tiny("tiny-llama", "q4f32_1", "opencl")
+    table, _ = _kernel_blob(built.lib)
+    assert "q4_matmul_silu_kernel" in table and not any("swiglu" in name for name in table), sorted(table)
+    monkeypatch.setattr(pipeline, "FuseGatedProjection",
+                        lambda *_: tvm.transform.module_pass(lambda mod, _ctx: mod, opt_level=0, name="unfused"))
+    unfused = tmp_path / "unfused.so"
+    compile_model(built.model_dir / "speccompile-config.json", "opencl", unfused, verbose=False)
+    table, _ = _kernel_blob(unfused)
+    assert "q4_matmul_silu_kernel" not in table and any("swiglu" in name for name in table)
+    logits = []
+    for lib in (built.lib, unfused):
+        model = Model(built.model_dir, lib)
+        kv = model.create_kv_cache(256)
+        kv.add_sequence(0)
+        prompt = model.forward(kv, [0], [IDS])
+        logits.append((prompt, model.forward(kv, [0], [[int(prompt[-1].argmax())]])))
+    assert np.array_equal(logits[0][0], logits[1][0]) and np.array_equal(logits[0][1], logits[1][1])
+
+
 @pytest.mark.parametrize("name, quant", [("tiny-qwen2", "q0f32"), ("tiny-llama", "q4f32_1")])
 def test_tiny_logits_match_numpy_and_the_cpu_build(build_tiny, name, quant):
     built = build_tiny(name, quant, "opencl")
