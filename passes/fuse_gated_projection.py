@@ -98,7 +98,7 @@ class _Fuse(relax.PyExprMutator):
         dtype, act = param_dtype(proj[1], 2), str(act_call[1].attrs[ACT_ATTR])
         key = (n, kw * 8, dtype, act)
         if key not in self.kernels:
-            kernel = (MMA.q4_mma(n, kw * 8, gated=act) if self.projections == "tensor-core" else
+            kernel = (MMA.q4_mma(n, kw * 8, gated=act) if self.projections == "tensor-core" and dtype == "float16" else
                       K.q4_gemv(n, kw * 8, dtype, max_lanes=max_vector_lanes(), gated=act))
             self.kernels[key] = self.builder_.add_func(
                 kernel.with_attr(KERNEL_ATTR, GATED_TAG).with_attr("op_pattern", OPAQUE), f"q4_matmul_{act}")
