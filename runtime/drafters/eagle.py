@@ -217,6 +217,9 @@ class EagleProposer:
         self.separate_calls = head.bind(target, tree_width)
         self.kv = head.create_kv_cache(max_total_tokens)
         self.pending: dict[int, list[np.ndarray]] = {}  # true features not yet in the head's cache
+        # their rows, kept (not summed per step: while a losing head drafts nothing the list grows
+        # by one array a step, and a step's cost must not grow with it)
+        self.pending_rows: dict[int, int] = {}
         self.coverage = VocabCoverage(head.vocab_ids)
         self.forwards = 0
         self.last_catch_up = 0
@@ -224,12 +227,13 @@ class EagleProposer:
     # ------------------------------------------------------------ sequences
     def add_sequence(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
         self.kv.add_sequence(seq_id)
-        self.pending[seq_id] = []
+        self.pending[seq_id], self.pending_rows[seq_id] = [], 0
         self.coverage.add(seq_id, prompt)
 
     def remove_sequence(self, seq_id: int) -> None:
         self.kv.remove_sequence(seq_id)
         self.pending.pop(seq_id, None)
+        self.pending_rows.pop(seq_id, None)
         self.coverage.remove(seq_id)
 
     def on_finish(self, seq_id: int) -> None:
@@ -246,9 +250,10 @@ class EagleProposer:
         else:
             pending = self.pending[seq_id]  # positions built.., and keep > built here
             self.pending[seq_id] = [np.concatenate(pending)[: keep - built]] if pending else []
+        self.pending_rows[seq_id] = sum(len(p) for p in self.pending[seq_id])
         self.coverage.remove(seq_id)
         self.coverage.add(seq_id, prompt)
-        return self.kv.length(seq_id) + sum(len(p) for p in self.pending[seq_id])
+        return self.kv.length(seq_id) + self.pending_rows[seq_id]
 
     def prefill(self, seq_ids: list[int], chunks: list[list[int]], starts: list[int]) -> None:
         pass  # the head works from the features observe_hidden receives
@@ -257,10 +262,11 @@ class EagleProposer:
         """Target features of the tokens at positions position.. (in order, no gaps)."""
         if seq_id not in self.pending:  # attached while speculation was disabled
             return
-        have = self.kv.length(seq_id) + sum(len(p) for p in self.pending[seq_id])
+        have = self.kv.length(seq_id) + self.pending_rows[seq_id]
         if position != have:
             raise RuntimeError(f"EAGLE: features for position {position} arrived, {have} expected")
         self.pending[seq_id].append(np.asarray(hidden))
+        self.pending_rows[seq_id] += len(hidden)
 
     def on_commit(self, seq_id: int, history: list[int]) -> None:
         pass  # the head's cache already holds only rows built from true features
@@ -301,7 +307,7 @@ class EagleProposer:
     def propose(self, seq_ids, histories, ks, sampling, rngs, plan, node_limit: int | None = None) -> list[Draft]:
         drafts = [Draft() for _ in seq_ids]
         active = [i for i, k in enumerate(ks) if k > 0]
-        fed = sum(sum(len(f) for f in self.pending[seq_ids[i]]) for i in active)
+        fed = sum(self.pending_rows[seq_ids[i]] for i in active)
         # the catch-up builds every true row the head lacks (a prompt, a plain stretch): priced
         # per row and charged in part to this step, since it buys drafting for the steps after
         # it too; charged whole as a draft forward of that many rows, a 73-token prompt looked
@@ -359,7 +365,7 @@ class EagleProposer:
             out = tuple(np.stack(col) for col in zip(*roots))
         self.last_catch_up = max(counts)
         for s in ids:
-            self.pending[s] = []
+            self.pending[s], self.pending_rows[s] = [], 0
         return out
 
     def _grow(self, ids: list[int], depths: list[int], root, plan, t0: float) -> DraftTree:
