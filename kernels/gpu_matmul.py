@@ -119,12 +119,11 @@ def _split_total(part, at, sums, first, step, split):
     one fixed pairwise tree: v0, v0 + v1, or (v0 + v1) + (v2 + v3)."""
     for s in T.unroll(split):
         part[at + s] = sums[first + s * step]
-    if split == 4:
-        part[at] = part[at] + part[at + 1]
-        part[at + 2] = part[at + 2] + part[at + 3]
-        part[at + 1] = part[at + 2]
     if split > 1:
         part[at] = part[at] + part[at + 1]
+    if split == 4:
+        part[at + 2] = part[at + 2] + part[at + 3]
+        part[at] = part[at] + part[at + 2]
 
 
 @T.macro

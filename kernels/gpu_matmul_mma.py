@@ -103,13 +103,19 @@ def _mma_group(d, d0, a, a0, b):
 
 
 @T.macro
+def _to_shared(red, acc, ty, tx):
+    """Each warp's tiles into shared memory: red[warp, tile, lane, fragment i]."""
+    for i in T.unroll(TILES * 4):
+        red[((ty * TILES + i // 4) * 32 + tx) * 4 + i % 4] = acc[i]
+    T.tvm_storage_sync("shared")
+
+
+@T.macro
 def _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n):
     """Each warp's tiles into shared memory, then every output summed over the warps in warp
     order and cast once: output o = (tile, lane, fragment i) is token tile * 8 + 2 (lane % 4) +
     i % 2, feature lane // 4 + (i // 2) * 8."""
-    for i in T.unroll(TILES * 4):
-        red[((ty * TILES + i // 4) * 32 + tx) * 4 + i % 4] = acc[i]
-    T.tvm_storage_sync("shared")
+    _to_shared(red, acc, ty, tx)
     for rd in T.unroll(rounds):
         if rd * warps * 32 + ty * 32 + tx < outs:
             o = T.int32(rd * warps * 32 + ty * 32 + tx)
@@ -124,11 +130,12 @@ def _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n):
 
 
 @T.macro
-def _store_gated(red, y, c, bf, ty, tx, warps, outs, rounds, m_dim, inter, act):
+def _store_gated(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, inter, act):
     """As ``_store`` for a gated tile: its features 0-7 are gate rows, 8-15 the same up rows, so
     a lane's fragments i and i + 2 are one output's gate and up. Output q = (tile, lane, i < 2)
     of the [tokens, inter] result sums both halves over the warps in warp order, rounds each to
     fp16 (as the activation kernel read them) and writes act(gate) * up."""
+    _to_shared(red, acc, ty, tx)
     for rd in T.unroll(rounds):
         if rd * warps * 32 + ty * 32 + tx < outs // 2:
             q = T.int32(rd * warps * 32 + ty * 32 + tx)
@@ -169,7 +176,7 @@ def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL, gated
     assert gated is None or (n % 2 == 0 and gated in GATED)
     half = FEAT if gated is None else FEAT // 2  # output features per tile
     n_out = n if gated is None else n // 2
-    warps, steps, ftiles, rounds = _split(n_out * FEAT // half, k, warps, unroll)
+    warps, steps, ftiles, rounds = _split(n, k, warps, unroll)  # gated: ceil(inter / 8) = ceil(n / 16) tiles
     outs = TILES * TOK * FEAT  # outputs per block
 
     def row(bf, f):
@@ -238,10 +245,7 @@ def q4_mma(n: int, k: int, warps: int | None = None, unroll: int = UNROLL, gated
                         if gated is None:
                             _store(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n)
                         else:
-                            for i in T.unroll(TILES * 4):
-                                red[((ty * TILES + i // 4) * 32 + tx) * 4 + i % 4] = acc[i]
-                            T.tvm_storage_sync("shared")
-                            _store_gated(red, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n_out, gated)
+                            _store_gated(red, acc, y, c, bf, ty, tx, warps, outs, rounds, m_dim, n_out, gated)
 
     return kernel
 
